@@ -1,0 +1,35 @@
+# The two commands a new user needs: `make run` and `make test`.
+# Both create .venv on first use (uv when it is on the PATH, else venv + pip).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+HOME_DIR ?= .dunning
+UV := $(shell command -v uv 2>/dev/null)
+
+.PHONY: run test setup bench clean ui
+
+$(BIN)/dunning: pyproject.toml
+ifdef UV
+	$(UV) venv --python $(PYTHON) $(VENV)
+	$(UV) pip install --python $(BIN)/python -e '.[test]'
+else
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+endif
+	touch $(BIN)/dunning
+
+setup: $(BIN)/dunning
+
+run: setup
+	$(BIN)/python -m dunning.demo --out $(HOME_DIR)/demo/snapshot.csv
+	$(BIN)/dunning --home $(HOME_DIR) run --snapshot $(HOME_DIR)/demo/snapshot.csv
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+ui: setup
+	DAGSTER_HOME=$(abspath $(HOME_DIR))/dagster DUNNING_HOME=$(abspath $(HOME_DIR)) $(BIN)/dagster dev -w workspace.yaml
+
+clean:
+	rm -rf $(VENV) $(HOME_DIR)
