@@ -1,0 +1,143 @@
+"""The dunning cycle's assets: snapshot -> reminders due -> send batch -> audit.
+
+Thin adapters over `dunning.cycle`: each reads its resources, calls the pure
+step, writes what the step says to write, and reports metadata for the UI.
+Only `send_batch` sends, and only for the current run's reminders.
+"""
+
+
+import dagster as dg
+import polars as pl
+
+from dunning import audit as audit_rules
+from dunning import cycle
+from dunning.clock import utc_now
+from dunning.errors import DunningError, InvalidRowsHalt, SnapshotError
+from dunning.sending import resolve_unknown, send_due
+from pipelines.resources import CycleRequest, DunningHome
+
+GROUP = "dunning"
+LEDGER_POOL = "dunning_ledger"
+
+
+def _fail(error: DunningError) -> dg.Failure:
+    return dg.Failure(description=str(error), metadata={"error_class": type(error).__name__}, allow_retries=False)
+
+
+@dg.asset(group_name=GROUP, kinds={"polars", "duckdb"}, io_manager_key="frames", pool=LEDGER_POOL)
+def invoice_snapshot(context: dg.AssetExecutionContext, dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
+    """One row per accepted invoice of this cycle's snapshot, with its dunning cycle and days overdue.
+
+    Rejected rows go to `snapshot_quarantine` with the rule they broke; the
+    accepted rows are appended to `invoice_snapshots` (not on a dry run).
+    """
+    try:
+        config = dunning_home.settings()
+        if not cycle_request.snapshot_path:
+            raise SnapshotError("no snapshot given (set cycle_request.snapshot_path, or pass --snapshot)")
+        as_of = cycle_request.clock(context)
+        loaded = cycle.load_snapshot(cycle_request.snapshot_path, config)
+        with dunning_home.ledger() as ledger:
+            if loaded.rejected.height and not cycle_request.dry_run:
+                ledger.quarantine(context.run_id, cycle_request.snapshot_path, loaded.rejected, utc_now())
+            if loaded.rejected.height and config.on_invalid_rows == "halt":
+                raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {loaded.summary}")
+            cycled = cycle.cycle_snapshot(ledger, loaded.valid, config, as_of)
+            if not cycle_request.dry_run:
+                ledger.record_snapshot(context.run_id, as_of, cycled)
+    except DunningError as error:
+        raise _fail(error) from None
+    if loaded.rejected.height:
+        context.log.warning(loaded.summary)
+    return dg.Output(
+        cycled,
+        metadata={
+            "dagster/row_count": cycled.height,
+            "rejected_rows": loaded.rejected.height,
+            "rejections": loaded.summary,
+            "owed_invoices": int(cycled.get_column("owed").sum()),
+            "as_of": as_of.isoformat(),
+        },
+    )
+
+
+@dg.asset(group_name=GROUP, kinds={"polars"}, io_manager_key="frames")
+def reminders_due(invoice_snapshot: pl.DataFrame, dunning_home: DunningHome) -> dg.Output[pl.DataFrame]:
+    """One row per reminder key newly due this cycle (`role` due) or passed over (`role` skipped)."""
+    config = dunning_home.settings()
+    plan = cycle.plan_cycle(invoice_snapshot, config)
+    due = plan.filter(pl.col("role") == "due")
+    by_stage = dict(due.group_by("stage").len().iter_rows()) if due.height else {}
+    return dg.Output(
+        plan,
+        metadata={
+            "dagster/row_count": plan.height,
+            "due": due.height,
+            "due_unsendable": int((~due.get_column("sendable")).sum()) if due.height else 0,
+            "skipped": plan.height - due.height,
+            "emails": int(due.filter(pl.col("sendable")).get_column("email_group").n_unique()) if due.height else 0,
+            "due_by_stage": dg.MetadataValue.json(by_stage),
+        },
+    )
+
+
+@dg.asset(group_name=GROUP, kinds={"email", "duckdb"}, io_manager_key="frames", pool=LEDGER_POOL)
+def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, dunning_home: DunningHome,
+               cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
+    """One row per reminder key this run claimed, with its outcome: sent, failed or unknown.
+
+    Ledger first: keys are claimed under the primary key before the provider
+    is called; a dry run claims and sends nothing.
+    """
+    config = dunning_home.settings()
+    as_of = cycle_request.clock(context)
+    due = cycle.sendable_due(reminders_due)
+    if cycle_request.dry_run:
+        context.log.info(f"dry run: {due.height} reminder(s) would be claimed and sent; nothing claimed")
+        return dg.Output(due.head(0).select("idempotency_key"), metadata={"dry_run": True, "would_send": due.height})
+
+    def progress(report, total_emails: int) -> None:
+        context.log.info(f"sent {report.emails}/{total_emails} emails ({report.sent} keys sent, {report.failed} failed, {report.unknown} unknown)")
+
+    try:
+        with dunning_home.ledger() as ledger, dunning_home.provider(config) as provider:
+            stale = ledger.expire_stale_claims(context.run_id, utc_now())
+            resolved = resolve_unknown(ledger, provider, utc_now())
+            report, outcomes = send_due(
+                ledger, provider, due, cycle.skipped_rows(reminders_due),
+                config=config, run_id=context.run_id, as_of=as_of, now=utc_now, progress=progress,
+            )
+    except DunningError as error:
+        raise _fail(error) from None
+    if report.failed or report.unknown:
+        context.log.warning(f"{report.failed} key(s) failed and {report.unknown} ended unknown; see the audit")
+    return dg.Output(
+        outcomes,
+        metadata={
+            "dagster/row_count": outcomes.height,
+            "emails": report.emails, "sent": report.sent, "failed": report.failed, "unknown": report.unknown,
+            "claimed_elsewhere": report.lost, "stale_claims_marked_unknown": stale, "unknown_resolved_by_lookup": resolved,
+        },
+    )
+
+
+@dg.asset(group_name=GROUP, kinds={"polars", "duckdb"}, io_manager_key="frames", pool=LEDGER_POOL)
+def dunning_audit(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFrame, reminders_due: pl.DataFrame,
+                  send_batch: pl.DataFrame, dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
+    """One row per reminder key this cycle considered: outcome, reason if not sent, amount stated vs owed."""
+    as_of = cycle_request.clock(context)
+    with dunning_home.ledger() as ledger:
+        audit = audit_rules.build_audit(
+            cycle.due_rows(reminders_due), send_batch, ledger.open_problems(), invoice_snapshot,
+            run_id=context.run_id, as_of=as_of, dry_run=cycle_request.dry_run,
+            batch_hold="dry_run" if cycle_request.dry_run else None,
+        )
+        counts = audit_rules.summarize(audit)
+        ledger.write_audit(context.run_id, audit, counts, as_of, cycle_request.dry_run, invoice_snapshot.height)
+    held = audit_rules.held_by_reason(audit)
+    summary = audit_rules.markdown_summary(counts, held, dry_run=cycle_request.dry_run)
+    return dg.Output(
+        audit,
+        metadata={"dagster/row_count": audit.height, "summary": dg.MetadataValue.md(summary),
+                  **{k: v for k, v in counts.items()}, "held_by_reason": dg.MetadataValue.json(held)},
+    )

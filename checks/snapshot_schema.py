@@ -1,0 +1,115 @@
+"""The snapshot's row rules, as a pandera model over the typed polars frame.
+
+Validation runs eagerly with `lazy=True` so one pass collects every broken
+rule on every row (a LazyFrame would only check the schema). The failure cases
+are turned into one quarantine record per rejected input row, naming each rule
+in words an operator can act on.
+"""
+
+from __future__ import annotations
+
+import babel.numbers
+import pandera.polars as pa
+import polars as pl
+
+STATUSES = ("draft", "open", "paid", "void", "uncollectible")
+CURRENCIES = tuple(sorted(babel.numbers.list_currencies()))
+
+# (column, pandera check name) -> the rule as the operator reads it
+RULES = {
+    ("invoice_id", "not_nullable"): "invoice_id is missing",
+    ("invoice_id", "non_empty"): "invoice_id is missing",
+    ("customer_id", "not_nullable"): "customer_id is missing",
+    ("customer_id", "non_empty"): "customer_id is missing",
+    ("amount_due", "not_nullable"): "amount_due is not an integer",
+    ("amount_due", "greater_than_or_equal_to(0)"): "amount_due is negative",
+    ("amount_paid", "not_nullable"): "amount_paid is not an integer",
+    ("amount_paid", "greater_than_or_equal_to(0)"): "amount_paid is negative",
+    ("due_date", "not_nullable"): "due_date is not a YYYY-MM-DD date",
+    ("status", "not_nullable"): "status is missing",
+    ("status", f"isin({list(STATUSES)})"): "status is not one of " + "|".join(STATUSES),
+    ("currency", "not_nullable"): "currency is missing",
+    ("currency", "known_currency"): "currency is not an ISO 4217 code",
+    ("SnapshotRows", "paid_not_above_due"): "amount_paid is greater than amount_due",
+    ("SnapshotRows", "unique_invoice_id"): "invoice_id is duplicated",
+}
+
+
+class SnapshotRows(pa.DataFrameModel):
+    """One row per invoice as the billing system reported it."""
+
+    invoice_id: str = pa.Field(nullable=False)
+    customer_id: str = pa.Field(nullable=False)
+    customer_email: str = pa.Field(nullable=True)
+    currency: str = pa.Field(nullable=False)
+    amount_due: pl.Int64 = pa.Field(nullable=False, ge=0)
+    amount_paid: pl.Int64 = pa.Field(nullable=False, ge=0)
+    due_date: pl.Date = pa.Field(nullable=False)
+    status: str = pa.Field(nullable=False, isin=list(STATUSES))
+
+    class Config:
+        strict = False  # optional and *_raw columns ride along
+        coerce = False
+
+    @pa.check("invoice_id", "customer_id", name="non_empty")
+    def _non_empty(cls, data: pa.PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select(pl.col(data.key).str.len_chars() > 0)
+
+    @pa.check("currency", name="known_currency")
+    def _known_currency(cls, data: pa.PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select(pl.col(data.key).is_in(CURRENCIES))
+
+    @pa.dataframe_check(name="paid_not_above_due")
+    def _paid_not_above_due(cls, data: pa.PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select((pl.col("amount_paid") <= pl.col("amount_due")).fill_null(True))
+
+    @pa.dataframe_check(name="unique_invoice_id")
+    def _unique_invoice_id(cls, data: pa.PolarsData) -> pl.LazyFrame:
+        ids = pl.col("invoice_id")
+        return data.lazyframe.select(ids.is_null() | ~ids.is_duplicated())
+
+
+def _rule(column: str, check: str) -> str:
+    return RULES.get((column, check), f"{column}: {check}")
+
+
+def validate_snapshot(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Split `frame` into (valid rows, rejected rows with a `rule` column listing every broken rule)."""
+    try:
+        SnapshotRows.validate(frame, lazy=True)
+    except pa.errors.SchemaErrors as errors:
+        cases = errors.failure_cases
+    else:
+        return frame, frame.head(0).with_columns(pl.lit(None, dtype=pl.String).alias("rule"))
+    schema_level = cases.filter(pl.col("index").is_null())
+    if schema_level.height:
+        raise ValueError(f"snapshot columns have the wrong types: {schema_level.select('column', 'check').rows()}")
+    rules = (
+        cases.select(
+            pl.col("index").cast(pl.Int64).alias("_row"),
+            pl.struct("column", "check").map_elements(lambda s: _rule(s["column"], s["check"]), return_dtype=pl.String).alias("rule"),
+        )
+        .unique(maintain_order=True)
+        .group_by("_row", maintain_order=True)
+        .agg(pl.col("rule").unique(maintain_order=True).str.join("; "))
+    )
+    indexed = frame.with_row_index("_row").with_columns(pl.col("_row").cast(pl.Int64))
+    rejected = indexed.join(rules, on="_row", how="inner").drop("_row").sort("source_row")
+    valid = indexed.join(rules, on="_row", how="anti").drop("_row")
+    return valid, rejected
+
+
+def summarize_rejections(rejected: pl.DataFrame, limit: int = 10) -> str:
+    """A short operator-facing summary: how many rows, which rules, the first rows by line."""
+    if rejected.is_empty():
+        return "no rows rejected"
+    by_rule = (
+        rejected.select(pl.col("rule").str.split("; ")).explode("rule").group_by("rule").len().sort("len", descending=True)
+    )
+    rules = ", ".join(f"{r} ({n})" for r, n in by_rule.rows())
+    rows = "; ".join(
+        f"row {row} (invoice_id={inv!r}): {rule}"
+        for row, inv, rule in rejected.head(limit).select("source_row", "invoice_id", "rule").rows()
+    )
+    more = f"; and {rejected.height - limit} more" if rejected.height > limit else ""
+    return f"{rejected.height} row(s) rejected by rule: {rules}. {rows}{more}"

@@ -1,0 +1,113 @@
+"""What was sent against what was owed, for one cycle.
+
+One audit row per reminder key the cycle considered: its outcome, the amount
+the email stated against the remaining balance in the snapshot, and, when it
+was not sent, why (no email address, paused, breaker, throttled, provider
+failure, unknown outcome). Keys held from earlier cycles (`failed`, `unknown`)
+for invoices still owed are listed too, so nothing waiting on a human drops
+out of sight.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import polars as pl
+
+OUTCOME_REASON = {"failed": "provider_failure", "unknown": "unknown_outcome", "lost": "claimed_by_another_run"}
+AUDIT_COLUMNS = (
+    "run_id", "as_of", "dry_run", "idempotency_key", "kind", "invoice_id", "customer_id", "cycle", "stage",
+    "outcome", "reason", "owed", "amount_stated_minor", "remaining_minor", "currency", "message_id",
+)
+
+
+def build_audit(
+    plan: pl.DataFrame,
+    outcomes: pl.DataFrame,
+    earlier_open_problems: pl.DataFrame,
+    snapshot: pl.DataFrame,
+    *,
+    run_id: str,
+    as_of: dt.datetime,
+    dry_run: bool,
+    batch_hold: str | None,
+) -> pl.DataFrame:
+    """`plan`: due rows (with `sendable`); `outcomes`: key -> status of what this run sent.
+
+    `batch_hold` names why nothing was sent at all (`paused`, `breaker`, `dry_run`), if so.
+    """
+    owed = snapshot.select("invoice_id", "owed", pl.col("remaining_minor").alias("snapshot_remaining"))
+    rows = plan.join(outcomes.select("idempotency_key", pl.col("status").alias("sent_status"), pl.col("message_id").alias("sent_message_id")),
+                     on="idempotency_key", how="left")
+    outcome = (
+        pl.when(~pl.col("sendable")).then(pl.lit("held"))
+        .when(pl.lit(batch_hold is not None)).then(pl.lit("dry_run" if batch_hold == "dry_run" else "held"))
+        .when(pl.col("sent_status").is_null()).then(pl.lit("held"))
+        .otherwise(pl.col("sent_status"))
+    )
+    reason = (
+        pl.when(~pl.col("sendable")).then(pl.lit("no_email_address"))
+        .when(pl.lit(batch_hold is not None)).then(pl.lit(batch_hold))
+        .when(pl.col("sent_status").is_null()).then(pl.lit(OUTCOME_REASON["lost"]))
+        .otherwise(pl.col("sent_status").replace_strict(OUTCOME_REASON, default=None))
+    )
+    current = rows.select(
+        "idempotency_key", pl.lit("reminder").alias("kind"), "invoice_id", "customer_id", "cycle", "stage",
+        outcome.alias("outcome"), reason.alias("reason"),
+        pl.when(pl.col("sent_status") == "sent").then(pl.col("amount_minor")).alias("amount_stated_minor"),
+        "currency", pl.col("sent_message_id").alias("message_id"),
+    )
+    earlier = earlier_open_problems.select(
+        "idempotency_key", "kind", "invoice_id", "customer_id", "cycle", "stage",
+        pl.lit("held").alias("outcome"),
+        pl.col("status").replace_strict(OUTCOME_REASON, default="held").alias("reason"),
+        pl.lit(None, dtype=pl.Int64).alias("amount_stated_minor"), "currency", "message_id",
+    ).filter(~pl.col("idempotency_key").is_in(current.select("idempotency_key").to_series().implode()))
+    combined = pl.concat([current, earlier.cast(current.schema)], how="vertical")
+    return combined.join(owed, on="invoice_id", how="left").select(
+        pl.lit(run_id).alias("run_id"), pl.lit(as_of).alias("as_of"), pl.lit(dry_run).alias("dry_run"),
+        "idempotency_key", "kind", "invoice_id", "customer_id", "cycle", "stage", "outcome", "reason",
+        "owed", "amount_stated_minor", pl.col("snapshot_remaining").alias("remaining_minor"), "currency", "message_id",
+    )
+
+
+def not_owed_reminded(audit: pl.DataFrame) -> pl.DataFrame:
+    """Reminders sent in this cycle for invoices that were not owed: must always be empty."""
+    return audit.filter((pl.col("kind") == "reminder") & (pl.col("outcome") == "sent") & ~pl.col("owed").fill_null(False))
+
+
+def amount_mismatches(audit: pl.DataFrame) -> pl.DataFrame:
+    """Sent reminders whose stated amount differs from the snapshot's remaining balance: must be empty."""
+    sent = audit.filter((pl.col("kind") == "reminder") & (pl.col("outcome") == "sent"))
+    return sent.filter(pl.col("amount_stated_minor") != pl.col("remaining_minor"))
+
+
+def summarize(audit: pl.DataFrame) -> dict[str, int]:
+    counts = dict(audit.group_by("outcome").len().iter_rows())
+    return {
+        "due": int(audit.filter(pl.col("kind") == "reminder").height),
+        "sent": int(counts.get("sent", 0)),
+        "failed": int(counts.get("failed", 0)),
+        "unknown": int(counts.get("unknown", 0)),
+        "held": int(counts.get("held", 0)),
+        "dry_run": int(counts.get("dry_run", 0)),
+        "not_owed_reminded": int(not_owed_reminded(audit).height),
+        "amount_mismatches": int(amount_mismatches(audit).height),
+    }
+
+
+def held_by_reason(audit: pl.DataFrame) -> dict[str, int]:
+    held = audit.filter(pl.col("outcome") == "held").group_by("reason").len().sort("reason")
+    return dict(held.iter_rows())
+
+
+def markdown_summary(counts: dict[str, int], held: dict[str, int], *, dry_run: bool) -> str:
+    lines = [
+        f"**Dunning cycle{' (dry run)' if dry_run else ''}**", "",
+        "| outcome | keys |", "|---|---|",
+        *[f"| {k} | {counts[k]} |" for k in ("due", "sent", "failed", "unknown", "held", "dry_run")],
+        "", f"Reminders sent for invoices not owed: **{counts['not_owed_reminded']}** (must be 0).",
+    ]
+    if held:
+        lines += ["", "Held, by reason: " + ", ".join(f"{r} {n}" for r, n in held.items())]
+    return "\n".join(lines)

@@ -1,0 +1,41 @@
+"""Errors an operator can act on.
+
+Each carries a one-line message meant for stderr; the CLI prints it without a
+traceback and exits with the class's `exit_code`.
+"""
+
+
+class DunningError(Exception):
+    exit_code = 1
+
+
+class UserInputError(DunningError):
+    """Something the operator gave us is missing or unusable."""
+
+    exit_code = 2
+
+
+class ConfigError(UserInputError):
+    pass
+
+
+class SnapshotError(UserInputError):
+    pass
+
+
+class InvalidRowsHalt(UserInputError):
+    """Rows were rejected and the policy says `on_invalid_rows: halt`."""
+
+
+class BreakerTripped(DunningError):
+    exit_code = 3
+
+
+class LedgerBusy(DunningError):
+    """Another process holds the DuckDB file for longer than we are willing to wait."""
+
+    exit_code = 4
+
+
+class GuardNotLive(DunningError):
+    exit_code = 5

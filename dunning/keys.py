@@ -1,0 +1,41 @@
+"""Idempotency keys from business identity, never from a request id.
+
+The same invoice, cycle and stage always give the same key, in any process, on
+any day; the ledger's primary key on it is what stops a second send. Message-IDs
+derive from the keys an email covers, so a receiving system can dedupe too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable
+
+import polars as pl
+
+
+def reminder_key(invoice_id: str, cycle: int, stage: str) -> str:
+    return f"dunning:{invoice_id}:{cycle}:{stage}"
+
+
+def apology_key(incident_id: str, customer_id: str) -> str:
+    return f"apology:{incident_id}:{customer_id}"
+
+
+def event_key(event_id: str) -> str:
+    return f"event:{event_id}"
+
+
+def reminder_key_expr() -> pl.Expr:
+    """`reminder_key` over columns `invoice_id`, `cycle`, `stage`."""
+    return pl.concat_str(
+        [pl.lit("dunning:"), pl.col("invoice_id"), pl.lit(":"), pl.col("cycle").cast(pl.String), pl.lit(":"), pl.col("stage")]
+    )
+
+
+def email_id(keys: Iterable[str]) -> str:
+    """A stable id for the email that covers exactly `keys` (order does not matter)."""
+    return hashlib.sha256(",".join(sorted(keys)).encode()).hexdigest()[:32]
+
+
+def message_id(keys: Iterable[str], domain: str) -> str:
+    return f"<{email_id(keys)}@{domain}>"

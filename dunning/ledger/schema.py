@@ -1,0 +1,141 @@
+"""The DuckDB tables: the ledger that sends are claimed in, and the history around it.
+
+`reminder_ledger.idempotency_key` is the PRIMARY KEY: the database, not
+application code, is the last line of defence against a second send. All
+timestamps are TIMESTAMPTZ; `claimed_at`/`sent_at` follow the cycle's clock
+(`--as-of`), the `*_wall_at` columns record the real time.
+"""
+
+LEDGER_COLUMNS = (
+    "idempotency_key", "kind", "invoice_id", "customer_id", "customer_email", "cycle", "stage",
+    "status", "amount_minor", "currency", "email_id", "message_id", "run_id", "claimed_at",
+)
+
+DDL = (
+    """
+    CREATE TABLE IF NOT EXISTS reminder_ledger (
+        idempotency_key VARCHAR PRIMARY KEY,
+        kind VARCHAR NOT NULL CHECK (kind IN ('reminder', 'apology', 'payment_failed')),
+        invoice_id VARCHAR,
+        customer_id VARCHAR NOT NULL,
+        customer_email VARCHAR,
+        cycle INTEGER,
+        stage VARCHAR,
+        status VARCHAR NOT NULL CHECK (status IN ('claimed', 'sent', 'failed', 'unknown', 'skipped')),
+        amount_minor BIGINT,
+        currency VARCHAR,
+        email_id VARCHAR,
+        message_id VARCHAR,
+        run_id VARCHAR,
+        claimed_at TIMESTAMPTZ,
+        sent_at TIMESTAMPTZ,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error VARCHAR,
+        next_attempt_at TIMESTAMPTZ,
+        outcome_wall_at TIMESTAMPTZ
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS invoice_cycles (
+        invoice_id VARCHAR PRIMARY KEY,
+        cycle INTEGER NOT NULL,
+        cycle_open BOOLEAN NOT NULL,
+        opened_at TIMESTAMPTZ,
+        closed_at TIMESTAMPTZ,
+        last_stage VARCHAR,
+        last_stage_days INTEGER
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS invoice_snapshots (
+        run_id VARCHAR NOT NULL,
+        as_of TIMESTAMPTZ NOT NULL,
+        invoice_id VARCHAR NOT NULL,
+        customer_id VARCHAR NOT NULL,
+        customer_email VARCHAR,
+        customer_name VARCHAR,
+        currency VARCHAR NOT NULL,
+        amount_due BIGINT NOT NULL,
+        amount_paid BIGINT NOT NULL,
+        remaining_minor BIGINT NOT NULL,
+        due_date DATE NOT NULL,
+        status VARCHAR NOT NULL,
+        billing_period VARCHAR,
+        snapshot_at TIMESTAMPTZ,
+        days_overdue INTEGER,
+        cycle INTEGER
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS snapshot_quarantine (
+        run_id VARCHAR NOT NULL,
+        quarantined_at TIMESTAMPTZ NOT NULL,
+        source VARCHAR,
+        source_row BIGINT,
+        invoice_id VARCHAR,
+        rule VARCHAR NOT NULL,
+        raw_row VARCHAR
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS alerts (
+        alert_id VARCHAR PRIMARY KEY,
+        created_at TIMESTAMPTZ NOT NULL,
+        kind VARCHAR NOT NULL,
+        severity VARCHAR NOT NULL,
+        message VARCHAR NOT NULL,
+        run_id VARCHAR,
+        details VARCHAR,
+        delivered_to VARCHAR,
+        resolved_at TIMESTAMPTZ
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS dunning_audit (
+        run_id VARCHAR NOT NULL,
+        as_of TIMESTAMPTZ NOT NULL,
+        dry_run BOOLEAN NOT NULL,
+        idempotency_key VARCHAR NOT NULL,
+        kind VARCHAR NOT NULL,
+        invoice_id VARCHAR,
+        customer_id VARCHAR,
+        cycle INTEGER,
+        stage VARCHAR,
+        outcome VARCHAR NOT NULL,
+        reason VARCHAR,
+        owed BOOLEAN,
+        amount_stated_minor BIGINT,
+        remaining_minor BIGINT,
+        currency VARCHAR,
+        message_id VARCHAR
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS dunning_runs (
+        run_id VARCHAR PRIMARY KEY,
+        as_of TIMESTAMPTZ NOT NULL,
+        dry_run BOOLEAN NOT NULL,
+        finished_wall_at TIMESTAMPTZ NOT NULL,
+        snapshot_rows BIGINT,
+        rejected_rows BIGINT,
+        due BIGINT,
+        sent BIGINT,
+        failed BIGINT,
+        unknown BIGINT,
+        held BIGINT,
+        skipped BIGINT,
+        emails BIGINT,
+        not_owed_reminded BIGINT,
+        summary VARCHAR
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS pause_state (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        paused BOOLEAN NOT NULL,
+        reason VARCHAR,
+        changed_by VARCHAR,
+        changed_at TIMESTAMPTZ NOT NULL
+    )
+    """,
+)

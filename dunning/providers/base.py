@@ -1,0 +1,45 @@
+"""The email provider boundary: every send ends as `sent`, `failed` or `unknown`.
+
+`failed` means the provider definitely did not accept the message (safe to
+retry later); `unknown` means it may have (a timeout after the data was handed
+over, a lost connection): never resent blindly, resolved with `lookup` where
+the provider can answer, otherwise held for a human.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from email.message import EmailMessage
+from typing import Literal
+
+Status = Literal["sent", "failed", "unknown"]
+
+
+@dataclass(frozen=True)
+class SendOutcome:
+    status: Status
+    message_id: str | None = None
+    error: str | None = None
+
+
+class EmailProvider(abc.ABC):
+    """Sends RFC 5322 messages. Use as a context manager so connections are closed."""
+
+    name = "provider"
+
+    @abc.abstractmethod
+    def send(self, message: EmailMessage) -> SendOutcome: ...
+
+    def lookup(self, message_id: str) -> Status | None:
+        """Whether the message with `message_id` was accepted; None when this provider cannot tell."""
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def __enter__(self) -> "EmailProvider":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,16 @@
+"""Builds the configured provider; the one place that maps `provider.kind` to a class."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dunning.config import Provider
+from dunning.providers.base import EmailProvider
+from dunning.providers.file_outbox import FileOutbox
+from dunning.providers.smtp import SmtpProvider
+
+
+def build_provider(settings: Provider, home: Path) -> EmailProvider:
+    if settings.kind == "smtp":
+        return SmtpProvider(settings)
+    return FileOutbox(Path(settings.outbox_dir) if settings.outbox_dir else home / "outbox")

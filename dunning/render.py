@@ -1,0 +1,97 @@
+"""Emails as RFC 5322 messages: Jinja2 text and HTML alternatives, headers the audit can follow.
+
+Amounts stay integers in minor units until this module, which renders them
+with the currency's real exponent through Babel (JPY has none, USD two), never
+with hand-written arithmetic on floats.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from decimal import Decimal
+from email.message import EmailMessage
+from email.utils import format_datetime
+from typing import Any, Sequence
+
+import babel.numbers
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+_ENV = Environment(
+    loader=PackageLoader("dunning", "templates"),
+    autoescape=select_autoescape(["html"]),
+    undefined=StrictUndefined,
+    keep_trailing_newline=True,
+)
+TONE_ORDER = {"gentle": 0, "firm": 1, "final": 2}
+SUBJECTS = {
+    "gentle": "Friendly reminder: {what} overdue",
+    "firm": "Second reminder: {what} still unpaid",
+    "final": "Final notice: {what} unpaid",
+}
+
+
+def format_amount(amount_minor: int, currency: str, locale: str = "en_US") -> str:
+    """`12345, "USD"` -> `$123.45 USD`; `1234, "JPY"` -> `¥1,234 JPY`."""
+    digits = babel.numbers.get_currency_precision(currency)
+    value = Decimal(int(amount_minor)).scaleb(-digits)
+    return f"{babel.numbers.format_currency(value, currency, locale=locale)} {currency}"
+
+
+def _invoice_lines(rows: Sequence[dict[str, Any]], locale: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "invoice_id": r["invoice_id"],
+            "billing_period": r.get("billing_period"),
+            "due_date": r["due_date"].isoformat() if hasattr(r["due_date"], "isoformat") else r["due_date"],
+            "days_overdue": r["days_overdue"],
+            "remaining": format_amount(r["amount_minor"], r["currency"], locale),
+            "amount_due": format_amount(r["amount_due"], r["currency"], locale),
+            "amount_paid": format_amount(r["amount_paid"], r["currency"], locale),
+            "amount_paid_minor": r["amount_paid"],
+        }
+        for r in rows
+    ]
+
+
+def currency_totals(rows: Sequence[dict[str, Any]], locale: str, amount_field: str = "amount_minor") -> list[dict[str, str]]:
+    totals: dict[str, int] = defaultdict(int)
+    for r in rows:
+        totals[r["currency"]] += int(r[amount_field])
+    return [{"currency": c, "amount": format_amount(v, c, locale)} for c, v in sorted(totals.items())]
+
+
+def _message(*, to: str, sender: str, subject: str, message_id: str, kind: str, keys: Sequence[str],
+             text: str, html: str, when: dt.datetime) -> EmailMessage:
+    message = EmailMessage()
+    message["From"] = sender
+    message["To"] = to
+    message["Subject"] = subject
+    message["Date"] = format_datetime(when.astimezone(dt.timezone.utc))
+    message["Message-ID"] = message_id
+    message["X-Dunning-Kind"] = kind
+    message["X-Dunning-Keys"] = ",".join(keys)
+    message.set_content(text)
+    message.add_alternative(html, subtype="html")
+    return message
+
+
+def reminder_email(rows: Sequence[dict[str, Any]], *, sender: str, message_id: str, as_of: dt.datetime,
+                   locale: str = "en_US") -> EmailMessage:
+    """One reminder email covering `rows` (one per invoice; same recipient), in the firmest tone among them."""
+    tone = max((r["tone"] for r in rows), key=TONE_ORDER.__getitem__)
+    ids = [r["invoice_id"] for r in rows]
+    what = f"invoice {ids[0]} is" if len(ids) == 1 else f"{len(ids)} invoices are"
+    context = {
+        "customer_name": rows[0].get("customer_name"),
+        "tone": tone,
+        "invoices": _invoice_lines(rows, locale),
+        "totals": currency_totals(rows, locale),
+        "as_of_date": as_of.date().isoformat(),
+    }
+    return _message(
+        to=rows[0]["customer_email"], sender=sender, subject=SUBJECTS[tone].format(what=what),
+        message_id=message_id, kind="reminder", keys=[r["idempotency_key"] for r in rows],
+        text=_ENV.get_template("reminder.txt.j2").render(context),
+        html=_ENV.get_template("reminder.html.j2").render(context), when=as_of,
+    )

@@ -1,0 +1,109 @@
+"""Claim, send, record: the only place emails leave from.
+
+For each chunk of emails: claim every key in one transaction (ledger first);
+render and send only what this run won; record each outcome in one UPDATE.
+A crash between claim and record leaves keys `claimed`, which the next run
+turns into `unknown` and asks the provider about — never into "unsent".
+Rendered messages live for one chunk only, so memory does not grow with the
+batch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import polars as pl
+
+from dunning.config import DunningConfig
+from dunning.keys import email_id, message_id
+from dunning.ledger.duckdb_ledger import DuckDBLedger
+from dunning.policy import email_groups
+from dunning.providers.base import EmailProvider
+from dunning.render import reminder_email
+
+OUTCOME_SCHEMA = {"idempotency_key": pl.String, "status": pl.String, "message_id": pl.String, "error": pl.String}
+
+
+@dataclass
+class SendReport:
+    claimed: int = 0
+    lost: int = 0
+    sent: int = 0
+    failed: int = 0
+    unknown: int = 0
+    emails: int = 0
+    resolved_unknown: int = 0
+
+
+def with_email_ids(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
+    """Attach `email_group`, `email_id` and `message_id`: each email covers the keys of one group."""
+    domain = config.provider.from_address.rpartition("@")[2] or "dunning.invalid"
+    grouped = due.with_columns(email_groups(due, config).alias("email_group"))
+    ids = grouped.group_by("email_group").agg(pl.col("idempotency_key")).with_columns(
+        pl.col("idempotency_key").map_elements(email_id, return_dtype=pl.String).alias("email_id"),
+    ).select(
+        "email_group", "email_id", pl.format("<{}@{}>", pl.col("email_id"), pl.lit(domain)).alias("message_id")
+    )
+    return grouped.join(ids, on="email_group", how="left")
+
+
+def _chunks(due: pl.DataFrame, emails_per_chunk: int) -> Iterator[pl.DataFrame]:
+    groups = due.select("email_group").unique(maintain_order=True).to_series()
+    for start in range(0, len(groups), emails_per_chunk):
+        chunk_groups = groups.slice(start, emails_per_chunk)
+        yield due.filter(pl.col("email_group").is_in(chunk_groups))
+
+
+def resolve_unknown(ledger: DuckDBLedger, provider: EmailProvider, wall: dt.datetime) -> int:
+    """Ask the provider about `unknown` keys; record its definite answers, leave the rest held."""
+    pending = ledger.frame(
+        "SELECT idempotency_key, message_id FROM reminder_ledger WHERE status = 'unknown' AND message_id IS NOT NULL"
+    )
+    answers = []
+    for key, mid in pending.iter_rows():
+        status = provider.lookup(mid)
+        if status is not None:
+            answers.append((key, status, mid, f"resolved by provider lookup: {status}"))
+    if answers:
+        frame = pl.DataFrame(answers, schema=OUTCOME_SCHEMA, orient="row")
+        ledger.record_outcomes(frame, None, wall)
+    return len(answers)
+
+
+def send_due(
+    ledger: DuckDBLedger,
+    provider: EmailProvider,
+    due: pl.DataFrame,
+    skipped: pl.DataFrame,
+    *,
+    config: DunningConfig,
+    run_id: str,
+    as_of: dt.datetime,
+    now: Callable[[], dt.datetime],
+    progress: Callable[[SendReport, int], None] | None = None,
+) -> tuple[SendReport, pl.DataFrame]:
+    """Claim and send `due` (reminder rows with email ids); returns the report and one outcome per due key."""
+    report = SendReport()
+    outcomes: list[pl.DataFrame] = []
+    total_emails = due.select(pl.col("email_group").n_unique()).item() if due.height else 0
+    for chunk in _chunks(due, config.claim_chunk_size):
+        chunk_skipped = skipped.filter(pl.col("invoice_id").is_in(chunk.select("invoice_id").to_series().implode()))
+        won = ledger.claim(chunk, chunk_skipped, run_id, as_of)
+        report.claimed += len(won)
+        report.lost += chunk.height - len(won)
+        rows = []
+        for (group,), members in chunk.filter(pl.col("idempotency_key").is_in(list(won))).group_by(["email_group"], maintain_order=True):
+            records = members.to_dicts()
+            message = reminder_email(records, sender=config.provider.from_address, message_id=records[0]["message_id"], as_of=as_of, locale=config.locale)
+            outcome = provider.send(message)
+            report.emails += 1
+            setattr(report, outcome.status, getattr(report, outcome.status) + len(records))
+            rows.extend((r["idempotency_key"], outcome.status, outcome.message_id or records[0]["message_id"], outcome.error) for r in records)
+        chunk_outcomes = pl.DataFrame(rows, schema=OUTCOME_SCHEMA, orient="row")
+        ledger.record_outcomes(chunk_outcomes, as_of, now())
+        outcomes.append(chunk_outcomes)
+        if progress:
+            progress(report, total_emails)
+    return report, pl.concat(outcomes) if outcomes else pl.DataFrame(schema=OUTCOME_SCHEMA)

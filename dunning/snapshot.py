@@ -1,0 +1,96 @@
+"""Reading an invoice snapshot file into one typed frame, without judging it.
+
+Every source (CSV, Parquet, Stripe JSON) becomes the same columns. Values that
+do not parse become nulls next to a `*_raw` text copy, so validation can name
+the rule and the quarantine can keep what the operator actually sent; nothing
+is rejected here except a file that cannot be read at all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import polars as pl
+
+from dunning.errors import SnapshotError
+from dunning.stripe import SNAPSHOT_FIELDS, load_stripe_invoices
+
+REQUIRED_COLUMNS = (
+    "invoice_id", "customer_id", "customer_email", "currency",
+    "amount_due", "amount_paid", "due_date", "status",
+)
+OPTIONAL_COLUMNS = ("customer_name", "billing_period", "snapshot_at")
+PARSED_COLUMNS = ("amount_due", "amount_paid", "due_date")
+
+
+def _read_file(path: Path, zone: ZoneInfo) -> pl.DataFrame:
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".csv", ".txt"):
+            return pl.read_csv(path, infer_schema=False)
+        if suffix in (".parquet", ".pq"):
+            return pl.read_parquet(path)
+        if suffix == ".json":
+            rows = load_stripe_invoices(path, zone)
+            return pl.DataFrame(rows, schema={c: pl.String for c in SNAPSHOT_FIELDS})
+    except SnapshotError:
+        raise
+    except (OSError, pl.exceptions.PolarsError, ValueError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SnapshotError(f"cannot read snapshot {path}: {first_line}") from None
+    raise SnapshotError(f"snapshot {path}: unsupported file type {suffix!r} (use .csv, .parquet or Stripe .json)")
+
+
+def _as_text(column: str, dtype: pl.DataType) -> pl.Expr:
+    if dtype == pl.String:
+        return pl.col(column).str.strip_chars()
+    return pl.col(column).cast(pl.String)
+
+
+def _parsed(column: str, dtype: pl.DataType) -> pl.Expr:
+    raw = pl.col(f"{column}_raw")
+    if column == "due_date":
+        if dtype == pl.Date:
+            return pl.col(column)
+        if isinstance(dtype, pl.Datetime):
+            return pl.col(column).dt.date()
+        return raw.str.to_date("%Y-%m-%d", strict=False)
+    if dtype.is_integer():
+        return pl.col(column).cast(pl.Int64)
+    return raw.str.strip_chars().cast(pl.Int64, strict=False)
+
+
+def read_snapshot(path: str | Path, zone: ZoneInfo) -> pl.DataFrame:
+    """The snapshot as typed columns plus `source_row` (1-based) and `*_raw` text for parsed ones."""
+    path = Path(path)
+    if not path.exists():
+        raise SnapshotError(f"snapshot file not found: {path}")
+    if not path.is_file():
+        raise SnapshotError(f"snapshot path is not a file: {path}")
+    frame = _read_file(path, zone)
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise SnapshotError(f"snapshot {path} lacks required column(s): {', '.join(missing)}")
+    schema = frame.schema
+    for column in OPTIONAL_COLUMNS:
+        if column not in frame.columns:
+            frame = frame.with_columns(pl.lit(None, dtype=pl.String).alias(column))
+            schema = frame.schema
+    text_columns = [c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c not in PARSED_COLUMNS and c != "snapshot_at"]
+    frame = frame.with_columns(
+        *[_as_text(c, schema[c]) for c in text_columns],
+        *[_as_text(c, schema[c]).alias(f"{c}_raw") for c in PARSED_COLUMNS],
+    )
+    snapshot_at = pl.col("snapshot_at")
+    if schema["snapshot_at"] == pl.String:
+        snapshot_at = snapshot_at.str.to_datetime(strict=False, time_zone="UTC")
+    return frame.with_columns(
+        *[_parsed(c, schema[c]).alias(c) for c in PARSED_COLUMNS],
+        snapshot_at.cast(pl.Datetime("us", "UTC"), strict=False).alias("snapshot_at"),
+        pl.col("currency").str.to_uppercase(),
+        pl.col("status").str.to_lowercase(),
+        pl.int_range(1, pl.len() + 1, dtype=pl.Int64).alias("source_row"),
+    ).select(
+        "source_row", *REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *[f"{c}_raw" for c in PARSED_COLUMNS]
+    )

@@ -1,0 +1,106 @@
+"""Stripe objects in, snapshot rows and payment-failed events out.
+
+Stripe invoices carry amounts in minor units (as we do), a lower-case currency,
+Unix-second timestamps, and a `due_date` that is null for invoices collected
+with `charge_automatically`. For those, the payment was due when Stripe tried
+to charge the card, which is when the invoice was finalized
+(`status_transitions.finalized_at`); drafts and old objects without it fall
+back to `created`. Dates are taken in the business timezone so "days overdue"
+means the same thing for every source.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any, Iterable
+from zoneinfo import ZoneInfo
+
+from dunning.errors import SnapshotError
+
+SNAPSHOT_FIELDS = (
+    "invoice_id", "customer_id", "customer_email", "customer_name", "currency",
+    "amount_due", "amount_paid", "due_date", "status", "billing_period", "snapshot_at",
+)
+
+
+def _date(ts: Any, zone: ZoneInfo) -> str | None:
+    if ts is None:
+        return None
+    try:
+        return dt.datetime.fromtimestamp(int(ts), tz=dt.timezone.utc).astimezone(zone).date().isoformat()
+    except (TypeError, ValueError, OverflowError):
+        return str(ts)  # left for validation to reject as an unparsable date
+
+
+def _customer_id(value: Any) -> str | None:
+    if isinstance(value, dict):  # expanded customer object
+        return value.get("id")
+    return value
+
+
+def invoice_row(invoice: dict[str, Any], zone: ZoneInfo) -> dict[str, Any]:
+    """One snapshot row (all values as text, like a CSV) from one Stripe invoice object."""
+    due = invoice.get("due_date")
+    if due is None:
+        transitions = invoice.get("status_transitions") or {}
+        due = transitions.get("finalized_at") or invoice.get("created")
+    currency = invoice.get("currency")
+    period_start = _date(invoice.get("period_start"), zone)
+    row = {
+        "invoice_id": invoice.get("id"),
+        "customer_id": _customer_id(invoice.get("customer")),
+        "customer_email": invoice.get("customer_email"),
+        "customer_name": invoice.get("customer_name"),
+        "currency": currency.upper() if isinstance(currency, str) else currency,
+        "amount_due": invoice.get("amount_due"),
+        "amount_paid": invoice.get("amount_paid"),
+        "due_date": _date(due, zone),
+        "status": invoice.get("status"),
+        "billing_period": period_start[:7] if period_start else None,
+        "snapshot_at": None,
+    }
+    return {k: (None if v is None else str(v)) for k, v in row.items()}
+
+
+def invoices_from_json(payload: Any, source: str) -> list[dict[str, Any]]:
+    """The invoice objects in a `GET /v1/invoices` body (or a bare array of invoices)."""
+    if isinstance(payload, dict) and payload.get("object") == "list":
+        items = payload.get("data")
+    elif isinstance(payload, list):
+        items = payload
+    else:
+        raise SnapshotError(f"{source}: JSON is not a Stripe invoice list (expected an object with \"object\": \"list\")")
+    if not isinstance(items, list):
+        raise SnapshotError(f"{source}: the list's \"data\" is not an array")
+    bad = [i for i, item in enumerate(items) if not isinstance(item, dict) or item.get("object", "invoice") != "invoice"]
+    if bad:
+        raise SnapshotError(f"{source}: entries {bad[:10]} are not Stripe invoice objects")
+    return items
+
+
+def load_stripe_invoices(path: Path, zone: ZoneInfo) -> list[dict[str, Any]]:
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SnapshotError(f"{path}: not valid JSON ({exc})") from None
+    return [invoice_row(inv, zone) for inv in invoices_from_json(payload, str(path))]
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """Stripe event objects from a JSON object, a JSON array, or JSON Lines."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        payload = json.loads(text)
+        events: Iterable[Any] = payload if isinstance(payload, list) else [payload]
+    except json.JSONDecodeError:
+        try:
+            events = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as exc:
+            raise SnapshotError(f"{path}: neither JSON nor JSON Lines ({exc})") from None
+    events = list(events)
+    bad = [i for i, e in enumerate(events) if not (isinstance(e, dict) and e.get("id") and e.get("type"))]
+    if bad:
+        raise SnapshotError(f"{path}: entries {bad[:10]} are not Stripe events (need 'id' and 'type')")
+    return events

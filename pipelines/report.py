@@ -1,0 +1,104 @@
+"""What the CLI tells the operator after a run, and which exit code it ends with."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import dagster as dg
+
+from dunning.ledger.duckdb_ledger import DuckDBLedger
+
+EXIT_BY_ERROR_CLASS = {
+    "SnapshotError": 2, "ConfigError": 2, "UserInputError": 2, "InvalidRowsHalt": 2,
+    "BreakerTripped": 3, "LedgerBusy": 4,
+}
+
+
+def _failures(result: dg.ExecuteJobResult) -> list[tuple[str, str]]:
+    """(error class, one-line message) for each failed step."""
+    found = []
+    for event in result.all_events:
+        if not event.is_step_failure:
+            continue
+        data = event.step_failure_data
+        user = data.user_failure_data
+        if user is not None and user.description:
+            cls = user.metadata.get("error_class")
+            found.append((cls.value if cls is not None else "Failure", user.description))
+        else:
+            message = (data.error.message if data.error else "step failed").strip().splitlines()
+            found.append(("Error", f"step {event.step_key} failed: {message[0] if message else ''}"))
+    return found
+
+
+def _failed_checks(result: dg.ExecuteJobResult) -> list[dg.AssetCheckEvaluation]:
+    return [e for e in result.get_asset_check_evaluations() if not e.passed]
+
+
+def run_report(result: dg.ExecuteJobResult, ledger: DuckDBLedger, *, as_of: dt.datetime, dry_run: bool) -> tuple[str, int]:
+    run_id = result.run_id
+    header = f"dunning cycle {run_id[:8]} as of {as_of.isoformat()}{' (dry run: nothing claimed or sent)' if dry_run else ''}"
+    if not result.success:
+        checks = _failed_checks(result)
+        if checks:
+            names = ", ".join(c.check_name for c in checks)
+            details = "; ".join(f"{c.check_name}: {dict((k, v.value) for k, v in c.metadata.items())}" for c in checks)
+            return f"dunning: halted by check(s) {names}; nothing was sent. {details}", 3
+        failures = _failures(result)
+        cls, message = failures[0] if failures else ("Error", "run failed")
+        return f"dunning: {message}", EXIT_BY_ERROR_CLASS.get(cls, 1)
+    row = ledger.con.execute(
+        "SELECT snapshot_rows, rejected_rows, due, sent, failed, unknown, held, skipped, emails, not_owed_reminded "
+        "FROM dunning_runs WHERE run_id = ?", [run_id]).fetchone()
+    snapshot_rows, rejected, due, sent, failed, unknown, held, skipped, emails, not_owed = row
+    lines = [header, f"snapshot: {snapshot_rows} invoices accepted, {rejected} rejected"]
+    if rejected:
+        rules = ledger.con.execute(
+            "SELECT rule, count(*) FROM snapshot_quarantine WHERE run_id = ? GROUP BY rule ORDER BY 2 DESC", [run_id]).fetchall()
+        lines.append("  rejected rows are in table snapshot_quarantine: " + "; ".join(f"{r} ({n})" for r, n in rules))
+    held_rows = ledger.con.execute(
+        "SELECT reason, count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'held' GROUP BY reason ORDER BY reason", [run_id]).fetchall()
+    lines.append(f"reminders newly due: {due} (earlier stages recorded as skipped: {skipped})")
+    if dry_run:
+        lines.append(f"would send: {due - held} reminder key(s)")
+    else:
+        lines.append(f"sent: {sent} reminder key(s) in {emails} email(s); failed: {failed}; unknown: {unknown}")
+    if held_rows:
+        lines.append("held: " + ", ".join(f"{reason} {n}" for reason, n in held_rows))
+    lines.append(f"reminders for invoices not owed: {not_owed}")
+    if failed or unknown:
+        lines.append(f"warning: {failed} failed (retried by a later cycle) and {unknown} unknown (never resent blindly)")
+    return "\n".join(lines), 0
+
+
+def status(ledger: DuckDBLedger) -> dict:
+    con = ledger.con
+    paused = con.execute("SELECT paused, reason, changed_by, changed_at FROM pause_state WHERE id = 1").fetchone()
+    last = con.execute(
+        "SELECT run_id, as_of, dry_run, due, sent, failed, unknown, held FROM dunning_runs ORDER BY finished_wall_at DESC LIMIT 1").fetchone()
+    counts = dict(con.execute("SELECT status, count(*) FROM reminder_ledger GROUP BY status").fetchall())
+    alerts = con.execute(
+        "SELECT created_at, kind, message FROM alerts WHERE resolved_at IS NULL ORDER BY created_at DESC LIMIT 20").fetchall()
+    unknown = con.execute(
+        "SELECT idempotency_key FROM reminder_ledger WHERE status = 'unknown' ORDER BY idempotency_key LIMIT 50").fetchall()
+    return {
+        "paused": bool(paused and paused[0]),
+        "pause_reason": paused[1] if paused and paused[0] else None,
+        "last_run": dict(zip(("run_id", "as_of", "dry_run", "due", "sent", "failed", "unknown", "held"), last)) if last else None,
+        "ledger_counts": counts,
+        "open_alerts": [dict(zip(("created_at", "kind", "message"), a)) for a in alerts],
+        "unknown_keys": [k for (k,) in unknown],
+    }
+
+
+def status_text(s: dict) -> str:
+    lines = [f"paused: {'yes (' + str(s['pause_reason']) + ')' if s['paused'] else 'no'}"]
+    last = s["last_run"]
+    lines.append(f"last run: {last['run_id'][:8]} as of {last['as_of']}, sent {last['sent']}, failed {last['failed']}, "
+                 f"unknown {last['unknown']}, held {last['held']}" if last else "last run: none")
+    lines.append("ledger: " + (", ".join(f"{k} {v}" for k, v in sorted(s["ledger_counts"].items())) or "empty"))
+    lines.append(f"open alerts: {len(s['open_alerts'])}")
+    lines += [f"  {a['created_at']} {a['kind']}: {a['message']}" for a in s["open_alerts"]]
+    if s["unknown_keys"]:
+        lines.append("unknown outcomes held for a human: " + ", ".join(s["unknown_keys"]))
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""Resources: the deployment's home directory, the cycle being run, and the email provider.
+
+`DunningHome` owns everything under one directory (DuckDB file, outbox,
+config); `CycleRequest` is what one run is asked to do (which snapshot, which
+clock, dry or not), set per run through run config by the CLI, a schedule or
+the launchpad.
+"""
+
+
+import contextlib
+import datetime as dt
+from pathlib import Path
+from typing import Iterator
+
+import dagster as dg
+
+from dunning.clock import parse_as_of
+from dunning.config import DunningConfig, load_config
+from dunning.ledger.duckdb_ledger import DuckDBLedger, open_ledger
+from dunning.providers.base import EmailProvider
+from dunning.providers.factory import build_provider
+
+CONFIG_FILE_NAME = "config.yaml"
+
+
+class DunningHome(dg.ConfigurableResource):
+    """All state of one deployment: `dunning.duckdb`, `outbox/`, optional `config.yaml`."""
+
+    home: str
+    config_path: str | None = None
+    lock_timeout_seconds: float = 120.0
+
+    @property
+    def root(self) -> Path:
+        return Path(self.home).expanduser().resolve()
+
+    @property
+    def database_path(self) -> Path:
+        return self.root / "dunning.duckdb"
+
+    def settings(self) -> DunningConfig:
+        path = self.config_path
+        if path is None and (self.root / CONFIG_FILE_NAME).is_file():
+            path = str(self.root / CONFIG_FILE_NAME)
+        return load_config(path)
+
+    @contextlib.contextmanager
+    def ledger(self) -> Iterator[DuckDBLedger]:
+        with open_ledger(self.database_path, self.lock_timeout_seconds) as ledger:
+            yield ledger
+
+    def provider(self, config: DunningConfig) -> EmailProvider:
+        return build_provider(config.provider, self.root)
+
+
+class CycleRequest(dg.ConfigurableResource):
+    """What this run does: the snapshot, the clock (`as_of`, ISO 8601), and whether it may send."""
+
+    snapshot_path: str | None = None
+    as_of: str | None = None
+    dry_run: bool = False
+    events_path: str | None = None
+
+    def clock(self, context) -> dt.datetime:
+        """`as_of` if given, else the moment the run was created: one clock for every step of a run."""
+        if self.as_of:
+            return parse_as_of(self.as_of)
+        record = context.instance.get_run_record_by_id(context.run_id)
+        created = record.create_timestamp if record else dt.datetime.now(dt.timezone.utc)
+        return created.astimezone(dt.timezone.utc)
