@@ -13,7 +13,7 @@ from dunning import audit as audit_rules
 from dunning import cycle
 from dunning.clock import utc_now
 from dunning.errors import DunningError, InvalidRowsHalt, SnapshotError
-from dunning.sending import resolve_unknown, send_due
+from dunning.sending import OUTCOME_SCHEMA, resolve_unknown, send_due
 from pipelines.resources import CycleRequest, DunningHome
 
 GROUP = "dunning"
@@ -94,7 +94,7 @@ def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, d
     due = cycle.sendable_due(reminders_due)
     if cycle_request.dry_run:
         context.log.info(f"dry run: {due.height} reminder(s) would be claimed and sent; nothing claimed")
-        return dg.Output(due.head(0).select("idempotency_key"), metadata={"dry_run": True, "would_send": due.height})
+        return dg.Output(pl.DataFrame(schema=OUTCOME_SCHEMA), metadata={"dry_run": True, "would_send": due.height})
 
     def progress(report, total_emails: int) -> None:
         context.log.info(f"sent {report.emails}/{total_emails} emails ({report.sent} keys sent, {report.failed} failed, {report.unknown} unknown)")

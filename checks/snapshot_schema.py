@@ -61,7 +61,7 @@ class SnapshotRows(pa.DataFrameModel):
 
     @pa.dataframe_check(name="paid_not_above_due")
     def _paid_not_above_due(cls, data: pa.PolarsData) -> pl.LazyFrame:
-        return data.lazyframe.select((pl.col("amount_paid") <= pl.col("amount_due")).fill_null(True))
+        return data.lazyframe.select(((pl.col("amount_paid") <= pl.col("amount_due")) | (pl.col("amount_due") < 0)).fill_null(True))
 
     @pa.dataframe_check(name="unique_invoice_id")
     def _unique_invoice_id(cls, data: pa.PolarsData) -> pl.LazyFrame:

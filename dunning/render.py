@@ -32,10 +32,10 @@ SUBJECTS = {
 
 
 def format_amount(amount_minor: int, currency: str, locale: str = "en_US") -> str:
-    """`12345, "USD"` -> `$123.45 USD`; `1234, "JPY"` -> `¥1,234 JPY`."""
+    """`12345, "USD"` -> `123.45 USD`; `1234, "JPY"` -> `1,234 JPY`: the ISO code is never ambiguous, a `$` is."""
     digits = babel.numbers.get_currency_precision(currency)
     value = Decimal(int(amount_minor)).scaleb(-digits)
-    return f"{babel.numbers.format_currency(value, currency, locale=locale)} {currency}"
+    return babel.numbers.format_currency(value, currency, format="#,##0.00 ¤¤", locale=locale, currency_digits=True)
 
 
 def _invoice_lines(rows: Sequence[dict[str, Any]], locale: str) -> list[dict[str, Any]]:

@@ -26,8 +26,12 @@ def _failures(result: dg.ExecuteJobResult) -> list[tuple[str, str]]:
             cls = user.metadata.get("error_class")
             found.append((cls.value if cls is not None else "Failure", user.description))
         else:
-            message = (data.error.message if data.error else "step failed").strip().splitlines()
-            found.append(("Error", f"step {event.step_key} failed: {message[0] if message else ''}"))
+            error = data.error
+            while error is not None and error.cause is not None:
+                error = error.cause
+            message = (error.message if error else "step failed").strip().splitlines()
+            found.append(("Error", f"step {event.step_key} failed: {message[0] if message else ''} "
+                                   f"(run {result.run_id}; see the Dagster UI for the full log)"))
     return found
 
 

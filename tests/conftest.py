@@ -1,0 +1,82 @@
+"""Shared helpers: snapshots written as real files, the real CLI run in-process, the real DuckDB file read back."""
+
+from __future__ import annotations
+
+import contextlib
+import email
+import io
+from email import policy
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pytest
+
+from pipelines import cli
+
+INVOICE_DEFAULTS = {
+    "invoice_id": "in_1", "customer_id": "cus_1", "customer_email": "ada@example.com", "currency": "USD",
+    "amount_due": 10000, "amount_paid": 0, "due_date": "2026-11-01", "status": "open", "customer_name": "Ada",
+}
+
+
+def invoice(**overrides) -> dict:
+    row = dict(INVOICE_DEFAULTS)
+    row.update(overrides)
+    return row
+
+
+def write_snapshot(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame = pl.DataFrame([{k: (None if v is None else str(v)) for k, v in r.items()} for r in rows])
+    if path.suffix == ".parquet":
+        frame.write_parquet(path)
+    else:
+        frame.write_csv(path)
+    return path
+
+
+class Deployment:
+    """One dunning home directory driven through the `dunning` command."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.home = root / "home"
+        self._snapshots = 0
+
+    def snapshot(self, rows: list[dict], suffix: str = ".csv") -> Path:
+        self._snapshots += 1
+        return write_snapshot(self.root / f"snapshot-{self._snapshots}{suffix}", rows)
+
+    def cli(self, *args: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(["--home", str(self.home), *args])
+        return code, out.getvalue(), err.getvalue()
+
+    def run(self, rows: list[dict], as_of: str, *extra: str) -> tuple[int, str, str]:
+        return self.cli("run", "--snapshot", str(self.snapshot(rows)), "--as-of", as_of, *extra)
+
+    def query(self, sql: str, params: list | None = None) -> list[tuple]:
+        con = duckdb.connect(str(self.home / "dunning.duckdb"), read_only=True)
+        try:
+            return con.execute(sql, params or []).fetchall()
+        finally:
+            con.close()
+
+    def ledger(self, where: str = "true") -> list[dict]:
+        con = duckdb.connect(str(self.home / "dunning.duckdb"), read_only=True)
+        try:
+            return con.sql(f"SELECT * FROM reminder_ledger WHERE {where} ORDER BY idempotency_key").pl().to_dicts()
+        finally:
+            con.close()
+
+    def outbox(self) -> list[email.message.EmailMessage]:
+        directory = self.home / "outbox"
+        files = sorted(directory.glob("*.eml")) if directory.exists() else []
+        return [email.message_from_bytes(f.read_bytes(), policy=policy.default) for f in files]
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Deployment:
+    return Deployment(tmp_path)

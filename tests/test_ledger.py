@@ -1,0 +1,107 @@
+"""The ledger's safety net, on a real DuckDB file: the key is unique, claims race safely, crashes become unknown."""
+
+import datetime as dt
+import threading
+
+import duckdb
+import polars as pl
+import pytest
+
+from dunning.config import DunningConfig
+from dunning.errors import LedgerBusy
+from dunning.ledger.duckdb_ledger import DuckDBLedger, open_ledger
+from dunning.providers.file_outbox import FileOutbox
+from dunning.render import reminder_email
+from dunning.sending import resolve_unknown, send_due, with_email_ids
+
+AS_OF = dt.datetime(2026, 11, 5, 9, tzinfo=dt.timezone.utc)
+
+
+def due_rows(n: int, customer: str = "c1") -> pl.DataFrame:
+    frame = pl.DataFrame({
+        "idempotency_key": [f"dunning:in_{i}:1:day3" for i in range(n)], "kind": ["reminder"] * n,
+        "invoice_id": [f"in_{i}" for i in range(n)], "customer_id": [customer] * n,
+        "customer_email": ["ada@example.com"] * n, "customer_name": ["Ada"] * n,
+        "cycle": pl.Series([1] * n, dtype=pl.Int32), "stage": ["day3"] * n, "stage_days": pl.Series([3] * n, dtype=pl.Int32),
+        "amount_minor": [1000] * n, "amount_due": [1000] * n, "amount_paid": [0] * n, "currency": ["USD"] * n,
+        "due_date": [dt.date(2026, 11, 1)] * n, "days_overdue": [4] * n, "tone": ["gentle"] * n, "billing_period": [None] * n,
+    })
+    return with_email_ids(frame, DunningConfig(group_by="invoice"))
+
+
+def test_the_primary_key_refuses_a_second_row_for_a_key(tmp_path):
+    with open_ledger(tmp_path / "d.duckdb") as ledger:
+        assert ledger.claim(due_rows(1), due_rows(0), "run-1", AS_OF) == {"dunning:in_0:1:day3"}
+        assert ledger.claim(due_rows(1), due_rows(0), "run-2", AS_OF) == set()
+        with pytest.raises(duckdb.ConstraintException):
+            ledger.con.execute("INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status) "
+                               "VALUES ('dunning:in_0:1:day3', 'reminder', 'c1', 'claimed')")
+        assert ledger.con.execute("SELECT count(*), min(run_id) FROM reminder_ledger").fetchone() == (1, "run-1")
+
+
+def test_two_overlapping_claimers_cannot_both_own_a_key(tmp_path):
+    path = tmp_path / "d.duckdb"
+    with open_ledger(path) as ledger:
+        first, second = DuckDBLedger(ledger.con.cursor()), DuckDBLedger(ledger.con.cursor())
+        barrier, won = threading.Barrier(2), {}
+
+        def claim(name, claimer):
+            barrier.wait()
+            won[name] = claimer.claim(due_rows(50), due_rows(0), name, AS_OF)
+
+        threads = [threading.Thread(target=claim, args=(n, c)) for n, c in (("a", first), ("b", second))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not (won["a"] & won["b"])
+        assert len(won["a"] | won["b"]) == 50
+        owners = dict(ledger.con.execute("SELECT idempotency_key, run_id FROM reminder_ledger").fetchall())
+        assert all(owners[k] == "a" for k in won["a"]) and all(owners[k] == "b" for k in won["b"])
+
+
+def test_a_claim_without_outcome_becomes_unknown_and_lookup_resolves_it(tmp_path):
+    outbox = FileOutbox(tmp_path / "outbox")
+    due = due_rows(2)
+    with open_ledger(tmp_path / "d.duckdb") as ledger:
+        ledger.claim(due, due_rows(0), "crashed-run", AS_OF)
+        # the crashed run had handed in_0's email to the provider before dying, but not in_1's
+        first = due.row(0, named=True)
+        outbox.send(reminder_email([{**first, "tone": "gentle"}], sender="b@example.com", message_id=first["message_id"], as_of=AS_OF))
+        assert ledger.expire_stale_claims("next-run", AS_OF) == 2
+        statuses = dict(ledger.con.execute("SELECT idempotency_key, status FROM reminder_ledger").fetchall())
+        assert set(statuses.values()) == {"unknown"}
+        assert resolve_unknown(ledger, outbox, AS_OF) == 2
+        statuses = dict(ledger.con.execute("SELECT idempotency_key, status FROM reminder_ledger").fetchall())
+        assert statuses == {"dunning:in_0:1:day3": "sent", "dunning:in_1:1:day3": "failed"}
+
+
+def test_send_due_claims_before_sending_and_records_outcomes(tmp_path):
+    outbox = FileOutbox(tmp_path / "outbox")
+    with open_ledger(tmp_path / "d.duckdb") as ledger:
+        config = DunningConfig(group_by="invoice", claim_chunk_size=2)
+        report, outcomes = send_due(ledger, outbox, due_rows(5), due_rows(0), config=config, run_id="r1", as_of=AS_OF,
+                                    now=lambda: AS_OF)
+        assert (report.claimed, report.sent, report.emails) == (5, 5, 5)
+        assert len(list((tmp_path / "outbox").glob("*.eml"))) == 5
+        again, _ = send_due(ledger, outbox, due_rows(5), due_rows(0), config=config, run_id="r2", as_of=AS_OF, now=lambda: AS_OF)
+        assert (again.claimed, again.lost, again.emails) == (0, 5, 0)
+
+
+def test_a_held_lock_ends_in_a_clear_busy_error(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "d.duckdb"
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb,time; c=duckdb.connect({str(path)!r}); print('held', flush=True); time.sleep(30)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LedgerBusy, match="held by another process"):
+            with open_ledger(path, timeout_seconds=0.5):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with open_ledger(path, timeout_seconds=5) as ledger:  # released as soon as the holder dies
+        assert ledger.con.execute("SELECT 1").fetchone() == (1,)

@@ -1,0 +1,90 @@
+"""The newly-due diff as pure functions: stages, catch-up, balance rule, timezone, cycles."""
+
+import datetime as dt
+from zoneinfo import ZoneInfo
+
+import polars as pl
+
+from dunning.config import DunningConfig
+from dunning.policy import STATE_SCHEMA, assign_cycles, plan_reminders
+from dunning.snapshot import read_snapshot
+from tests.conftest import invoice, write_snapshot
+
+EMPTY_STATE = pl.DataFrame(schema=STATE_SCHEMA)
+
+
+def snapshot(tmp_path, rows):
+    return read_snapshot(write_snapshot(tmp_path / "s.csv", rows), ZoneInfo("UTC"))
+
+
+def at(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text).replace(tzinfo=dt.timezone.utc) if "+" not in text else dt.datetime.fromisoformat(text)
+
+
+def plan(tmp_path, rows, as_of, config=DunningConfig(), state=EMPTY_STATE):
+    cycled = assign_cycles(snapshot(tmp_path, rows), state, at(as_of), config)
+    return cycled, plan_reminders(cycled, config)
+
+
+def test_first_seen_ten_days_overdue_is_due_day7_and_skips_day3(tmp_path):
+    _, planned = plan(tmp_path, [invoice()], "2026-11-11T09:00:00")
+    assert planned.select("stage", "role", "idempotency_key").rows() == [
+        ("day3", "skipped", "dunning:in_1:1:day3"), ("day7", "due", "dunning:in_1:1:day7")]
+
+
+def test_ninety_percent_paid_never_reaches_the_final_tone(tmp_path):
+    _, planned = plan(tmp_path, [invoice(amount_due=10000, amount_paid=9000)], "2026-11-21T09:00:00")
+    assert planned.filter(pl.col("role") == "due")["stage"].to_list() == ["day7"]
+    assert "day14" not in planned["stage"].to_list()
+
+
+def test_seventy_five_percent_remaining_reaches_day14(tmp_path):
+    _, planned = plan(tmp_path, [invoice(amount_due=10000, amount_paid=2500)], "2026-11-21T09:00:00")
+    assert planned.filter(pl.col("role") == "due")["stage"].to_list() == ["day14"]
+
+
+def test_days_overdue_follow_the_business_timezone(tmp_path):
+    rows = [invoice(due_date="2026-11-01")]
+    tokyo, _ = plan(tmp_path, rows, "2026-11-03T15:30:00", DunningConfig(timezone="Asia/Tokyo"))
+    utc, _ = plan(tmp_path, rows, "2026-11-03T15:30:00", DunningConfig(timezone="UTC"))
+    assert tokyo["days_overdue"].to_list() == [3]
+    assert utc["days_overdue"].to_list() == [2]
+
+
+def test_only_open_unpaid_invoices_are_dunned(tmp_path):
+    rows = [
+        invoice(invoice_id="paid", status="paid", amount_paid=10000),
+        invoice(invoice_id="void", status="void"),
+        invoice(invoice_id="draft", status="draft"),
+        invoice(invoice_id="uncollectible", status="uncollectible"),
+        invoice(invoice_id="open_zero", amount_paid=10000),
+        invoice(invoice_id="not_yet", due_date="2026-12-01"),
+        invoice(invoice_id="open"),
+    ]
+    _, planned = plan(tmp_path, rows, "2026-11-20T09:00:00")
+    assert set(planned["invoice_id"]) == {"open"}
+
+
+def test_recorded_stage_suppresses_same_and_lower_stages(tmp_path):
+    state = pl.DataFrame([{"invoice_id": "in_1", "cycle": 1, "cycle_open": True, "last_stage_days": 7}], schema=STATE_SCHEMA)
+    _, planned = plan(tmp_path, [invoice()], "2026-11-12T09:00:00", state=state)
+    assert planned.is_empty()
+    _, later = plan(tmp_path, [invoice()], "2026-11-16T09:00:00", state=state)
+    assert later.select("stage", "role").rows() == [("day14", "due")]
+
+
+def test_paid_cycle_closes_and_reopening_starts_the_next(tmp_path):
+    open_state = pl.DataFrame([{"invoice_id": "in_1", "cycle": 1, "cycle_open": True, "last_stage_days": 7}], schema=STATE_SCHEMA)
+    paid, _ = plan(tmp_path, [invoice(status="paid", amount_paid=10000)], "2026-11-12T09:00:00", state=open_state)
+    assert paid["cycle_action"].to_list() == ["close"]
+    closed = open_state.with_columns(pl.lit(False).alias("cycle_open"))
+    reopened, planned = plan(tmp_path, [invoice(due_date="2026-11-10")], "2026-11-14T09:00:00", state=closed)
+    assert reopened.select("cycle", "cycle_action").rows() == [(2, "open")]
+    assert planned.select("idempotency_key", "role").rows() == [("dunning:in_1:2:day3", "due")]
+
+
+def test_null_and_invalid_emails_are_planned_but_unsendable(tmp_path):
+    rows = [invoice(invoice_id="none", customer_email=None), invoice(invoice_id="bad", customer_email="not-an-email"),
+            invoice(invoice_id="good")]
+    cycled, _ = plan(tmp_path, rows, "2026-11-05T09:00:00")
+    assert dict(cycled.select("invoice_id", "sendable").rows()) == {"none": False, "bad": False, "good": True}

@@ -1,0 +1,112 @@
+import datetime as dt
+import json
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from checks.snapshot_schema import validate_snapshot
+from dunning.config import DunningConfig
+from dunning.cycle import load_snapshot
+from dunning.errors import SnapshotError
+from dunning.snapshot import read_snapshot
+from tests.conftest import invoice, write_snapshot
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "stripe"
+UTC = ZoneInfo("UTC")
+
+
+def test_csv_and_parquet_give_the_same_typed_rows(tmp_path):
+    rows = [invoice(invoice_id="in_1"), invoice(invoice_id="in_2", currency="jpy", amount_due=5000)]
+    csv = read_snapshot(write_snapshot(tmp_path / "s.csv", rows), UTC)
+    parquet = read_snapshot(write_snapshot(tmp_path / "s.parquet", rows), UTC)
+    assert csv.drop("snapshot_at").equals(parquet.drop("snapshot_at"))
+    assert csv["due_date"].to_list() == [dt.date(2026, 11, 1)] * 2
+    assert csv["currency"].to_list() == ["USD", "JPY"]
+    assert csv["amount_due"].dtype.is_integer()
+
+
+def test_stripe_invoice_list_imports():
+    loaded = load_snapshot(FIXTURES / "invoices_list.json", DunningConfig())
+    assert loaded.rejected.is_empty()
+    row = loaded.valid.row(0, named=True)
+    source = json.loads((FIXTURES / "invoices_list.json").read_text())["data"][0]
+    assert row["invoice_id"] == source["id"]
+    assert row["customer_id"] == source["customer"]
+    assert row["currency"] == source["currency"].upper()
+    assert row["amount_due"] == source["amount_due"] and row["amount_paid"] == source["amount_paid"]
+    assert row["due_date"] == dt.datetime.fromtimestamp(source["due_date"], dt.timezone.utc).date()
+    assert row["customer_email"] is None  # null email is valid input, unsendable later
+
+
+def _stripe_invoice(**overrides):
+    source = json.loads((FIXTURES / "invoices_list.json").read_text())["data"][0]
+    source.update(overrides)
+    return source
+
+
+def test_charge_automatically_without_due_date_is_due_when_finalized(tmp_path):
+    finalized = int(dt.datetime(2026, 11, 2, 23, 30, tzinfo=dt.timezone.utc).timestamp())
+    invoices = [
+        _stripe_invoice(id="in_a", due_date=None, collection_method="charge_automatically", status="open",
+                        status_transitions={"finalized_at": finalized, "paid_at": None, "voided_at": None, "marked_uncollectible_at": None}),
+        _stripe_invoice(id="in_b", due_date=None, collection_method="charge_automatically", status="open",
+                        created=finalized, status_transitions={"finalized_at": None}),
+    ]
+    path = tmp_path / "invoices.json"
+    path.write_text(json.dumps({"object": "list", "data": invoices, "has_more": False, "url": "/v1/invoices"}))
+    utc = load_snapshot(path, DunningConfig()).valid
+    assert utc["due_date"].to_list() == [dt.date(2026, 11, 2), dt.date(2026, 11, 2)]
+    tokyo = load_snapshot(path, DunningConfig(timezone="Asia/Tokyo")).valid
+    assert tokyo["due_date"].to_list() == [dt.date(2026, 11, 3)] * 2  # 23:30 UTC is the next day in Tokyo
+
+
+def test_every_bad_row_is_rejected_with_its_rule(tmp_path):
+    rows = [
+        invoice(invoice_id="ok_1"),
+        invoice(invoice_id=None),
+        invoice(invoice_id="neg", amount_due=-5),
+        invoice(invoice_id="overpaid", amount_due=100, amount_paid=200),
+        invoice(invoice_id="status", status="overdue"),
+        invoice(invoice_id="money", currency="ZZZ"),
+        invoice(invoice_id="dup"), invoice(invoice_id="dup"),
+        invoice(invoice_id="date", due_date="2026-13-45"),
+        invoice(invoice_id="text_amount", amount_due="12.50"),
+    ]
+    loaded = load_snapshot(write_snapshot(tmp_path / "s.csv", rows), DunningConfig())
+    assert loaded.valid["invoice_id"].to_list() == ["ok_1"]
+    rules = {r["source_row"]: (r["invoice_id"], r["rule"]) for r in loaded.rejected.to_dicts()}
+    assert rules[2] == (None, "invoice_id is missing")
+    assert "amount_due is negative" in rules[3][1]
+    assert rules[4] == ("overpaid", "amount_paid is greater than amount_due")
+    assert rules[5][1].startswith("status is not one of")
+    assert rules[6] == ("money", "currency is not an ISO 4217 code")
+    assert rules[7] == rules[8] == ("dup", "invoice_id is duplicated")
+    assert rules[9] == ("date", "due_date is not a YYYY-MM-DD date")
+    assert rules[10] == ("text_amount", "amount_due is not an integer")
+    assert "10 row(s)" not in loaded.summary and "9 row(s) rejected" in loaded.summary
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "not found"),
+    ("invoice_id,customer_id\nin_1,c\n", r"lacks required column\(s\): customer_email"),
+])
+def test_unusable_files_raise_one_clear_error(tmp_path, content, message):
+    path = tmp_path / "s.csv"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SnapshotError, match=message):
+        read_snapshot(path, UTC)
+
+
+def test_json_that_is_not_an_invoice_list_is_refused(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"object": "event", "id": "evt_1"}))
+    with pytest.raises(SnapshotError, match="not a Stripe invoice list"):
+        read_snapshot(path, UTC)
+
+
+def test_validation_passes_a_clean_frame_through_untouched(tmp_path):
+    frame = read_snapshot(write_snapshot(tmp_path / "s.csv", [invoice(invoice_id=f"in_{i}") for i in range(5)]), UTC)
+    valid, rejected = validate_snapshot(frame)
+    assert valid.equals(frame) and rejected.is_empty()
