@@ -71,8 +71,9 @@ def _message(*, to: str, sender: str, subject: str, message_id: str, kind: str, 
     message["Message-ID"] = message_id
     message["X-Dunning-Kind"] = kind
     message["X-Dunning-Keys"] = ",".join(keys)
-    message.set_content(text)
-    message.add_alternative(html, subtype="html")
+    # 8bit keeps every amount readable in the raw file (quoted-printable would fold lines mid-amount)
+    message.set_content(text, cte="8bit")
+    message.add_alternative(html, subtype="html", cte="8bit")
     return message
 
 

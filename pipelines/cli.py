@@ -21,6 +21,7 @@ from dunning.errors import DunningError, UserInputError
 from dunning.ledger.duckdb_ledger import open_ledger
 from pipelines import report
 from pipelines.instance import get_instance
+from pipelines.io_manager import prune_run_frames
 
 EXIT_RUN_FAILED = 1
 
@@ -61,6 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     tags = {"dunning/trigger": "cli", "dunning/dry_run": str(bool(args.dry_run)).lower()}
     result = dg.execute_job(dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config,
                             tags=tags, raise_on_error=False)
+    prune_run_frames(home)
     with open_ledger(home / "dunning.duckdb") as ledger:
         text, code = report.run_report(result, ledger, as_of=as_of, dry_run=bool(args.dry_run))
     if code == 0:

@@ -6,10 +6,22 @@ and Parquet keeps the hand-off fast and typed at millions of rows.
 """
 
 
+import shutil
 from pathlib import Path
 
 import dagster as dg
 import polars as pl
+
+
+def prune_run_frames(base_dir: str | Path, keep: int = 20) -> int:
+    """Delete the intermediate frames of all but the `keep` most recent runs; returns how many were removed."""
+    runs = Path(base_dir).expanduser() / "runs"
+    if not runs.is_dir():
+        return 0
+    directories = sorted((d for d in runs.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime, reverse=True)
+    for directory in directories[keep:]:
+        shutil.rmtree(directory, ignore_errors=True)
+    return max(0, len(directories) - keep)
 
 
 class RunScopedParquetIOManager(dg.ConfigurableIOManager):

@@ -175,3 +175,32 @@ def test_an_audit_row_exists_for_every_due_key_and_not_owed_is_zero(deployment):
     audit = deployment.query("SELECT outcome, owed, amount_stated_minor = remaining_minor FROM dunning_audit")
     assert audit == [("sent", True, True)] * 3
     assert deployment.query("SELECT not_owed_reminded, sent FROM dunning_runs") == [(0, 3)]
+
+
+def test_the_installed_command_reports_a_missing_snapshot_without_traceback(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    command = shutil.which("dunning", path=str(Path(sys.executable).parent))
+    assert command, "the console script `dunning` is installed next to the interpreter"
+    result = subprocess.run([command, "--home", str(tmp_path / "h"), "run", "--snapshot", str(tmp_path / "missing.csv")],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"dunning: snapshot file not found: {tmp_path / 'missing.csv'}"
+
+
+def test_old_run_frames_are_pruned_after_each_run(deployment):
+    import os
+
+    from pipelines.io_manager import prune_run_frames
+
+    for i in range(25):
+        old = deployment.home / "runs" / f"old-{i:02d}"
+        old.mkdir(parents=True)
+        os.utime(old, (1_000_000 + i, 1_000_000 + i))
+    deployment.run([invoice()], "2026-11-05T09:00:00Z")
+    remaining = sorted(d.name for d in (deployment.home / "runs").iterdir())
+    assert len(remaining) == 20 and "old-24" in remaining and "old-00" not in remaining
+    assert prune_run_frames(deployment.home, keep=1) == 19

@@ -51,3 +51,13 @@ def test_grouped_email_uses_the_firmest_tone_and_lists_every_invoice():
     text = message.get_body(("plain",)).get_content()
     assert "in_1" in text and "in_2" in text
     assert "Total remaining in EUR: 5.00 EUR" in text.replace("\xa0", " ")
+
+
+def test_amounts_are_readable_in_the_raw_message_bytes():
+    long_name = "Ünïcode Outfitters " * 5
+    message = reminder_email([row(customer_name=long_name)], sender="b@example.com", message_id="<z@example.com>",
+                             as_of=dt.datetime(2026, 11, 8, tzinfo=dt.timezone.utc))
+    raw = message.as_bytes()
+    assert b"103.45 USD remaining" in raw
+    assert long_name.encode() in raw
+    assert max(len(line) for line in raw.splitlines()) < 998
