@@ -15,7 +15,7 @@ import polars as pl
 
 from checks.snapshot_schema import summarize_rejections, validate_snapshot
 from dunning.config import DunningConfig
-from dunning.ledger.duckdb_ledger import DuckDBLedger
+from dunning.ledger.base import Ledger
 from dunning.policy import assign_cycles, plan_reminders, stages_frame
 from dunning.sending import with_email_ids
 from dunning.snapshot import read_snapshot
@@ -37,7 +37,7 @@ def load_snapshot(path: str | Path, config: DunningConfig) -> ValidatedSnapshot:
     return ValidatedSnapshot(valid.drop("amount_due_raw", "amount_paid_raw", "due_date_raw"), rejected)
 
 
-def cycle_snapshot(ledger: DuckDBLedger, valid: pl.DataFrame, config: DunningConfig, as_of: dt.datetime) -> pl.DataFrame:
+def cycle_snapshot(ledger: Ledger, valid: pl.DataFrame, config: DunningConfig, as_of: dt.datetime) -> pl.DataFrame:
     """The valid snapshot with each invoice's cycle, days overdue and whether it is owed and sendable."""
     return assign_cycles(valid, ledger.invoice_state(), as_of, config)
 

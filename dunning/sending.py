@@ -18,7 +18,7 @@ import polars as pl
 
 from dunning.config import DunningConfig
 from dunning.keys import email_id, message_id
-from dunning.ledger.duckdb_ledger import DuckDBLedger
+from dunning.ledger.base import Ledger
 from dunning.policy import email_groups
 from dunning.providers.base import EmailProvider
 from dunning.render import reminder_email
@@ -56,11 +56,9 @@ def _chunks(due: pl.DataFrame, emails_per_chunk: int) -> Iterator[pl.DataFrame]:
         yield due.filter(pl.col("email_group").is_in(chunk_groups))
 
 
-def resolve_unknown(ledger: DuckDBLedger, provider: EmailProvider, wall: dt.datetime) -> int:
+def resolve_unknown(ledger: Ledger, provider: EmailProvider, wall: dt.datetime) -> int:
     """Ask the provider about `unknown` keys; record its definite answers, leave the rest held."""
-    pending = ledger.frame(
-        "SELECT idempotency_key, message_id FROM reminder_ledger WHERE status = 'unknown' AND message_id IS NOT NULL"
-    )
+    pending = ledger.unknown_with_message_ids()
     answers = []
     for key, mid in pending.iter_rows():
         status = provider.lookup(mid)
@@ -73,7 +71,7 @@ def resolve_unknown(ledger: DuckDBLedger, provider: EmailProvider, wall: dt.date
 
 
 def send_due(
-    ledger: DuckDBLedger,
+    ledger: Ledger,
     provider: EmailProvider,
     due: pl.DataFrame,
     skipped: pl.DataFrame,

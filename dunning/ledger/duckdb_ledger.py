@@ -214,6 +214,11 @@ class DuckDBLedger:
         )
         return alert_id
 
+    def unknown_with_message_ids(self) -> pl.DataFrame:
+        return self.frame(
+            "SELECT idempotency_key, message_id FROM reminder_ledger WHERE status = 'unknown' AND message_id IS NOT NULL"
+        )
+
     def open_problems(self) -> pl.DataFrame:
         """Keys whose send failed or whose outcome is unknown: waiting on a retry, a lookup or a human."""
         return self.frame(
