@@ -13,7 +13,7 @@ from dunning import audit as audit_rules
 from dunning import cycle
 from dunning.clock import utc_now
 from dunning.errors import DunningError, InvalidRowsHalt, SnapshotError
-from dunning.sending import OUTCOME_SCHEMA, resolve_unknown, send_due
+from dunning.sending import held_outcomes, resolve_unknown, send_due
 from pipelines.resources import CycleRequest, DunningHome
 
 GROUP = "dunning"
@@ -84,29 +84,35 @@ def reminders_due(invoice_snapshot: pl.DataFrame, dunning_home: DunningHome) -> 
 @dg.asset(group_name=GROUP, kinds={"email", "duckdb"}, io_manager_key="frames", pool=LEDGER_POOL)
 def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, dunning_home: DunningHome,
                cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
-    """One row per reminder key this run claimed, with its outcome: sent, failed or unknown.
+    """One row per sendable reminder key of this cycle with its outcome: sent, failed, unknown, or why it was held.
 
-    Ledger first: keys are claimed under the primary key before the provider
-    is called; a dry run claims and sends nothing.
+    Ledger first: keys are claimed under the primary key, and the customer cap
+    re-checked, before the provider is called. Nothing is claimed on a dry run
+    or while the pipeline is paused.
     """
     config = dunning_home.settings()
     as_of = cycle_request.clock(context)
     due = cycle.sendable_due(reminders_due)
     if cycle_request.dry_run:
         context.log.info(f"dry run: {due.height} reminder(s) would be claimed and sent; nothing claimed")
-        return dg.Output(pl.DataFrame(schema=OUTCOME_SCHEMA), metadata={"dry_run": True, "would_send": due.height})
+        return dg.Output(held_outcomes(due, "dry_run"), metadata={"dry_run": True, "would_send": due.height})
 
     def progress(report, total_emails: int) -> None:
         context.log.info(f"sent {report.emails}/{total_emails} emails ({report.sent} keys sent, {report.failed} failed, {report.unknown} unknown)")
 
     try:
-        with dunning_home.ledger() as ledger, dunning_home.provider(config) as provider:
-            stale = ledger.expire_stale_claims(context.run_id, utc_now())
-            resolved = resolve_unknown(ledger, provider, utc_now())
-            report, outcomes = send_due(
-                ledger, provider, due, cycle.skipped_rows(reminders_due),
-                config=config, run_id=context.run_id, as_of=as_of, now=utc_now, progress=progress,
-            )
+        with dunning_home.ledger() as ledger:
+            pause = ledger.pause_state()
+            if pause.paused:
+                context.log.warning(f"paused ({pause.reason}): {due.height} reminder(s) held, nothing sent")
+                return dg.Output(held_outcomes(due, "paused"), metadata={"paused": True, "pause_reason": pause.reason or "", "held": due.height})
+            with dunning_home.provider(config) as provider:
+                stale = ledger.expire_stale_claims(context.run_id, utc_now())
+                resolved = resolve_unknown(ledger, provider, utc_now())
+                report, outcomes = send_due(
+                    ledger, provider, due, cycle.skipped_rows(reminders_due), config=config, run_id=context.run_id,
+                    as_of=as_of, now=utc_now, cap=cycle.claim_cap(as_of, config), progress=progress,
+                )
     except DunningError as error:
         raise _fail(error) from None
     if report.failed or report.unknown:
@@ -116,7 +122,8 @@ def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, d
         metadata={
             "dagster/row_count": outcomes.height,
             "emails": report.emails, "sent": report.sent, "failed": report.failed, "unknown": report.unknown,
-            "claimed_elsewhere": report.lost, "stale_claims_marked_unknown": stale, "unknown_resolved_by_lookup": resolved,
+            "throttled": report.throttled, "claimed_elsewhere": report.lost,
+            "stale_claims_marked_unknown": stale, "unknown_resolved_by_lookup": resolved,
         },
     )
 
@@ -127,17 +134,15 @@ def dunning_audit(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFr
     """One row per reminder key this cycle considered: outcome, reason if not sent, amount stated vs owed."""
     as_of = cycle_request.clock(context)
     with dunning_home.ledger() as ledger:
-        audit = audit_rules.build_audit(
-            cycle.due_rows(reminders_due), send_batch, ledger.open_problems(), invoice_snapshot,
-            run_id=context.run_id, as_of=as_of, dry_run=cycle_request.dry_run,
-            batch_hold="dry_run" if cycle_request.dry_run else None,
+        audit = cycle.audit_cycle(
+            ledger, invoice_snapshot, reminders_due, send_batch, run_id=context.run_id, as_of=as_of,
+            dry_run=cycle_request.dry_run, snapshot_path=cycle_request.snapshot_path,
         )
-        counts = audit_rules.summarize(audit)
-        ledger.write_audit(context.run_id, audit, counts, as_of, cycle_request.dry_run, invoice_snapshot.height)
+    counts = audit_rules.summarize(audit)
     held = audit_rules.held_by_reason(audit)
     summary = audit_rules.markdown_summary(counts, held, dry_run=cycle_request.dry_run)
     return dg.Output(
         audit,
         metadata={"dagster/row_count": audit.height, "summary": dg.MetadataValue.md(summary),
-                  **{k: v for k, v in counts.items()}, "held_by_reason": dg.MetadataValue.json(held)},
+                  **counts, "held_by_reason": dg.MetadataValue.json(held)},
     )

@@ -1,16 +1,21 @@
-"""Asset checks: the gate in front of `send_batch`, and the audit's promises.
+"""Asset checks: the gates in front of `send_batch`, and the audit's promises.
 
-`reminders_due_are_sound` is blocking with ERROR severity: when it fails,
-`send_batch` does not run and the run fails, so nothing leaves.
+Both gates are blocking with ERROR severity: when one fails, `send_batch`
+does not run and the run fails, so nothing leaves. The breaker gate also
+records the trip (one alert, held reminders in the audit), because the steps
+after it will not run to do so.
 """
-
 
 import dagster as dg
 import polars as pl
 
+from checks.breaker_schema import BREAKER_CHECK
 from dunning import audit as audit_rules
+from dunning import cycle
+from pipelines.resources import CycleRequest, DunningHome
 
 REMINDERS_SOUND = "reminders_due_are_sound"
+BREAKER = "circuit_breaker"
 NO_UNOWED_REMINDERS = "no_reminders_for_unowed_invoices"
 KEY_PATTERN = r"^dunning:[^:]+:[0-9]+:[A-Za-z0-9_-]+$"
 
@@ -35,6 +40,35 @@ def reminders_due_are_sound(reminders_due: pl.DataFrame) -> dg.AssetCheckResult:
         passed=not any(problems.values()),
         severity=dg.AssetCheckSeverity.ERROR,
         metadata={**problems, "rows": reminders_due.height},
+    )
+
+
+@dg.asset_check(asset="reminders_due", name=BREAKER, blocking=True,
+                additional_ins={"invoice_snapshot": dg.AssetIn("invoice_snapshot")},
+                description="Circuit breaker: no customer may get more than breaker.max_emails emails in any breaker.window_hours window, counting this batch and the ledger's recent sends.")
+def circuit_breaker(context: dg.AssetCheckExecutionContext, reminders_due: pl.DataFrame, invoice_snapshot: pl.DataFrame,
+                    dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.AssetCheckResult:
+    config = dunning_home.settings()
+    as_of = cycle_request.clock(context)
+    with dunning_home.ledger() as ledger:
+        verdict = cycle.check_breaker(ledger, reminders_due, as_of, config)
+        paused = ledger.pause_state().paused
+        alert_id = None
+        if not verdict.passed and not paused:
+            alert_id = cycle.record_breaker_trip(
+                ledger, verdict, invoice_snapshot, reminders_due, config, run_id=context.run_id, as_of=as_of,
+                dry_run=cycle_request.dry_run, snapshot_path=cycle_request.snapshot_path)
+    offenders = verdict.offenders.head(50).select("customer_id", "emails_in_window").rows()
+    return dg.AssetCheckResult(
+        passed=verdict.passed or paused,  # paused: nothing will be sent, the audit says so
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=verdict.describe(),
+        metadata={
+            "pandera_check": BREAKER_CHECK, "max_emails": config.breaker.max_emails,
+            "window_hours": config.breaker.window_hours, "customers_over_cap": verdict.offenders.height,
+            "offenders": dg.MetadataValue.json({c: n for c, n in offenders}), "paused": paused,
+            "alert_id": alert_id or "",
+        },
     )
 
 

@@ -14,7 +14,17 @@ import datetime as dt
 
 import polars as pl
 
-OUTCOME_REASON = {"failed": "provider_failure", "unknown": "unknown_outcome", "lost": "claimed_by_another_run"}
+# outcome status of a due key -> (audit outcome, reason it was not sent)
+OUTCOMES = {
+    "sent": ("sent", None),
+    "failed": ("failed", "provider_failure"),
+    "unknown": ("unknown", "unknown_outcome"),
+    "throttled": ("held", "throttled"),
+    "lost": ("held", "claimed_by_another_run"),
+    "paused": ("held", "paused"),
+    "breaker": ("held", "breaker"),
+    "dry_run": ("dry_run", None),
+}
 AUDIT_COLUMNS = (
     "run_id", "as_of", "dry_run", "idempotency_key", "kind", "invoice_id", "customer_id", "cycle", "stage",
     "outcome", "reason", "owed", "amount_stated_minor", "remaining_minor", "currency", "message_id",
@@ -22,7 +32,7 @@ AUDIT_COLUMNS = (
 
 
 def build_audit(
-    plan: pl.DataFrame,
+    due: pl.DataFrame,
     outcomes: pl.DataFrame,
     earlier_open_problems: pl.DataFrame,
     snapshot: pl.DataFrame,
@@ -30,37 +40,25 @@ def build_audit(
     run_id: str,
     as_of: dt.datetime,
     dry_run: bool,
-    batch_hold: str | None,
 ) -> pl.DataFrame:
-    """`plan`: due rows (with `sendable`); `outcomes`: key -> status of what this run sent.
-
-    `batch_hold` names why nothing was sent at all (`paused`, `breaker`, `dry_run`), if so.
-    """
+    """`due`: this cycle's due reminder rows (with `sendable`); `outcomes`: key -> status for the sendable ones."""
     owed = snapshot.select("invoice_id", "owed", pl.col("remaining_minor").alias("snapshot_remaining"))
-    rows = plan.join(outcomes.select("idempotency_key", pl.col("status").alias("sent_status"), pl.col("message_id").alias("sent_message_id")),
-                     on="idempotency_key", how="left")
-    outcome = (
-        pl.when(~pl.col("sendable")).then(pl.lit("held"))
-        .when(pl.lit(batch_hold is not None)).then(pl.lit("dry_run" if batch_hold == "dry_run" else "held"))
-        .when(pl.col("sent_status").is_null()).then(pl.lit("held"))
-        .otherwise(pl.col("sent_status"))
-    )
-    reason = (
-        pl.when(~pl.col("sendable")).then(pl.lit("no_email_address"))
-        .when(pl.lit(batch_hold is not None)).then(pl.lit(batch_hold))
-        .when(pl.col("sent_status").is_null()).then(pl.lit(OUTCOME_REASON["lost"]))
-        .otherwise(pl.col("sent_status").replace_strict(OUTCOME_REASON, default=None))
-    )
-    current = rows.select(
+    rows = due.join(outcomes.select("idempotency_key", pl.col("status").alias("sent_status"),
+                                    pl.col("message_id").alias("sent_message_id")), on="idempotency_key", how="left")
+    status = pl.when(~pl.col("sendable")).then(pl.lit("no_email")).otherwise(pl.col("sent_status").fill_null("not_attempted"))
+    outcome_of = {k: v[0] for k, v in OUTCOMES.items()} | {"no_email": "held", "not_attempted": "held"}
+    reason_of = {k: v[1] for k, v in OUTCOMES.items()} | {"no_email": "no_email_address", "not_attempted": "not_attempted"}
+    current = rows.with_columns(status.alias("_status")).select(
         "idempotency_key", pl.lit("reminder").alias("kind"), "invoice_id", "customer_id", "cycle", "stage",
-        outcome.alias("outcome"), reason.alias("reason"),
-        pl.when(pl.col("sent_status") == "sent").then(pl.col("amount_minor")).alias("amount_stated_minor"),
-        "currency", pl.col("sent_message_id").alias("message_id"),
+        pl.col("_status").replace_strict(outcome_of, return_dtype=pl.String).alias("outcome"),
+        pl.col("_status").replace_strict(reason_of, return_dtype=pl.String).alias("reason"),
+        pl.when(pl.col("_status") == "sent").then(pl.col("amount_minor")).alias("amount_stated_minor"),
+        "currency", pl.when(pl.col("_status") == "sent").then(pl.col("sent_message_id")).alias("message_id"),
     )
     earlier = earlier_open_problems.select(
         "idempotency_key", "kind", "invoice_id", "customer_id", "cycle", "stage",
         pl.lit("held").alias("outcome"),
-        pl.col("status").replace_strict(OUTCOME_REASON, default="held").alias("reason"),
+        pl.col("status").replace_strict({"failed": "provider_failure", "unknown": "unknown_outcome"}, default="held").alias("reason"),
         pl.lit(None, dtype=pl.Int64).alias("amount_stated_minor"), "currency", "message_id",
     ).filter(~pl.col("idempotency_key").is_in(current.select("idempotency_key").to_series().implode()))
     combined = pl.concat([current, earlier.cast(current.schema)], how="vertical")

@@ -60,7 +60,12 @@ class Provider(_Strict):
 
 
 class Alerts(_Strict):
+    """Where alerts go besides the `alerts` table and the log: a JSON webhook and/or PagerDuty."""
+
     webhook_url: str | None = None
+    pagerduty_routing_key_env: str | None = None
+    pagerduty_url: str = "https://events.pagerduty.com/v2/enqueue"
+    timeout_seconds: float = Field(default=5.0, gt=0)
 
 
 class Retry(_Strict):

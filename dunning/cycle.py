@@ -13,11 +13,15 @@ from pathlib import Path
 
 import polars as pl
 
+from checks.breaker_schema import BreakerVerdict, evaluate_breaker, window_start
 from checks.snapshot_schema import summarize_rejections, validate_snapshot
+from dunning.alerts import Alert, raise_alert
+from dunning.audit import build_audit, summarize
 from dunning.config import DunningConfig
 from dunning.ledger.base import Ledger
-from dunning.policy import assign_cycles, plan_reminders, stages_frame
-from dunning.sending import with_email_ids
+from dunning.ledger.claims import ClaimCap
+from dunning.policy import assign_cycles, plan_reminders
+from dunning.sending import held_outcomes, with_email_ids
 from dunning.snapshot import read_snapshot
 
 
@@ -66,5 +70,40 @@ def skipped_rows(plan: pl.DataFrame) -> pl.DataFrame:
     return plan.filter(pl.col("role") == "skipped")
 
 
-def stage_names(config: DunningConfig) -> list[str]:
-    return stages_frame(config).get_column("stage").to_list()
+def recent_emails(ledger: Ledger, as_of: dt.datetime, config: DunningConfig) -> pl.DataFrame:
+    """Emails per customer already on record in the breaker's window ending at `as_of`."""
+    return ledger.emails_in_window(window_start(as_of, config.breaker), as_of)
+
+
+def check_breaker(ledger: Ledger, plan: pl.DataFrame, as_of: dt.datetime, config: DunningConfig) -> BreakerVerdict:
+    """The batch this cycle would send, plus the window's sends, against the per-customer cap."""
+    return evaluate_breaker(sendable_due(plan), recent_emails(ledger, as_of, config), config.breaker)
+
+
+def claim_cap(as_of: dt.datetime, config: DunningConfig) -> ClaimCap:
+    return ClaimCap(config.breaker.max_emails, window_start(as_of, config.breaker))
+
+
+def audit_cycle(ledger: Ledger, snapshot: pl.DataFrame, plan: pl.DataFrame, outcomes: pl.DataFrame, *, run_id: str,
+                as_of: dt.datetime, dry_run: bool, snapshot_path: str | None, run_outcome: str = "completed") -> pl.DataFrame:
+    """Build and store this cycle's audit and run summary; returns the audit rows."""
+    audit = build_audit(due_rows(plan), outcomes, ledger.open_problems(), snapshot, run_id=run_id, as_of=as_of, dry_run=dry_run)
+    counts = summarize(audit) | {"run_outcome": run_outcome}
+    ledger.write_audit(run_id, audit, counts, as_of, dry_run, snapshot.height, snapshot_path)
+    return audit
+
+
+def record_breaker_trip(ledger: Ledger, verdict: BreakerVerdict, snapshot: pl.DataFrame, plan: pl.DataFrame,
+                        config: DunningConfig, *, run_id: str, as_of: dt.datetime, dry_run: bool,
+                        snapshot_path: str | None) -> str | None:
+    """One alert for the trip (none on a dry run) and the held reminders in the audit; returns the alert id."""
+    audit_cycle(ledger, snapshot, plan, held_outcomes(sendable_due(plan), "breaker"), run_id=run_id, as_of=as_of,
+                dry_run=dry_run, snapshot_path=snapshot_path, run_outcome="halted_by_breaker")
+    if dry_run:
+        return None
+    offenders = verdict.offenders.select("customer_id", "emails_in_window", "recent_emails", "batch_emails").to_dicts()
+    alert = Alert(kind="breaker", message=verdict.describe(), created_at=as_of, run_id=run_id,
+                  details={"max_emails": config.breaker.max_emails, "window_hours": config.breaker.window_hours,
+                           "customers": offenders},
+                  dedup_key="dunning-breaker-" + ",".join(sorted(o["customer_id"] for o in offenders))[:200])
+    return raise_alert(ledger, config.alerts, alert)

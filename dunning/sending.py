@@ -11,6 +11,7 @@ batch.
 from __future__ import annotations
 
 import datetime as dt
+from email.message import EmailMessage
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -19,6 +20,7 @@ import polars as pl
 from dunning.config import DunningConfig
 from dunning.keys import email_id, message_id
 from dunning.ledger.base import Ledger
+from dunning.ledger.claims import ClaimCap
 from dunning.policy import email_groups
 from dunning.providers.base import EmailProvider
 from dunning.render import reminder_email
@@ -30,11 +32,17 @@ OUTCOME_SCHEMA = {"idempotency_key": pl.String, "status": pl.String, "message_id
 class SendReport:
     claimed: int = 0
     lost: int = 0
+    throttled: int = 0
     sent: int = 0
     failed: int = 0
     unknown: int = 0
     emails: int = 0
-    resolved_unknown: int = 0
+
+
+def held_outcomes(due: pl.DataFrame, status: str) -> pl.DataFrame:
+    """One outcome row per due key that this run did not attempt, saying why (`paused`, `dry_run`, `breaker`)."""
+    return due.select("idempotency_key", pl.lit(status).alias("status"), "message_id",
+                      pl.lit(None, dtype=pl.String).alias("error")).cast(OUTCOME_SCHEMA)
 
 
 def with_email_ids(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
@@ -80,22 +88,35 @@ def send_due(
     run_id: str,
     as_of: dt.datetime,
     now: Callable[[], dt.datetime],
+    cap: ClaimCap | None = None,
     progress: Callable[[SendReport, int], None] | None = None,
+    render: Callable[[list[dict]], EmailMessage] | None = None,
 ) -> tuple[SendReport, pl.DataFrame]:
-    """Claim and send `due` (reminder rows with email ids); returns the report and one outcome per due key."""
+    """Claim and send `due` (rows with email ids); returns the report and one outcome per due key.
+
+    Outcome statuses: sent, failed, unknown (recorded in the ledger), and
+    throttled (over the cap at claim time) or lost (claimed by another run).
+    """
+    if render is None:
+        def render(records: list[dict]) -> EmailMessage:
+            return reminder_email(records, sender=config.provider.from_address, message_id=records[0]["message_id"],
+                                  as_of=as_of, locale=config.locale)
     report = SendReport()
     outcomes: list[pl.DataFrame] = []
     total_emails = due.select(pl.col("email_group").n_unique()).item() if due.height else 0
     for chunk in _chunks(due, config.claim_chunk_size):
         chunk_skipped = skipped.filter(pl.col("invoice_id").is_in(chunk.select("invoice_id").to_series().implode()))
-        won = ledger.claim(chunk, chunk_skipped, run_id, as_of)
+        claim = ledger.claim(chunk, chunk_skipped, run_id, as_of, cap)
+        won = claim.won
         report.claimed += len(won)
-        report.lost += chunk.height - len(won)
-        rows = []
+        report.throttled += len(claim.throttled)
+        rows = [(k, "throttled", None, "customer at the email cap when claimed") for k in sorted(claim.throttled)]
+        lost = set(chunk.get_column("idempotency_key")) - won - claim.throttled
+        report.lost += len(lost)
+        rows += [(k, "lost", None, "claimed by another run" if not claim.lost else "claim transaction lost a conflict") for k in sorted(lost)]
         for (group,), members in chunk.filter(pl.col("idempotency_key").is_in(list(won))).group_by(["email_group"], maintain_order=True):
             records = members.to_dicts()
-            message = reminder_email(records, sender=config.provider.from_address, message_id=records[0]["message_id"], as_of=as_of, locale=config.locale)
-            outcome = provider.send(message)
+            outcome = provider.send(render(records))
             report.emails += 1
             setattr(report, outcome.status, getattr(report, outcome.status) + len(records))
             rows.extend((r["idempotency_key"], outcome.status, outcome.message_id or records[0]["message_id"], outcome.error) for r in records)

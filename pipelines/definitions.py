@@ -10,7 +10,7 @@ from __future__ import annotations
 import dagster as dg
 
 from assets.cycle import dunning_audit, invoice_snapshot, reminders_due, send_batch
-from checks.asset_checks import no_reminders_for_unowed_invoices, reminders_due_are_sound
+from checks.asset_checks import circuit_breaker, no_reminders_for_unowed_invoices, reminders_due_are_sound
 from pipelines.io_manager import RunScopedParquetIOManager
 from pipelines.jobs import dunning_cycle_job
 from pipelines.resources import CycleRequest, DunningHome
@@ -18,7 +18,7 @@ from pipelines.schedules import hourly_dunning
 
 defs = dg.Definitions(
     assets=[invoice_snapshot, reminders_due, send_batch, dunning_audit],
-    asset_checks=[reminders_due_are_sound, no_reminders_for_unowed_invoices],
+    asset_checks=[reminders_due_are_sound, circuit_breaker, no_reminders_for_unowed_invoices],
     jobs=[dunning_cycle_job],
     schedules=[hourly_dunning],
     resources={

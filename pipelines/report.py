@@ -45,9 +45,10 @@ def run_report(result: dg.ExecuteJobResult, ledger: DuckDBLedger, *, as_of: dt.d
     if not result.success:
         checks = _failed_checks(result)
         if checks:
+            details = "; ".join(c.description or f"{c.check_name}: {dict((k, v.value) for k, v in c.metadata.items())}"
+                                for c in checks)
             names = ", ".join(c.check_name for c in checks)
-            details = "; ".join(f"{c.check_name}: {dict((k, v.value) for k, v in c.metadata.items())}" for c in checks)
-            return f"dunning: halted by check(s) {names}; nothing was sent. {details}", 3
+            return f"dunning: halted by {names}, nothing was sent: {details}", 3
         failures = _failures(result)
         cls, message = failures[0] if failures else ("Error", "run failed")
         return f"dunning: {message}", EXIT_BY_ERROR_CLASS.get(cls, 1)

@@ -29,10 +29,13 @@ def due_rows(n: int, customer: str = "c1") -> pl.DataFrame:
     return with_email_ids(frame, DunningConfig(group_by="invoice"))
 
 
+NO_SKIPS = due_rows(1).head(0)
+
+
 def test_the_primary_key_refuses_a_second_row_for_a_key(tmp_path):
     with open_ledger(tmp_path / "d.duckdb") as ledger:
-        assert ledger.claim(due_rows(1), due_rows(0), "run-1", AS_OF) == {"dunning:in_0:1:day3"}
-        assert ledger.claim(due_rows(1), due_rows(0), "run-2", AS_OF) == set()
+        assert ledger.claim(due_rows(1), NO_SKIPS, "run-1", AS_OF).won == {"dunning:in_0:1:day3"}
+        assert ledger.claim(due_rows(1), NO_SKIPS, "run-2", AS_OF).won == set()
         with pytest.raises(duckdb.ConstraintException):
             ledger.con.execute("INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status) "
                                "VALUES ('dunning:in_0:1:day3', 'reminder', 'c1', 'claimed')")
@@ -47,7 +50,7 @@ def test_two_overlapping_claimers_cannot_both_own_a_key(tmp_path):
 
         def claim(name, claimer):
             barrier.wait()
-            won[name] = claimer.claim(due_rows(50), due_rows(0), name, AS_OF)
+            won[name] = claimer.claim(due_rows(50), NO_SKIPS, name, AS_OF).won
 
         threads = [threading.Thread(target=claim, args=(n, c)) for n, c in (("a", first), ("b", second))]
         for t in threads:
@@ -64,7 +67,7 @@ def test_a_claim_without_outcome_becomes_unknown_and_lookup_resolves_it(tmp_path
     outbox = FileOutbox(tmp_path / "outbox")
     due = due_rows(2)
     with open_ledger(tmp_path / "d.duckdb") as ledger:
-        ledger.claim(due, due_rows(0), "crashed-run", AS_OF)
+        ledger.claim(due, NO_SKIPS, "crashed-run", AS_OF)
         # the crashed run had handed in_0's email to the provider before dying, but not in_1's
         first = due.row(0, named=True)
         outbox.send(reminder_email([{**first, "tone": "gentle"}], sender="b@example.com", message_id=first["message_id"], as_of=AS_OF))
@@ -80,11 +83,11 @@ def test_send_due_claims_before_sending_and_records_outcomes(tmp_path):
     outbox = FileOutbox(tmp_path / "outbox")
     with open_ledger(tmp_path / "d.duckdb") as ledger:
         config = DunningConfig(group_by="invoice", claim_chunk_size=2)
-        report, outcomes = send_due(ledger, outbox, due_rows(5), due_rows(0), config=config, run_id="r1", as_of=AS_OF,
+        report, outcomes = send_due(ledger, outbox, due_rows(5), NO_SKIPS, config=config, run_id="r1", as_of=AS_OF,
                                     now=lambda: AS_OF)
         assert (report.claimed, report.sent, report.emails) == (5, 5, 5)
         assert len(list((tmp_path / "outbox").glob("*.eml"))) == 5
-        again, _ = send_due(ledger, outbox, due_rows(5), due_rows(0), config=config, run_id="r2", as_of=AS_OF, now=lambda: AS_OF)
+        again, _ = send_due(ledger, outbox, due_rows(5), NO_SKIPS, config=config, run_id="r2", as_of=AS_OF, now=lambda: AS_OF)
         assert (again.claimed, again.lost, again.emails) == (0, 5, 0)
 
 

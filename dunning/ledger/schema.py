@@ -116,6 +116,7 @@ DDL = (
         as_of TIMESTAMPTZ NOT NULL,
         dry_run BOOLEAN NOT NULL,
         finished_wall_at TIMESTAMPTZ NOT NULL,
+        snapshot_path VARCHAR,
         snapshot_rows BIGINT,
         rejected_rows BIGINT,
         due BIGINT,
@@ -126,7 +127,7 @@ DDL = (
         skipped BIGINT,
         emails BIGINT,
         not_owed_reminded BIGINT,
-        summary VARCHAR
+        outcome VARCHAR
     )
     """,
     """
@@ -136,6 +137,22 @@ DDL = (
         reason VARCHAR,
         changed_by VARCHAR,
         changed_at TIMESTAMPTZ NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS customer_claim_locks (
+        customer_id VARCHAR PRIMARY KEY,
+        touched_at TIMESTAMPTZ
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS incidents (
+        incident_id VARCHAR PRIMARY KEY,
+        last_recovery_at TIMESTAMPTZ NOT NULL,
+        since TIMESTAMPTZ,
+        source VARCHAR,
+        flooded_customers BIGINT,
+        apologies_sent BIGINT
     )
     """,
 )

@@ -1,0 +1,94 @@
+"""Paging a human: every alert is stored, logged, and delivered to the configured backends.
+
+Backends: the log (always), a generic JSON webhook (`{"text": ...}` plus the
+details, which Slack's incoming webhooks accept), and PagerDuty's Events API v2
+(the documented `enqueue` payload; the routing key is read from the environment
+variable the config names, never from the file). A delivery failure is
+recorded on the alert and logged; it never stops the pipeline from halting.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from dunning.config import Alerts
+
+log = logging.getLogger("dunning.alerts")
+
+
+@dataclass(frozen=True)
+class Alert:
+    kind: str
+    message: str
+    created_at: dt.datetime
+    run_id: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    severity: str = "critical"
+    dedup_key: str | None = None
+
+
+def _post_json(url: str, payload: dict, timeout: float) -> None:
+    request = urllib.request.Request(url, data=json.dumps(payload, default=str).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (configured URL)
+        if response.status >= 300:
+            raise urllib.error.HTTPError(url, response.status, "unexpected status", response.headers, None)
+
+
+def webhook_payload(alert: Alert) -> dict:
+    return {"text": f"[dunning] {alert.kind}: {alert.message}", "kind": alert.kind, "severity": alert.severity,
+            "run_id": alert.run_id, "created_at": alert.created_at.isoformat(), "details": alert.details}
+
+
+def pagerduty_payload(alert: Alert, routing_key: str) -> dict:
+    return {
+        "routing_key": routing_key,
+        "event_action": "trigger",
+        "dedup_key": alert.dedup_key or f"dunning-{alert.kind}-{alert.run_id}",
+        "payload": {
+            "summary": f"dunning {alert.kind}: {alert.message}"[:1024],
+            "source": "dunning-pipeline",
+            "severity": alert.severity if alert.severity in ("critical", "error", "warning", "info") else "critical",
+            "timestamp": alert.created_at.isoformat(),
+            "custom_details": alert.details,
+        },
+    }
+
+
+def deliver(alert: Alert, settings: Alerts) -> list[str]:
+    """Send `alert` to every configured backend; returns what happened per backend, for the alerts table."""
+    log.warning("ALERT %s: %s", alert.kind, alert.message)
+    results = ["log: ok"]
+    if settings.webhook_url:
+        try:
+            _post_json(settings.webhook_url, webhook_payload(alert), settings.timeout_seconds)
+            results.append("webhook: ok")
+        except (OSError, urllib.error.URLError) as exc:
+            log.error("alert webhook delivery failed: %s", exc)
+            results.append(f"webhook: failed ({exc})")
+    if settings.pagerduty_routing_key_env:
+        key = os.environ.get(settings.pagerduty_routing_key_env)
+        if not key:
+            results.append(f"pagerduty: not sent (environment variable {settings.pagerduty_routing_key_env} is not set)")
+        else:
+            try:
+                _post_json(settings.pagerduty_url, pagerduty_payload(alert, key), settings.timeout_seconds)
+                results.append("pagerduty: ok")
+            except (OSError, urllib.error.URLError) as exc:
+                log.error("PagerDuty delivery failed: %s", exc)
+                results.append(f"pagerduty: failed ({exc})")
+    return results
+
+
+def raise_alert(ledger, settings: Alerts, alert: Alert) -> str:
+    """Store the alert, deliver it, and record where it went. Returns the alert id."""
+    alert_id = ledger.add_alert(alert.kind, alert.message, alert.created_at, alert.run_id, alert.details, alert.severity)
+    ledger.mark_alert_delivered(alert_id, "; ".join(deliver(alert, settings)))
+    return alert_id

@@ -1,0 +1,154 @@
+"""Claims and outcomes: the part of the ledger that decides what may be sent.
+
+A claim is ours only once its transaction commits; a commit (or write) that
+fails on a conflict (`TransactionException`/`ConstraintException`) means
+another writer won, and nothing of that chunk is sent. The per-customer cap is
+enforced a second time here, inside the claim transaction: every claim first
+writes the customer's row in `customer_claim_locks`, so two transactions that
+claim for the same customer conflict and one of them loses, instead of both
+counting the window, both seeing room, and both sending (write skew).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+import duckdb
+import polars as pl
+
+from dunning.ledger.schema import LEDGER_COLUMNS
+
+LOST_CLAIM_ERRORS = (duckdb.TransactionException, duckdb.ConstraintException)
+
+
+@dataclass(frozen=True)
+class ClaimCap:
+    max_emails: int
+    window_start: dt.datetime
+
+
+@dataclass
+class ClaimResult:
+    won: set[str] = field(default_factory=set)
+    throttled: set[str] = field(default_factory=set)
+    lost: bool = False
+
+
+def _within_cap(due: pl.DataFrame, recent: pl.DataFrame, cap: ClaimCap) -> pl.DataFrame:
+    """The rows of `due` whose email still fits under the customer's cap, emails in group order."""
+    emails = due.select("customer_id", "email_group").unique().sort("customer_id", "email_group").with_columns(
+        pl.int_range(1, pl.len() + 1).over("customer_id").alias("nth")
+    ).join(recent, on="customer_id", how="left").with_columns(pl.col("emails").fill_null(0))
+    allowed = emails.filter(pl.col("emails") + pl.col("nth") <= cap.max_emails).select("email_group")
+    return due.join(allowed, on="email_group", how="semi")
+
+
+class ClaimStore:
+    def expire_stale_claims(self, run_id: str, now: dt.datetime) -> int:
+        """Claims left by a run that ended without recording an outcome become `unknown`, never unsent."""
+        rows = self.con.execute(
+            """
+            UPDATE reminder_ledger SET status = 'unknown', last_error = 'no outcome recorded (run ended after claim)',
+                outcome_wall_at = ?
+            WHERE status = 'claimed' AND run_id <> ? RETURNING idempotency_key
+            """,
+            [now, run_id],
+        ).fetchall()
+        return len(rows)
+
+    def _recent_for(self, con: duckdb.DuckDBPyConnection, cap: ClaimCap, until: dt.datetime) -> pl.DataFrame:
+        return con.sql(
+            """
+            SELECT customer_id, count(DISTINCT email_id)::BIGINT AS emails FROM reminder_ledger
+            WHERE status IN ('claimed', 'sent', 'unknown') AND customer_id IN (SELECT customer_id FROM claim_customers)
+              AND coalesce(sent_at, claimed_at) > ? AND coalesce(sent_at, claimed_at) <= ?
+            GROUP BY customer_id
+            """,
+            params=[cap.window_start, until],
+        ).pl()
+
+    def claim(self, due: pl.DataFrame, skipped: pl.DataFrame, run_id: str, claimed_at: dt.datetime,
+              cap: ClaimCap | None = None) -> ClaimResult:
+        """Insert `due` as `claimed` and, for invoices whose claim we won, `skipped` stages; one transaction."""
+        stamp = [pl.lit(run_id).alias("run_id"), pl.lit(claimed_at).alias("claimed_at")]
+        customers = due.select("customer_id").unique()
+        result = ClaimResult()
+        try:
+            with self.transaction() as con, self.registered("claim_customers", customers):
+                con.execute(
+                    "INSERT INTO customer_claim_locks SELECT customer_id, ? FROM claim_customers "
+                    "ON CONFLICT (customer_id) DO UPDATE SET touched_at = excluded.touched_at",
+                    [claimed_at],
+                )
+                allowed = _within_cap(due, self._recent_for(con, cap, claimed_at), cap) if cap else due
+                result.throttled = set(due.get_column("idempotency_key")) - set(allowed.get_column("idempotency_key"))
+                rows = allowed.with_columns(pl.lit("claimed").alias("status"), *stamp).select(LEDGER_COLUMNS)
+                with self.registered("due_rows", rows):
+                    result.won = {k for (k,) in con.execute(
+                        f"INSERT INTO reminder_ledger ({', '.join(LEDGER_COLUMNS)}) SELECT * FROM due_rows "
+                        "ON CONFLICT DO NOTHING RETURNING idempotency_key").fetchall()}
+                won = allowed.filter(pl.col("idempotency_key").is_in(list(result.won)))
+                self._record_skipped_and_advance(con, won, skipped, stamp)
+        except LOST_CLAIM_ERRORS:
+            return ClaimResult(lost=True)
+        return result
+
+    def _record_skipped_and_advance(self, con, won: pl.DataFrame, skipped: pl.DataFrame, stamp: list[pl.Expr]) -> None:
+        reminders = won.filter(pl.col("kind") == "reminder")
+        if reminders.is_empty():
+            return
+        skip_rows = skipped.join(reminders.select("invoice_id"), on="invoice_id", how="semi").with_columns(
+            pl.lit("skipped").alias("status"), *stamp).select(LEDGER_COLUMNS)
+        advanced = reminders.select("invoice_id", "cycle", "stage", "stage_days")
+        with self.registered("skip_rows", skip_rows), self.registered("won_rows", advanced):
+            con.execute(f"INSERT INTO reminder_ledger ({', '.join(LEDGER_COLUMNS)}) SELECT * FROM skip_rows ON CONFLICT DO NOTHING")
+            con.execute(
+                """
+                UPDATE invoice_cycles SET last_stage = w.stage, last_stage_days = w.stage_days
+                FROM won_rows w
+                WHERE invoice_cycles.invoice_id = w.invoice_id AND invoice_cycles.cycle = w.cycle
+                  AND coalesce(invoice_cycles.last_stage_days, -1) < w.stage_days
+                """
+            )
+
+    def record_outcomes(self, outcomes: pl.DataFrame, sent_at: dt.datetime | None, wall: dt.datetime) -> None:
+        """Columns: idempotency_key, status, message_id, error. One UPDATE for the chunk.
+
+        `sent_at` None means "when it was claimed" (an outcome learned later, by lookup).
+        """
+        recorded = outcomes.filter(pl.col("status").is_in(["sent", "failed", "unknown"]))
+        with self.registered("outcomes", recorded):
+            self.con.execute(
+                """
+                UPDATE reminder_ledger SET status = o.status, message_id = coalesce(o.message_id, reminder_ledger.message_id),
+                    sent_at = CASE WHEN o.status = 'sent' THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at) END,
+                    attempts = reminder_ledger.attempts + 1, last_error = o.error, outcome_wall_at = ?
+                FROM outcomes o WHERE reminder_ledger.idempotency_key = o.idempotency_key
+                """,
+                [sent_at, wall],
+            )
+
+    def emails_in_window(self, since: dt.datetime, until: dt.datetime) -> pl.DataFrame:
+        """Per customer, how many distinct emails may have reached them in (since, until]."""
+        return self.frame(
+            """
+            SELECT customer_id, count(DISTINCT email_id)::BIGINT AS emails FROM reminder_ledger
+            WHERE status IN ('claimed', 'sent', 'unknown')
+              AND coalesce(sent_at, claimed_at) > ? AND coalesce(sent_at, claimed_at) <= ?
+            GROUP BY customer_id
+            """,
+            [since, until],
+        )
+
+    def unknown_with_message_ids(self) -> pl.DataFrame:
+        return self.frame(
+            "SELECT idempotency_key, message_id FROM reminder_ledger WHERE status = 'unknown' AND message_id IS NOT NULL"
+        )
+
+    def open_problems(self) -> pl.DataFrame:
+        """Keys whose send failed or whose outcome is unknown: waiting on a retry, a lookup or a human."""
+        return self.frame(
+            "SELECT idempotency_key, kind, invoice_id, customer_id, cycle, stage, status, currency, message_id "
+            "FROM reminder_ledger WHERE status IN ('failed', 'unknown')"
+        )

@@ -1,0 +1,84 @@
+"""Operational state kept beside the ledger: the pause flag, alerts, incidents, per-run audit and summary."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from dataclasses import dataclass
+
+import polars as pl
+
+PER_RUN_TABLES = ("dunning_audit", "dunning_runs")
+
+
+@dataclass(frozen=True)
+class PauseState:
+    paused: bool
+    reason: str | None = None
+    changed_by: str | None = None
+    changed_at: dt.datetime | None = None
+
+
+class Operations:
+    def pause_state(self) -> PauseState:
+        row = self.con.execute("SELECT paused, reason, changed_by, changed_at FROM pause_state WHERE id = 1").fetchone()
+        return PauseState(*row) if row else PauseState(False)
+
+    def set_pause(self, paused: bool, reason: str | None, changed_by: str, at: dt.datetime) -> None:
+        self.con.execute(
+            "INSERT INTO pause_state VALUES (1, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET paused = excluded.paused, "
+            "reason = excluded.reason, changed_by = excluded.changed_by, changed_at = excluded.changed_at",
+            [paused, reason, changed_by, at],
+        )
+
+    def add_alert(self, kind: str, message: str, at: dt.datetime, run_id: str | None = None,
+                  details: dict | None = None, severity: str = "critical") -> str:
+        alert_id = uuid.uuid4().hex
+        self.con.execute(
+            "INSERT INTO alerts (alert_id, created_at, kind, severity, message, run_id, details) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [alert_id, at, kind, severity, message, run_id, json.dumps(details, default=str) if details else None],
+        )
+        return alert_id
+
+    def mark_alert_delivered(self, alert_id: str, delivered_to: str) -> None:
+        self.con.execute("UPDATE alerts SET delivered_to = ? WHERE alert_id = ?", [delivered_to, alert_id])
+
+    def alerts_for_run(self, run_id: str) -> pl.DataFrame:
+        return self.frame("SELECT * FROM alerts WHERE run_id = ? ORDER BY created_at", [run_id])
+
+    def record_incident(self, incident_id: str, at: dt.datetime, since: dt.datetime | None, source: str,
+                        flooded: int, apologies_sent: int) -> None:
+        self.con.execute(
+            "INSERT INTO incidents VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (incident_id) DO UPDATE SET "
+            "last_recovery_at = excluded.last_recovery_at, flooded_customers = excluded.flooded_customers, "
+            "apologies_sent = incidents.apologies_sent + excluded.apologies_sent",
+            [incident_id, at, since, source, flooded, apologies_sent],
+        )
+
+    def write_audit(self, run_id: str, audit: pl.DataFrame, counts: dict[str, int], as_of: dt.datetime,
+                    dry_run: bool, snapshot_rows: int, snapshot_path: str | None = None) -> None:
+        summary = pl.DataFrame([{
+            "run_id": run_id, "as_of": as_of, "dry_run": dry_run, "finished_wall_at": dt.datetime.now(dt.timezone.utc),
+            "snapshot_path": snapshot_path, "snapshot_rows": snapshot_rows,
+            "rejected_rows": self.scalar("SELECT count(*) FROM snapshot_quarantine WHERE run_id = ?", [run_id]),
+            "due": counts["due"], "sent": counts["sent"], "failed": counts["failed"], "unknown": counts["unknown"],
+            "held": counts["held"],
+            "skipped": self.scalar("SELECT count(*) FROM reminder_ledger WHERE run_id = ? AND status = 'skipped'", [run_id]),
+            "emails": self.scalar("SELECT count(DISTINCT email_id) FROM reminder_ledger WHERE run_id = ? AND status = 'sent'", [run_id]),
+            "not_owed_reminded": counts["not_owed_reminded"], "outcome": counts.get("run_outcome", "completed"),
+        }])
+        self.replace_run_rows("dunning_audit", run_id, audit)
+        self.replace_run_rows("dunning_runs", run_id, summary)
+
+    def replace_run_rows(self, table: str, run_id: str, rows: pl.DataFrame) -> None:
+        """Replace one run's rows in `table`, in one transaction, so a retry never doubles them."""
+        if table not in PER_RUN_TABLES:
+            raise ValueError(f"not a per-run table: {table}")
+        with self.transaction() as con, self.registered("run_rows", rows):
+            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM run_rows")
+
+    def last_run(self) -> dict | None:
+        rows = self.frame("SELECT * FROM dunning_runs WHERE NOT dry_run ORDER BY finished_wall_at DESC LIMIT 1").to_dicts()
+        return rows[0] if rows else None
