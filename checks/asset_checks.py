@@ -56,8 +56,8 @@ def circuit_breaker(context: dg.AssetCheckExecutionContext, reminders_due: pl.Da
         alert_id = None
         if not verdict.passed and not paused:
             alert_id = cycle.record_breaker_trip(
-                ledger, verdict, invoice_snapshot, reminders_due, config, run_id=context.run_id, as_of=as_of,
-                dry_run=cycle_request.dry_run, snapshot_path=cycle_request.snapshot_path)
+                ledger, verdict, invoice_snapshot, reminders_due, config, run_id=context.run.run_id, as_of=as_of,
+                dry_run=cycle_request.dry_run, snapshot_path=cycle_request.snapshot_path, logger=context.log)
     offenders = verdict.offenders.head(50).select("customer_id", "emails_in_window").rows()
     return dg.AssetCheckResult(
         passed=verdict.passed or paused,  # paused: nothing will be sent, the audit says so

@@ -70,7 +70,7 @@ def evaluate_breaker(batch: pl.DataFrame, recent: pl.DataFrame, breaker: Breaker
     try:
         breaker_schema(breaker).validate(counts, lazy=True)
     except pa.errors.SchemaErrors as errors:
-        rows = errors.failure_cases.filter(pl.col("check") == BREAKER_CHECK).get_column("index").cast(pl.Int64)
+        rows = errors.failure_cases.filter(pl.col("column") == "emails_in_window").get_column("index").cast(pl.Int64)
         offenders = counts.with_row_index("_i").filter(pl.col("_i").cast(pl.Int64).is_in(rows.implode())).drop("_i")
         return BreakerVerdict(False, counts, offenders, breaker)
     return BreakerVerdict(True, counts, counts.head(0), breaker)

@@ -62,9 +62,9 @@ def pagerduty_payload(alert: Alert, routing_key: str) -> dict:
     }
 
 
-def deliver(alert: Alert, settings: Alerts) -> list[str]:
+def deliver(alert: Alert, settings: Alerts, logger: logging.Logger | None = None) -> list[str]:
     """Send `alert` to every configured backend; returns what happened per backend, for the alerts table."""
-    log.warning("ALERT %s: %s", alert.kind, alert.message)
+    (logger or log).warning("ALERT %s: %s", alert.kind, alert.message)
     results = ["log: ok"]
     if settings.webhook_url:
         try:
@@ -87,8 +87,8 @@ def deliver(alert: Alert, settings: Alerts) -> list[str]:
     return results
 
 
-def raise_alert(ledger, settings: Alerts, alert: Alert) -> str:
+def raise_alert(ledger, settings: Alerts, alert: Alert, logger: logging.Logger | None = None) -> str:
     """Store the alert, deliver it, and record where it went. Returns the alert id."""
     alert_id = ledger.add_alert(alert.kind, alert.message, alert.created_at, alert.run_id, alert.details, alert.severity)
-    ledger.mark_alert_delivered(alert_id, "; ".join(deliver(alert, settings)))
+    ledger.mark_alert_delivered(alert_id, "; ".join(deliver(alert, settings, logger)))
     return alert_id

@@ -95,7 +95,7 @@ def audit_cycle(ledger: Ledger, snapshot: pl.DataFrame, plan: pl.DataFrame, outc
 
 def record_breaker_trip(ledger: Ledger, verdict: BreakerVerdict, snapshot: pl.DataFrame, plan: pl.DataFrame,
                         config: DunningConfig, *, run_id: str, as_of: dt.datetime, dry_run: bool,
-                        snapshot_path: str | None) -> str | None:
+                        snapshot_path: str | None, logger=None) -> str | None:
     """One alert for the trip (none on a dry run) and the held reminders in the audit; returns the alert id."""
     audit_cycle(ledger, snapshot, plan, held_outcomes(sendable_due(plan), "breaker"), run_id=run_id, as_of=as_of,
                 dry_run=dry_run, snapshot_path=snapshot_path, run_outcome="halted_by_breaker")
@@ -106,4 +106,4 @@ def record_breaker_trip(ledger: Ledger, verdict: BreakerVerdict, snapshot: pl.Da
                   details={"max_emails": config.breaker.max_emails, "window_hours": config.breaker.window_hours,
                            "customers": offenders},
                   dedup_key="dunning-breaker-" + ",".join(sorted(o["customer_id"] for o in offenders))[:200])
-    return raise_alert(ledger, config.alerts, alert)
+    return raise_alert(ledger, config.alerts, alert, logger)

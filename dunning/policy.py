@@ -41,6 +41,16 @@ def stages_frame(config: DunningConfig) -> pl.DataFrame:
     )
 
 
+def with_balances(snapshot: pl.DataFrame) -> pl.DataFrame:
+    """`remaining_minor`, `owed` (open with something left to pay) and `sendable` (a usable address)."""
+    remaining = pl.col("amount_due") - pl.col("amount_paid")
+    return snapshot.with_columns(
+        remaining.alias("remaining_minor"),
+        ((pl.col("status") == "open") & (remaining > 0)).alias("owed"),
+        pl.col("customer_email").str.contains(EMAIL_PATTERN).fill_null(False).alias("sendable"),
+    )
+
+
 def assign_cycles(snapshot: pl.DataFrame, state: pl.DataFrame, as_of: dt.datetime, config: DunningConfig) -> pl.DataFrame:
     """The snapshot with `remaining_minor`, `days_overdue`, `owed`, `sendable`, and the dunning `cycle`.
 
@@ -51,12 +61,8 @@ def assign_cycles(snapshot: pl.DataFrame, state: pl.DataFrame, as_of: dt.datetim
     """
     today = business_date(as_of, config)
     first_stage_days = min(s.days_overdue for s in config.stages)
-    remaining = pl.col("amount_due") - pl.col("amount_paid")
-    frame = snapshot.with_columns(
-        remaining.alias("remaining_minor"),
+    frame = with_balances(snapshot).with_columns(
         (pl.lit(today) - pl.col("due_date")).dt.total_days().cast(pl.Int32).alias("days_overdue"),
-        ((pl.col("status") == "open") & (remaining > 0)).alias("owed"),
-        pl.col("customer_email").str.contains(EMAIL_PATTERN).fill_null(False).alias("sendable"),
     ).join(state.cast(STATE_SCHEMA), on="invoice_id", how="left")
     past_due = pl.col("owed") & (pl.col("days_overdue") >= min(1, first_stage_days))
     settled = pl.col("status").is_in(["paid", "void"]) | ((pl.col("status") == "open") & (pl.col("remaining_minor") <= 0))

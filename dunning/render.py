@@ -96,3 +96,24 @@ def reminder_email(rows: Sequence[dict[str, Any]], *, sender: str, message_id: s
         text=_ENV.get_template("reminder.txt.j2").render(context),
         html=_ENV.get_template("reminder.html.j2").render(context), when=as_of,
     )
+
+
+def apology_email(flood: dict[str, Any], statement: Sequence[dict[str, Any]], *, to: str, sender: str, key: str,
+                  message_id: str, as_of: dt.datetime, locale: str = "en_US") -> EmailMessage:
+    """One apology: what happened (`flood`: emails, first_at, last_at) and what is owed now (`statement` rows)."""
+    context = {
+        "customer_name": flood.get("customer_name"),
+        "emails": flood["emails"],
+        "first_at": flood["first_at"].strftime("%Y-%m-%d %H:%M UTC"),
+        "last_at": flood["last_at"].strftime("%Y-%m-%d %H:%M UTC"),
+        "invoices": [{"invoice_id": r["invoice_id"], "due_date": r["due_date"].isoformat(),
+                      "remaining": format_amount(r["remaining_minor"], r["currency"], locale)} for r in statement],
+        "totals": currency_totals(statement, locale, amount_field="remaining_minor"),
+        "as_of_date": as_of.date().isoformat(),
+    }
+    return _message(
+        to=to, sender=sender, subject="We are sorry about the payment emails you received",
+        message_id=message_id, kind="apology", keys=[key],
+        text=_ENV.get_template("apology.txt.j2").render(context),
+        html=_ENV.get_template("apology.html.j2").render(context), when=as_of,
+    )

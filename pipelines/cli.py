@@ -8,16 +8,19 @@ never a traceback.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 
 import dagster as dg
 
-from dunning.clock import parse_as_of
+from dunning.clock import parse_as_of, utc_now
 from dunning.config import load_config
-from dunning.errors import DunningError, UserInputError
+from dunning.errors import DunningError, GuardNotLive, UserInputError
+from dunning.guard import prove_guard
 from dunning.ledger.duckdb_ledger import open_ledger
 from pipelines import report
 from pipelines.instance import get_instance
@@ -33,6 +36,33 @@ def dunning_cycle() -> dg.JobDefinition:
     return defs.resolve_job_def("dunning_cycle")
 
 
+def flood_recovery() -> dg.JobDefinition:
+    from pipelines.definitions import defs
+
+    return defs.resolve_job_def("flood_recovery")
+
+
+def _operator() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def _existing(path: str, what: str) -> str:
+    resolved = Path(path).expanduser().resolve()
+    if not resolved.is_file():
+        raise UserInputError(f"{what} file not found: {path}")
+    return str(resolved)
+
+
+def _config_path(args: argparse.Namespace, home: Path) -> str | None:
+    if getattr(args, "config", None):
+        return str(Path(args.config).resolve())
+    default = home / "config.yaml"
+    return str(default) if default.is_file() else None
+
+
 def _home(args: argparse.Namespace) -> Path:
     home = Path(args.home or os.environ.get("DUNNING_HOME") or ".dunning").expanduser().resolve()
     home.mkdir(parents=True, exist_ok=True)
@@ -41,11 +71,9 @@ def _home(args: argparse.Namespace) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     home = _home(args)
-    config_path = str(Path(args.config).resolve()) if args.config else None
+    config_path = _config_path(args, home)
     load_config(config_path)  # fail fast, before Dagster starts, on a bad config
-    snapshot = Path(args.snapshot).expanduser().resolve()
-    if not snapshot.is_file():
-        raise UserInputError(f"snapshot file not found: {args.snapshot}")
+    snapshot = Path(_existing(args.snapshot, "snapshot"))
     as_of = parse_as_of(args.as_of)
     events = str(Path(args.events).resolve()) if args.events else None
     instance = get_instance(home)
@@ -59,7 +87,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         },
         "loggers": {"console": {"config": {"log_level": "INFO" if args.verbose else "CRITICAL"}}},
     }
-    tags = {"dunning/trigger": "cli", "dunning/dry_run": str(bool(args.dry_run)).lower()}
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        paused = ledger.pause_state().paused
+    tags = {"dunning/trigger": "cli", "dunning/dry_run": str(bool(args.dry_run)).lower(), "dunning/paused": str(paused).lower()}
     result = dg.execute_job(dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config,
                             tags=tags, raise_on_error=False)
     prune_run_frames(home)
@@ -69,6 +99,67 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(text)
     else:
         print(text, file=sys.stderr)
+    return code
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    home = _home(args)
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        ledger.set_pause(True, args.reason, _operator(), utc_now())
+    print(f"dunning paused: no reminders will be sent until `dunning resume` proves the guard is live"
+          f"{' (' + args.reason + ')' if args.reason else ''}")
+    return 0
+
+
+def _breaker_wired() -> bool:
+    """The breaker check exists and gates send_batch as a blocking check in the job users run."""
+    from checks.asset_checks import BREAKER
+    from pipelines.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    checks = [graph.get_check_spec(k) for k in graph.asset_check_keys if k.name == BREAKER]
+    return any(c.blocking and c.asset_key == dg.AssetKey("reminders_due") for c in checks)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    home = _home(args)
+    config = load_config(_config_path(args, home))
+    as_of = parse_as_of(args.as_of)
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        snapshot = args.snapshot or (ledger.last_run() or {}).get("snapshot_path")
+        if not snapshot:
+            raise UserInputError("no snapshot to prove the guard on: pass --snapshot (no earlier run recorded one)")
+        if not Path(snapshot).is_file():
+            raise UserInputError(f"snapshot file not found: {snapshot}")
+        report_ = prove_guard(ledger, snapshot, config, as_of, _breaker_wired())
+        if not report_.passed:
+            print(f"dunning: resume refused, the guard is not live; still paused.\n{report_.describe()}", file=sys.stderr)
+            return GuardNotLive.exit_code
+        ledger.set_pause(False, f"resumed: guard proven on {snapshot}", _operator(), utc_now())
+    print(f"dunning resumed: the guard is live.\n{report_.describe()}")
+    return 0
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    home = _home(args)
+    config_path = _config_path(args, home)
+    load_config(config_path)
+    snapshot = _existing(args.snapshot, "snapshot")
+    sent_log = _existing(args.sent_log, "sent log") if args.sent_log else None
+    as_of = parse_as_of(args.as_of)
+    since = parse_as_of(args.since).isoformat() if args.since else None
+    instance = get_instance(home)
+    os.environ["DUNNING_HOME"] = str(home)
+    run_config = {
+        "ops": {"send_flood_apologies": {"config": {"incident_id": args.incident, "snapshot_path": snapshot,
+                                                     "since": since, "sent_log_path": sent_log, "as_of": as_of.isoformat()}}},
+        "resources": {"dunning_home": {"config": {"home": str(home), "config_path": config_path}}},
+        "loggers": {"console": {"config": {"log_level": "CRITICAL"}}},
+    }
+    result = dg.execute_job(dg.reconstructable(flood_recovery), instance=instance, run_config=run_config,
+                            tags={"dunning/trigger": "cli", "dunning/incident": args.incident})
+    text, code = report.recovery_report(result)
+    print(text, file=sys.stdout if code == 0 else sys.stderr)
     return code
 
 
@@ -95,6 +186,28 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-v", "--verbose", action="store_true", help="show Dagster's step logs")
     run.set_defaults(handler=cmd_run)
 
+    pause = commands.add_parser("pause", help="stop all sends (scheduled runs skip, manual runs hold everything)")
+    pause.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+    pause.add_argument("--reason", help="why, for the record and `dunning status`")
+    pause.set_defaults(handler=cmd_pause)
+
+    resume = commands.add_parser("resume", help="prove the guard is live, then lift the pause")
+    resume.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+    resume.add_argument("--snapshot", help="snapshot for the simulated pass (default: the last run's)")
+    resume.add_argument("--as-of", help="clock for the simulated pass (default: now)")
+    resume.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present)")
+    resume.set_defaults(handler=cmd_resume)
+
+    recover = commands.add_parser("recover", help="send one apology with a correct statement to each flooded customer")
+    recover.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+    recover.add_argument("--incident", required=True, help="incident id; one apology per customer per incident")
+    recover.add_argument("--snapshot", required=True, help="current snapshot: what each customer owes now")
+    recover.add_argument("--since", help="look for floods after this time (default: 7 days before --as-of)")
+    recover.add_argument("--sent-log", help="provider send log CSV (to, sent_at; optional customer_id, invoice_id, subject)")
+    recover.add_argument("--as-of", help="the clock (default: now)")
+    recover.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present)")
+    recover.set_defaults(handler=cmd_recover)
+
     status = commands.add_parser("status", help="pause state, last run, counts, open alerts")
     status.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -104,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.getLogger("dunning").addHandler(logging.NullHandler())  # the CLI prints what matters itself
     args.home = getattr(args, "home_sub", None) or args.home
     try:
         return args.handler(args)

@@ -13,14 +13,17 @@ from assets.cycle import dunning_audit, invoice_snapshot, reminders_due, send_ba
 from checks.asset_checks import circuit_breaker, no_reminders_for_unowed_invoices, reminders_due_are_sound
 from pipelines.io_manager import RunScopedParquetIOManager
 from pipelines.jobs import dunning_cycle_job
+from pipelines.recovery_job import flood_recovery
 from pipelines.resources import CycleRequest, DunningHome
 from pipelines.schedules import hourly_dunning
+from pipelines.sensors import page_on_run_failure
 
 defs = dg.Definitions(
     assets=[invoice_snapshot, reminders_due, send_batch, dunning_audit],
     asset_checks=[reminders_due_are_sound, circuit_breaker, no_reminders_for_unowed_invoices],
-    jobs=[dunning_cycle_job],
+    jobs=[dunning_cycle_job, flood_recovery],
     schedules=[hourly_dunning],
+    sensors=[page_on_run_failure],
     resources={
         "dunning_home": DunningHome(home=dg.EnvVar("DUNNING_HOME")),
         "cycle_request": CycleRequest(snapshot_path=dg.EnvVar("DUNNING_SNAPSHOT")),

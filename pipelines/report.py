@@ -63,6 +63,9 @@ def run_report(result: dg.ExecuteJobResult, ledger: DuckDBLedger, *, as_of: dt.d
         lines.append("  rejected rows are in table snapshot_quarantine: " + "; ".join(f"{r} ({n})" for r, n in rules))
     held_rows = ledger.con.execute(
         "SELECT reason, count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'held' GROUP BY reason ORDER BY reason", [run_id]).fetchall()
+    pause = ledger.pause_state()
+    if pause.paused:
+        lines.append(f"PAUSED since {pause.changed_at} ({pause.reason or 'no reason given'}): nothing was claimed or sent")
     lines.append(f"reminders newly due: {due} (earlier stages recorded as skipped: {skipped})")
     if dry_run:
         lines.append(f"would send: {due - held} reminder key(s)")
@@ -73,6 +76,23 @@ def run_report(result: dg.ExecuteJobResult, ledger: DuckDBLedger, *, as_of: dt.d
     lines.append(f"reminders for invoices not owed: {not_owed}")
     if failed or unknown:
         lines.append(f"warning: {failed} failed (retried by a later cycle) and {unknown} unknown (never resent blindly)")
+    return "\n".join(lines), 0
+
+
+def recovery_report(result: dg.ExecuteJobResult) -> tuple[str, int]:
+    if not result.success:
+        failures = _failures(result)
+        cls, message = failures[0] if failures else ("Error", "recovery run failed")
+        return f"dunning: {message}", EXIT_BY_ERROR_CLASS.get(cls, 1)
+    s = result.output_for_node("send_flood_apologies")
+    lines = [f"incident {s['incident_id']}: {s['flooded_customers']} flooded customer(s); "
+             f"apologies sent: {s['apologies_sent']}; already apologized for this incident: {s['already_apologized']}"]
+    if s["failed"] or s["unknown"]:
+        lines.append(f"warning: {s['failed']} apology send(s) failed, {s['unknown']} unknown")
+    if s["unmapped_addresses"]:
+        lines.append("send-log addresses matching no customer in the snapshot (no apology): " + ", ".join(s["unmapped_addresses"][:20]))
+    if s["unreachable_customers"]:
+        lines.append("flooded customers without an email address (no apology): " + ", ".join(s["unreachable_customers"][:20]))
     return "\n".join(lines), 0
 
 

@@ -45,8 +45,8 @@ class DunningHome(dg.ConfigurableResource):
         return load_config(path)
 
     @contextlib.contextmanager
-    def ledger(self) -> Iterator[DuckDBLedger]:
-        with open_ledger(self.database_path, self.lock_timeout_seconds) as ledger:
+    def ledger(self, timeout_seconds: float | None = None) -> Iterator[DuckDBLedger]:
+        with open_ledger(self.database_path, timeout_seconds or self.lock_timeout_seconds) as ledger:
             yield ledger
 
     def provider(self, config: DunningConfig) -> EmailProvider:
@@ -65,6 +65,6 @@ class CycleRequest(dg.ConfigurableResource):
         """`as_of` if given, else the moment the run was created: one clock for every step of a run."""
         if self.as_of:
             return parse_as_of(self.as_of)
-        record = context.instance.get_run_record_by_id(context.run_id)
+        record = context.instance.get_run_record_by_id(context.run.run_id)
         created = record.create_timestamp if record else dt.datetime.now(dt.timezone.utc)
         return created.astimezone(dt.timezone.utc)
