@@ -156,9 +156,9 @@ def cmd_recover(args: argparse.Namespace) -> int:
         "resources": {"dunning_home": {"config": {"home": str(home), "config_path": config_path}}},
         "loggers": {"console": {"config": {"log_level": "CRITICAL"}}},
     }
-    result = dg.execute_job(dg.reconstructable(flood_recovery), instance=instance, run_config=run_config,
-                            tags={"dunning/trigger": "cli", "dunning/incident": args.incident})
-    text, code = report.recovery_report(result)
+    with dg.execute_job(dg.reconstructable(flood_recovery), instance=instance, run_config=run_config,
+                        tags={"dunning/trigger": "cli", "dunning/incident": args.incident}, raise_on_error=False) as result:
+        text, code = report.recovery_report(result)
     print(text, file=sys.stdout if code == 0 else sys.stderr)
     return code
 

@@ -1,0 +1,237 @@
+"""Guarantees 8 and 9: the breaker, alerts, pause, resume with a proven guard, flood recovery."""
+
+import datetime as dt
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import duckdb
+import polars as pl
+import pytest
+
+from dunning.config import DunningConfig
+from dunning.ledger.claims import ClaimCap
+from dunning.ledger.duckdb_ledger import DuckDBLedger, open_ledger
+from dunning.sending import with_email_ids
+from tests.conftest import invoice
+
+
+def per_invoice(tmp_path, extra: str = "") -> str:
+    path = tmp_path / "per_invoice.yaml"
+    path.write_text("group_by: invoice\n" + extra)
+    return str(path)
+
+
+def flood_rows(n: int = 400) -> list[dict]:
+    rows = [invoice(invoice_id=f"f{i:03d}", customer_id="cus_flood", customer_email="flood@example.com") for i in range(n)]
+    return rows + [invoice(invoice_id="calm", customer_id="cus_calm", customer_email="calm@example.com")]
+
+
+def test_forced_flood_trips_the_breaker_with_one_alert_and_no_email(deployment, tmp_path):
+    code, out, err = deployment.run(flood_rows(), "2026-11-05T09:00:00Z", "--config", per_invoice(tmp_path))
+    assert code == 3
+    assert "circuit_breaker" in err and "cus_flood (400 emails" in err and "Traceback" not in err
+    assert deployment.outbox() == []
+    assert deployment.ledger() == []
+    alerts = deployment.query("SELECT kind, message FROM alerts")
+    assert len(alerts) == 1 and alerts[0][0] == "breaker" and "cus_flood" in alerts[0][1]
+    held = deployment.query("SELECT reason, count(*) FROM dunning_audit GROUP BY reason")
+    assert held == [("breaker", 401)]
+
+
+def test_a_breach_spread_over_earlier_cycles_trips_on_the_third_email(deployment, tmp_path):
+    config = per_invoice(tmp_path)
+    a, b, c = (invoice(invoice_id=i) for i in "abc")  # one customer; invoices appear in later snapshots
+    assert deployment.run([a], "2026-11-04T08:00:00Z", "--config", config)[0] == 0
+    assert deployment.run([a, b], "2026-11-04T12:00:00Z", "--config", config)[0] == 0
+    assert len(deployment.outbox()) == 2
+    code, _, err = deployment.run([a, b, c], "2026-11-04T16:00:00Z", "--config", config)
+    assert code == 3 and "cus_1 (3 emails: 2 already sent + 1 in this batch)" in err
+    assert len(deployment.outbox()) == 2
+    # once the first email has left the 24 h window, the third reminder goes out
+    assert deployment.run([a, b, c], "2026-11-05T08:30:00Z", "--config", config)[0] == 0
+    assert len(deployment.outbox()) == 3
+
+
+def _due(n, customer, start=0):
+    frame = pl.DataFrame({
+        "idempotency_key": [f"dunning:{customer}_{i}:1:day3" for i in range(start, start + n)], "kind": ["reminder"] * n,
+        "invoice_id": [f"{customer}_{i}" for i in range(start, start + n)], "customer_id": [customer] * n,
+        "customer_email": ["x@example.com"] * n, "cycle": pl.Series([1] * n, dtype=pl.Int32), "stage": ["day3"] * n,
+        "stage_days": pl.Series([3] * n, dtype=pl.Int32), "amount_minor": [100] * n, "currency": ["USD"] * n,
+    })
+    return with_email_ids(frame, DunningConfig(group_by="invoice"))
+
+
+def test_two_concurrent_claimers_cannot_exceed_the_cap_together(tmp_path):
+    as_of = dt.datetime(2026, 11, 5, 9, tzinfo=dt.timezone.utc)
+    cap = ClaimCap(max_emails=2, window_start=as_of - dt.timedelta(hours=24))
+    with open_ledger(tmp_path / "d.duckdb") as ledger:
+        ledger.claim(_due(1, "cus"), _due(1, "cus").head(0), "earlier", as_of - dt.timedelta(hours=1), cap)
+        claimers = [DuckDBLedger(ledger.con.cursor()), DuckDBLedger(ledger.con.cursor())]
+        barrier, results = threading.Barrier(2), {}
+
+        def claim(i):
+            claimers[i].con.execute("BEGIN TRANSACTION")
+            claimers[i]._depth = 1  # hold both transactions open across the race
+            barrier.wait()
+            result = claimers[i].claim(_due(1, "cus", start=10 + i), _due(1, "cus").head(0), f"run{i}", as_of, cap)
+            barrier.wait()
+            try:
+                claimers[i].con.execute("COMMIT")
+                results[i] = result.won
+            except (duckdb.TransactionException, duckdb.ConstraintException):
+                results[i] = set()
+
+        threads = [threading.Thread(target=claim, args=(i,)) for i in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        total = ledger.con.execute("SELECT count(*) FROM reminder_ledger WHERE customer_id = 'cus'").fetchone()[0]
+    assert total == 2, "one earlier email plus exactly one of the two racing claims"
+    assert len(results[0]) + len(results[1]) == 1
+
+
+def test_pause_holds_every_send_and_status_shows_it(deployment):
+    assert deployment.cli("pause", "--reason", "flood investigation")[0] == 0
+    code, out, err = deployment.run([invoice()], "2026-11-05T09:00:00Z")
+    assert code == 0, err
+    assert "PAUSED" in out and "flood investigation" in out
+    assert deployment.outbox() == [] and deployment.ledger() == []
+    assert deployment.query("SELECT outcome, reason FROM dunning_audit") == [("held", "paused")]
+    code, out, _ = deployment.cli("status", "--json")
+    status = json.loads(out)
+    assert status["paused"] is True and status["pause_reason"] == "flood investigation"
+
+
+def test_resume_refuses_when_the_unique_key_is_gone_and_succeeds_when_live(deployment):
+    deployment.run([invoice()], "2026-11-05T09:00:00Z")
+    deployment.cli("pause", "--reason", "test")
+    con = duckdb.connect(str(deployment.home / "dunning.duckdb"))
+    con.execute("CREATE TABLE ledger_copy AS SELECT * FROM reminder_ledger")
+    con.execute("DROP TABLE reminder_ledger")
+    con.execute("ALTER TABLE ledger_copy RENAME TO reminder_ledger")  # same rows, no primary key
+    con.close()
+    code, _, err = deployment.cli("resume", "--as-of", "2026-11-05T10:00:00Z")
+    assert code == 5
+    assert "unique key on reminder_ledger" in err and "FAIL" in err
+    assert json.loads(deployment.cli("status", "--json")[1])["paused"] is True
+
+    con = duckdb.connect(str(deployment.home / "dunning.duckdb"))
+    rows = con.sql("SELECT * FROM reminder_ledger").pl()
+    con.execute("DROP TABLE reminder_ledger")
+    con.close()
+    with open_ledger(deployment.home / "dunning.duckdb") as ledger:  # recreates the table with its key
+        with ledger.registered("old_rows", rows):
+            ledger.con.execute("INSERT INTO reminder_ledger SELECT * FROM old_rows")
+    code, out, err = deployment.cli("resume", "--as-of", "2026-11-05T10:00:00Z")
+    assert code == 0, err
+    assert "second pass finds nothing newly due" in out
+    assert json.loads(deployment.cli("status", "--json")[1])["paused"] is False
+
+
+def test_resume_refuses_when_the_next_pass_would_trip_the_breaker(deployment, tmp_path):
+    deployment.cli("pause")
+    snapshot = deployment.snapshot(flood_rows(5))
+    code, _, err = deployment.cli("resume", "--snapshot", str(snapshot), "--config", per_invoice(tmp_path),
+                                  "--as-of", "2026-11-05T10:00:00Z")
+    assert code == 5 and "first pass within the breaker" in err
+    assert deployment.ledger() == [], "the simulated claims were rolled back"
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    received: list = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append((self.path, json.loads(body)))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http_server():
+    _Recorder.received = []
+    server = HTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", _Recorder.received
+    server.shutdown()
+
+
+def test_breaker_alert_reaches_the_webhook_and_pagerduty_with_customers_named(deployment, tmp_path, http_server, monkeypatch):
+    url, received = http_server
+    monkeypatch.setenv("TEST_PD_KEY", "routing-key-123")
+    config = per_invoice(tmp_path, f"alerts: {{webhook_url: '{url}/hook', pagerduty_routing_key_env: TEST_PD_KEY, "
+                                   f"pagerduty_url: '{url}/v2/enqueue'}}\n")
+    code, _, _ = deployment.run(flood_rows(3), "2026-11-05T09:00:00Z", "--config", config)
+    assert code == 3
+    by_path = dict(received)
+    assert set(by_path) == {"/hook", "/v2/enqueue"}
+    assert "cus_flood" in by_path["/hook"]["text"]
+    assert by_path["/hook"]["details"]["customers"][0]["customer_id"] == "cus_flood"
+    pd = by_path["/v2/enqueue"]
+    assert pd["routing_key"] == "routing-key-123" and pd["event_action"] == "trigger"
+    assert "cus_flood" in pd["payload"]["summary"] and pd["payload"]["severity"] == "critical"
+    assert deployment.query("SELECT delivered_to FROM alerts")[0][0] == "log: ok; webhook: ok; pagerduty: ok"
+
+
+def _emails_by_kind(deployment, address):
+    kinds = [m["X-Dunning-Kind"] for m in deployment.outbox() if m["To"] == address]
+    return {k: kinds.count(k) for k in set(kinds)}
+
+
+def test_after_a_flood_each_customer_gets_one_apology_plus_normal_reminders(deployment, tmp_path):
+    # the old cron script floods: per-invoice emails with the cap lifted
+    old_script = per_invoice(tmp_path, "breaker: {max_emails: 1000}\n")
+    rows = flood_rows(400)
+    assert deployment.run(rows, "2026-11-05T09:00:00Z", "--config", old_script)[0] == 0
+    assert _emails_by_kind(deployment, "flood@example.com") == {"reminder": 400}
+    assert deployment.cli("pause", "--reason", "INC-1 flood")[0] == 0
+    snapshot = str(deployment.snapshot(rows))
+    for _ in range(2):  # recovering twice sends nothing more
+        code, out, err = deployment.cli("recover", "--incident", "INC-1", "--snapshot", snapshot, "--as-of", "2026-11-05T10:00:00Z")
+        assert code == 0, err
+    assert "already apologized for this incident: 1" in out
+    assert _emails_by_kind(deployment, "flood@example.com") == {"reminder": 400, "apology": 1}
+    assert _emails_by_kind(deployment, "calm@example.com") == {"reminder": 1}
+    [apology] = [m for m in deployment.outbox() if m["X-Dunning-Kind"] == "apology"]
+    assert apology["X-Dunning-Keys"] == "apology:INC-1:cus_flood"
+    body = apology.get_body(("plain",)).get_content()
+    assert "Total remaining in USD: 40,000.00 USD" in body and "sent you 400 payment emails" in body
+    assert deployment.cli("resume", "--as-of", "2026-11-05T11:00:00Z")[0] == 0
+    for day in range(6, 13):  # a week of normal cycles
+        code, _, err = deployment.run(rows, f"2026-11-{day:02d}T09:00:00Z")
+        assert code == 0, err
+    counts = _emails_by_kind(deployment, "flood@example.com")
+    assert counts["apology"] == 1
+    assert counts["reminder"] - 400 == 1, "only the day7 stage was crossed in the week, as one grouped email"
+    per_customer = deployment.query("SELECT customer_id, count(*) FROM reminder_ledger WHERE kind = 'apology' GROUP BY 1")
+    assert per_customer == [("cus_flood", 1)]
+
+
+def test_recovery_from_a_provider_send_log_before_the_ledger_existed(deployment, tmp_path):
+    log = tmp_path / "sent.csv"
+    lines = ["to,sent_at,subject"] + [f"Flood@Example.com,2026-11-05T09:{m:02d}:00Z,Past due" for m in range(6)]
+    lines += ["calm@example.com,2026-11-05T09:00:00Z,Past due", "stranger@example.com,2026-11-05T09:00:00Z,x",
+              "stranger@example.com,2026-11-05T09:01:00Z,x", "stranger@example.com,2026-11-05T09:02:00Z,x"]
+    log.write_text("\n".join(lines) + "\n")
+    snapshot = deployment.snapshot([invoice(invoice_id="f1", customer_id="cus_flood", customer_email="flood@example.com",
+                                            amount_due=5000, amount_paid=1000), *flood_rows(0)])
+    code, out, err = deployment.cli("recover", "--incident", "OLD-7", "--snapshot", str(snapshot), "--sent-log", str(log),
+                                    "--as-of", "2026-11-06T09:00:00Z")
+    assert code == 0, err
+    assert "1 flooded customer(s)" in out and "no apology): stranger@example.com" in out
+    [apology] = deployment.outbox()
+    assert apology["To"] == "flood@example.com"
+    assert "f1" in apology.get_body(("plain",)).get_content() and "40.00 USD remaining" in apology.get_body(("plain",)).get_content()
+
+
+def test_recover_names_a_bad_sent_log(deployment, tmp_path):
+    log = tmp_path / "sent.csv"
+    log.write_text("recipient,when\nx@example.com,yesterday\n")
+    code, _, err = deployment.cli("recover", "--incident", "X", "--snapshot", str(deployment.snapshot([invoice()])),
+                                  "--sent-log", str(log))
+    assert code == 2 and "lacks required column(s): to, sent_at" in err and "Traceback" not in err
