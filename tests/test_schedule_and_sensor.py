@@ -1,0 +1,87 @@
+"""The schedule skips while paused; a failed run pages through the run-failure sensor, once."""
+
+import datetime as dt
+
+import dagster as dg
+
+from dunning.ledger.duckdb_ledger import open_ledger
+from pipelines.definitions import defs
+from pipelines.resources import CycleRequest, DunningHome
+from pipelines.schedules import hourly_dunning
+from pipelines.sensors import page_on_run_failure
+from tests.conftest import invoice, write_snapshot
+
+HOUR = dt.datetime(2026, 11, 5, 9, tzinfo=dt.timezone.utc)
+
+
+def _schedule(home):
+    context = dg.build_schedule_context(scheduled_execution_time=HOUR, resources={"dunning_home": DunningHome(home=str(home))})
+    return hourly_dunning(context)
+
+
+def test_schedule_requests_one_keyed_run_per_hour_and_skips_while_paused(tmp_path):
+    request = _schedule(tmp_path)
+    assert isinstance(request, dg.RunRequest)
+    assert request.run_key == f"dunning-cycle-{HOUR.isoformat()}"
+    assert request.run_config["resources"]["cycle_request"]["config"]["as_of"] == HOUR.isoformat()
+    with open_ledger(tmp_path / "dunning.duckdb") as ledger:
+        ledger.set_pause(True, "flood INC-9", "ops", HOUR)
+    skipped = _schedule(tmp_path)
+    assert isinstance(skipped, dg.SkipReason) and "flood INC-9" in skipped.skip_message
+
+
+def _failed_run(instance, home, snapshot):
+    job = defs.resolve_job_def("dunning_cycle")
+    return job.execute_in_process(
+        instance=instance, raise_on_error=False,
+        resources={"dunning_home": DunningHome(home=str(home)), "cycle_request": CycleRequest(snapshot_path=str(snapshot))},
+    )
+
+
+def _run_failure_event(instance, run_id):
+    entries = instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+    return entries[0].dagster_event
+
+
+def test_a_failed_run_pages_once(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("DUNNING_HOME", str(home))
+    with dg.instance_for_test() as instance:
+        result = _failed_run(instance, home, tmp_path / "missing.csv")
+        assert not result.success
+        failure = _run_failure_event(instance, result.run_id)
+        for _ in range(2):  # the daemon may evaluate a run twice: still one alert
+            context = dg.build_run_status_sensor_context(
+                sensor_name="page_on_run_failure", dagster_event=failure, dagster_instance=instance,
+                dagster_run=result.dagster_run, resources={"dunning_home": DunningHome(home=str(home))},
+            ).for_run_failure()
+            page_on_run_failure(context)
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        alerts = ledger.frame("SELECT kind, message, run_id FROM alerts").rows()
+    assert len(alerts) == 1
+    kind, message, run_id = alerts[0]
+    assert kind == "run_failure" and run_id == result.run_id and "dunning_cycle" in message
+
+
+def test_a_breaker_trip_is_not_paged_twice(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("DUNNING_HOME", str(home))
+    (home).mkdir()
+    (home / "config.yaml").write_text("group_by: invoice\n")
+    snapshot = write_snapshot(tmp_path / "s.csv", [invoice(invoice_id=f"i{n}") for n in range(3)])
+    with dg.instance_for_test() as instance:
+        job = defs.resolve_job_def("dunning_cycle")
+        result = job.execute_in_process(
+            instance=instance, raise_on_error=False,
+            resources={"dunning_home": DunningHome(home=str(home)),
+                       "cycle_request": CycleRequest(snapshot_path=str(snapshot), as_of="2026-11-05T09:00:00Z")},
+        )
+        assert not result.success
+        failure = _run_failure_event(instance, result.run_id)
+        context = dg.build_run_status_sensor_context(
+            sensor_name="page_on_run_failure", dagster_event=failure, dagster_instance=instance,
+            dagster_run=result.dagster_run, resources={"dunning_home": DunningHome(home=str(home))},
+        ).for_run_failure()
+        page_on_run_failure(context)
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        assert ledger.frame("SELECT kind FROM alerts").rows() == [("breaker",)]
