@@ -60,13 +60,16 @@ def invoice_snapshot(context: dg.AssetExecutionContext, dunning_home: DunningHom
         },
     )
 
-
+@dg.asset(group_name=GROUP, kinds={"polars"}, io_manager_key="frames", pool=LEDGER_POOL)
 @dg.asset(group_name=GROUP, kinds={"polars"}, io_manager_key="frames")
-def reminders_due(invoice_snapshot: pl.DataFrame, dunning_home: DunningHome) -> dg.Output[pl.DataFrame]:
-    """One row per reminder key newly due this cycle (`role` due) or passed over (`role` skipped)."""
+def reminders_due(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFrame, dunning_home: DunningHome,
+                  cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
+    """One row per reminder key this cycle: newly due (`due`), a failed send to retry (`retry`), or passed over (`skipped`)."""
     config = dunning_home.settings()
-    plan = cycle.plan_cycle(invoice_snapshot, config)
-    due = plan.filter(pl.col("role") == "due")
+    with dunning_home.ledger() as ledger:
+        failed = ledger.retryable_failures(cycle_request.clock(context), config.retry.max_attempts)
+    plan = cycle.plan_cycle(invoice_snapshot, config, failed)
+    due = cycle.due_rows(plan)
     by_stage = dict(due.group_by("stage").len().iter_rows()) if due.height else {}
     return dg.Output(
         plan,
@@ -74,6 +77,7 @@ def reminders_due(invoice_snapshot: pl.DataFrame, dunning_home: DunningHome) -> 
             "dagster/row_count": plan.height,
             "due": due.height,
             "due_unsendable": int((~due.get_column("sendable")).sum()) if due.height else 0,
+            "retries": int((due.get_column("role") == "retry").sum()),
             "skipped": plan.height - due.height,
             "emails": int(due.filter(pl.col("sendable")).get_column("email_group").n_unique()) if due.height else 0,
             "due_by_stage": dg.MetadataValue.json(by_stage),

@@ -43,7 +43,7 @@ def reminders_due_are_sound(reminders_due: pl.DataFrame) -> dg.AssetCheckResult:
     )
 
 
-@dg.asset_check(asset="reminders_due", name=BREAKER, blocking=True,
+@dg.asset_check(asset="reminders_due", name=BREAKER, blocking=True, pool="dunning_ledger",
                 additional_ins={"invoice_snapshot": dg.AssetIn("invoice_snapshot")},
                 description="Circuit breaker: no customer may get more than breaker.max_emails emails in any breaker.window_hours window, counting this batch and the ledger's recent sends.")
 def circuit_breaker(context: dg.AssetCheckExecutionContext, reminders_due: pl.DataFrame, invoice_snapshot: pl.DataFrame,

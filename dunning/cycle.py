@@ -20,7 +20,7 @@ from dunning.audit import build_audit, summarize
 from dunning.config import DunningConfig
 from dunning.ledger.base import Ledger
 from dunning.ledger.claims import ClaimCap
-from dunning.policy import assign_cycles, plan_reminders
+from dunning.policy import assign_cycles, plan_reminders, plan_retries
 from dunning.sending import held_outcomes, with_email_ids
 from dunning.snapshot import read_snapshot
 
@@ -46,24 +46,30 @@ def cycle_snapshot(ledger: Ledger, valid: pl.DataFrame, config: DunningConfig, a
     return assign_cycles(valid, ledger.invoice_state(), as_of, config)
 
 
-def plan_cycle(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
-    """Every reminder key this cycle must record, `role` due or skipped; due rows carry their email ids."""
+def plan_cycle(cycled: pl.DataFrame, config: DunningConfig, failed: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Every reminder key this cycle must record: `role` due, retry (a failed send whose backoff is over) or skipped."""
     planned = plan_reminders(cycled, config)
     due = with_email_ids(planned.filter(pl.col("role") == "due"), config)
-    skipped = planned.filter(pl.col("role") == "skipped").with_columns(
+    parts = [due]
+    if failed is not None and failed.height:
+        parts.append(plan_retries(cycled, failed, due, config))
+    parts.append(planned.filter(pl.col("role") == "skipped").with_columns(
         pl.lit(None, dtype=pl.String).alias("email_group"),
         pl.lit(None, dtype=pl.String).alias("email_id"),
         pl.lit(None, dtype=pl.String).alias("message_id"),
-    )
-    return pl.concat([due, skipped.select(due.columns)], how="vertical") if due.height or skipped.height else due
+    ))
+    return pl.concat([p.select(due.columns).cast(due.schema) for p in parts], how="vertical")
+
+
+SEND_ROLES = ("due", "retry")
 
 
 def due_rows(plan: pl.DataFrame) -> pl.DataFrame:
-    return plan.filter(pl.col("role") == "due")
+    return plan.filter(pl.col("role").is_in(SEND_ROLES))
 
 
 def sendable_due(plan: pl.DataFrame) -> pl.DataFrame:
-    return plan.filter((pl.col("role") == "due") & pl.col("sendable"))
+    return plan.filter(pl.col("role").is_in(SEND_ROLES) & pl.col("sendable"))
 
 
 def skipped_rows(plan: pl.DataFrame) -> pl.DataFrame:

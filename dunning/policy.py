@@ -111,6 +111,28 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     )
 
 
+def plan_retries(cycled: pl.DataFrame, failed: pl.DataFrame, due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
+    """`failed` reminder keys to send again: still the invoice's current stage, in its current cycle, still owed.
+
+    `failed` holds the ledger's retryable rows (`idempotency_key, invoice_id,
+    cycle, stage, email_id, message_id`). A retry keeps its key and its
+    Message-ID; an invoice that has a newer stage due this cycle gets that one
+    instead.
+    """
+    current = cycled.filter(pl.col("in_cycle") & pl.col("owed")).join(
+        due.select("invoice_id"), on="invoice_id", how="anti")
+    return (
+        failed.select("idempotency_key", "invoice_id", "cycle", "stage", "email_id", "message_id")
+        .join(stages_frame(config).drop("min_remaining_ratio"), on="stage", how="inner")
+        .join(current, on=["invoice_id", "cycle"], how="inner")
+        .filter(pl.col("stage_days") == pl.col("last_stage_days"))
+        .with_columns(
+            pl.lit("retry").alias("role"), pl.lit("reminder").alias("kind"),
+            pl.col("remaining_minor").alias("amount_minor"), pl.col("email_id").alias("email_group"),
+        )
+    )
+
+
 def email_groups(due: pl.DataFrame, config: DunningConfig) -> pl.Expr:
     """The expression naming the email each due reminder belongs to."""
     if config.group_by == "invoice":

@@ -121,7 +121,7 @@ def send_due(
             setattr(report, outcome.status, getattr(report, outcome.status) + len(records))
             rows.extend((r["idempotency_key"], outcome.status, outcome.message_id or records[0]["message_id"], outcome.error) for r in records)
         chunk_outcomes = pl.DataFrame(rows, schema=OUTCOME_SCHEMA, orient="row")
-        ledger.record_outcomes(chunk_outcomes, as_of, now())
+        ledger.record_outcomes(chunk_outcomes, as_of, now(), config.retry.backoff_minutes)
         outcomes.append(chunk_outcomes)
         if progress:
             progress(report, total_emails)

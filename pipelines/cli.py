@@ -23,7 +23,7 @@ from dunning.errors import DunningError, GuardNotLive, UserInputError
 from dunning.guard import prove_guard
 from dunning.ledger.duckdb_ledger import open_ledger
 from pipelines import report
-from pipelines.instance import get_instance
+from pipelines.instance import get_instance, owner_tags
 from pipelines.io_manager import prune_run_frames
 
 EXIT_RUN_FAILED = 1
@@ -89,7 +89,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     }
     with open_ledger(home / "dunning.duckdb") as ledger:
         paused = ledger.pause_state().paused
-    tags = {"dunning/trigger": "cli", "dunning/dry_run": str(bool(args.dry_run)).lower(), "dunning/paused": str(paused).lower()}
+    tags = {"dunning/trigger": "cli", "dunning/dry_run": str(bool(args.dry_run)).lower(),
+            "dunning/paused": str(paused).lower(), **owner_tags()}
     result = dg.execute_job(dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config,
                             tags=tags, raise_on_error=False)
     prune_run_frames(home)
@@ -157,7 +158,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
         "loggers": {"console": {"config": {"log_level": "CRITICAL"}}},
     }
     with dg.execute_job(dg.reconstructable(flood_recovery), instance=instance, run_config=run_config,
-                        tags={"dunning/trigger": "cli", "dunning/incident": args.incident}, raise_on_error=False) as result:
+                        tags={"dunning/trigger": "cli", "dunning/incident": args.incident, **owner_tags()},
+                        raise_on_error=False) as result:
         text, code = report.recovery_report(result)
     print(text, file=sys.stdout if code == 0 else sys.stderr)
     return code

@@ -83,16 +83,44 @@ class ClaimStore:
                 )
                 allowed = _within_cap(due, self._recent_for(con, cap, claimed_at), cap) if cap else due
                 result.throttled = set(due.get_column("idempotency_key")) - set(allowed.get_column("idempotency_key"))
-                rows = allowed.with_columns(pl.lit("claimed").alias("status"), *stamp).select(LEDGER_COLUMNS)
-                with self.registered("due_rows", rows):
+                is_retry = pl.col("role") == "retry" if "role" in allowed.columns else pl.lit(False)
+                rows = allowed.filter(~is_retry).with_columns(pl.lit("claimed").alias("status"), *stamp).select(LEDGER_COLUMNS)
+                retries = allowed.filter(is_retry).select("idempotency_key", "amount_minor", "customer_email")
+                with self.registered("due_rows", rows), self.registered("retry_rows", retries):
                     result.won = {k for (k,) in con.execute(
                         f"INSERT INTO reminder_ledger ({', '.join(LEDGER_COLUMNS)}) SELECT * FROM due_rows "
                         "ON CONFLICT DO NOTHING RETURNING idempotency_key").fetchall()}
+                    result.won |= self._retake_failed(con, run_id, claimed_at)
                 won = allowed.filter(pl.col("idempotency_key").is_in(list(result.won)))
                 self._record_skipped_and_advance(con, won, skipped, stamp)
         except LOST_CLAIM_ERRORS:
             return ClaimResult(lost=True)
         return result
+
+    @staticmethod
+    def _retake_failed(con, run_id: str, claimed_at: dt.datetime) -> set[str]:
+        """Re-claim failed keys for a retry: the UPDATE only matches rows still `failed`, so a retry is taken once."""
+        return {k for (k,) in con.execute(
+            """
+            UPDATE reminder_ledger SET status = 'claimed', run_id = ?, claimed_at = ?, amount_minor = r.amount_minor,
+                customer_email = r.customer_email
+            FROM retry_rows r
+            WHERE reminder_ledger.idempotency_key = r.idempotency_key AND reminder_ledger.status = 'failed'
+            RETURNING reminder_ledger.idempotency_key
+            """,
+            [run_id, claimed_at],
+        ).fetchall()}
+
+    def retryable_failures(self, as_of: dt.datetime, max_attempts: int) -> pl.DataFrame:
+        """Failed reminder keys whose backoff is over and whose attempts are not used up."""
+        return self.frame(
+            """
+            SELECT idempotency_key, invoice_id, cycle, stage, email_id, message_id, attempts FROM reminder_ledger
+            WHERE status = 'failed' AND kind = 'reminder' AND attempts < ?
+              AND (next_attempt_at IS NULL OR next_attempt_at <= ?)
+            """,
+            [max_attempts, as_of],
+        )
 
     def _record_skipped_and_advance(self, con, won: pl.DataFrame, skipped: pl.DataFrame, stamp: list[pl.Expr]) -> None:
         reminders = won.filter(pl.col("kind") == "reminder")
@@ -112,10 +140,12 @@ class ClaimStore:
                 """
             )
 
-    def record_outcomes(self, outcomes: pl.DataFrame, sent_at: dt.datetime | None, wall: dt.datetime) -> None:
+    def record_outcomes(self, outcomes: pl.DataFrame, sent_at: dt.datetime | None, wall: dt.datetime,
+                        backoff_minutes: float = 30.0) -> None:
         """Columns: idempotency_key, status, message_id, error. One UPDATE for the chunk.
 
-        `sent_at` None means "when it was claimed" (an outcome learned later, by lookup).
+        `sent_at` None means "when it was claimed" (an outcome learned later, by
+        lookup). A `failed` key may be retried after `backoff_minutes * 2^(attempts-1)`.
         """
         recorded = outcomes.filter(pl.col("status").is_in(["sent", "failed", "unknown"]))
         with self.registered("outcomes", recorded):
@@ -123,10 +153,12 @@ class ClaimStore:
                 """
                 UPDATE reminder_ledger SET status = o.status, message_id = coalesce(o.message_id, reminder_ledger.message_id),
                     sent_at = CASE WHEN o.status = 'sent' THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at) END,
-                    attempts = reminder_ledger.attempts + 1, last_error = o.error, outcome_wall_at = ?
+                    attempts = reminder_ledger.attempts + 1, last_error = o.error, outcome_wall_at = ?,
+                    next_attempt_at = CASE WHEN o.status = 'failed' THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at)
+                        + to_microseconds(CAST(? * 60000000 * pow(2, reminder_ledger.attempts) AS BIGINT)) END
                 FROM outcomes o WHERE reminder_ledger.idempotency_key = o.idempotency_key
                 """,
-                [sent_at, wall],
+                [sent_at, wall, sent_at, backoff_minutes],
             )
 
     def emails_in_window(self, since: dt.datetime, until: dt.datetime) -> pl.DataFrame:
