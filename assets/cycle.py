@@ -60,8 +60,8 @@ def invoice_snapshot(context: dg.AssetExecutionContext, dunning_home: DunningHom
         },
     )
 
+
 @dg.asset(group_name=GROUP, kinds={"polars"}, io_manager_key="frames", pool=LEDGER_POOL)
-@dg.asset(group_name=GROUP, kinds={"polars"}, io_manager_key="frames")
 def reminders_due(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFrame, dunning_home: DunningHome,
                   cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
     """One row per reminder key this cycle: newly due (`due`), a failed send to retry (`retry`), or passed over (`skipped`)."""
