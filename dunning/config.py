@@ -56,6 +56,7 @@ class Provider(_Strict):
     username_env: str | None = None
     password_env: str | None = None
     from_address: str = Field(default="billing@example.com", alias="from")
+    connections: int = Field(default=4, ge=1, le=32)
     outbox_dir: str | None = None
 
 

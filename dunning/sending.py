@@ -114,9 +114,9 @@ def send_due(
         lost = set(chunk.get_column("idempotency_key")) - won - claim.throttled
         report.lost += len(lost)
         rows += [(k, "lost", None, "claimed by another run" if not claim.lost else "claim transaction lost a conflict") for k in sorted(lost)]
-        for (group,), members in chunk.filter(pl.col("idempotency_key").is_in(list(won))).group_by(["email_group"], maintain_order=True):
-            records = members.to_dicts()
-            outcome = provider.send(render(records))
+        groups = [members.to_dicts() for _, members in
+                  chunk.filter(pl.col("idempotency_key").is_in(list(won))).group_by(["email_group"], maintain_order=True)]
+        for records, outcome in zip(groups, provider.send_many([render(records) for records in groups])):
             report.emails += 1
             setattr(report, outcome.status, getattr(report, outcome.status) + len(records))
             rows.extend((r["idempotency_key"], outcome.status, outcome.message_id or records[0]["message_id"], outcome.error) for r in records)

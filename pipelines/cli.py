@@ -165,6 +165,19 @@ def cmd_recover(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_resolve(args: argparse.Namespace) -> int:
+    home = _home(args)
+    note = f"resolved by {_operator()}: {'sent' if args.sent else 'not sent'}" + (f" ({args.note})" if args.note else "")
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        done = ledger.resolve_by_hand(args.keys, args.sent, note, utc_now())
+    missing = sorted(set(args.keys) - set(done))
+    if done:
+        print(f"{len(done)} key(s) marked {'sent' if args.sent else 'not sent (a later cycle retries them)'}: {', '.join(sorted(done))}")
+    if missing:
+        raise UserInputError(f"not in the ledger as unknown, left unchanged: {', '.join(missing)}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     home = _home(args)
     with open_ledger(home / "dunning.duckdb") as ledger:
@@ -209,6 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
     recover.add_argument("--as-of", help="the clock (default: now)")
     recover.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present)")
     recover.set_defaults(handler=cmd_recover)
+
+    resolve = commands.add_parser("resolve", help="record a human's answer for keys whose outcome is unknown")
+    resolve.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+    resolve.add_argument("keys", nargs="+", help="idempotency keys (see `dunning status`)")
+    answer = resolve.add_mutually_exclusive_group(required=True)
+    answer.add_argument("--sent", action="store_true", help="the customer got it: never send it again")
+    answer.add_argument("--not-sent", dest="sent", action="store_false", help="it did not arrive: retry it like a failure")
+    resolve.add_argument("--note", help="what you checked, for the record")
+    resolve.set_defaults(handler=cmd_resolve)
 
     status = commands.add_parser("status", help="pause state, last run, counts, open alerts")
     status.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)

@@ -111,6 +111,19 @@ class ClaimStore:
             [run_id, claimed_at],
         ).fetchall()}
 
+    def resolve_by_hand(self, keys: list[str], sent: bool, note: str, wall: dt.datetime) -> list[str]:
+        """An operator's answer for `unknown` keys: sent (never resend) or not sent (retry like a failure)."""
+        with self.registered("resolved_keys", pl.DataFrame({"idempotency_key": keys}, schema={"idempotency_key": pl.String})):
+            return [k for (k,) in self.con.execute(
+                """
+                UPDATE reminder_ledger SET status = ?, sent_at = CASE WHEN ? THEN claimed_at END,
+                    last_error = ?, outcome_wall_at = ?, next_attempt_at = NULL
+                WHERE status = 'unknown' AND idempotency_key IN (SELECT idempotency_key FROM resolved_keys)
+                RETURNING idempotency_key
+                """,
+                ["sent" if sent else "failed", sent, note, wall],
+            ).fetchall()]
+
     def retryable_failures(self, as_of: dt.datetime, max_attempts: int) -> pl.DataFrame:
         """Failed reminder keys whose backoff is over and whose attempts are not used up."""
         return self.frame(

@@ -31,6 +31,10 @@ class EmailProvider(abc.ABC):
     @abc.abstractmethod
     def send(self, message: EmailMessage) -> SendOutcome: ...
 
+    def send_many(self, messages: list[EmailMessage]) -> list[SendOutcome]:
+        """Outcomes in the order of `messages`; providers with connection pools send concurrently."""
+        return [self.send(m) for m in messages]
+
     def lookup(self, message_id: str) -> Status | None:
         """Whether the message with `message_id` was accepted; None when this provider cannot tell."""
         return None
