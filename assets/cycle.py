@@ -13,6 +13,7 @@ from dunning import audit as audit_rules
 from dunning import cycle
 from dunning.clock import utc_now
 from dunning.errors import DunningError, InvalidRowsHalt, SnapshotError
+from dunning.events import EVENTS_SCHEMA, PAYMENT_FAILED, event_keys, events_frame, notice_rows
 from dunning.sending import held_outcomes, resolve_unknown, send_due
 from pipelines.resources import CycleRequest, DunningHome
 
@@ -61,14 +62,41 @@ def invoice_snapshot(context: dg.AssetExecutionContext, dunning_home: DunningHom
     )
 
 
+@dg.asset(group_name=GROUP, kinds={"stripe", "duckdb"}, io_manager_key="frames", pool=LEDGER_POOL)
+def billing_events(context: dg.AssetExecutionContext, dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
+    """One row per distinct billing event (Stripe) delivered to this run, stored once in `billing_events`."""
+    if not cycle_request.events_path:
+        return dg.Output(pl.DataFrame(schema=EVENTS_SCHEMA), metadata={"events": 0})
+    try:
+        events = events_frame(cycle_request.events_path)
+        new = 0
+        if not cycle_request.dry_run:
+            with dunning_home.ledger() as ledger:
+                new = ledger.store_events(events, context.run_id, utc_now())
+    except DunningError as error:
+        raise _fail(error) from None
+    by_type = dict(events.group_by("type").len().iter_rows())
+    ignored = sum(n for t, n in by_type.items() if t != PAYMENT_FAILED)
+    if ignored:
+        context.log.info(f"{ignored} event(s) of other types counted and ignored: {by_type}")
+    return dg.Output(events, metadata={"events": events.height, "new_events": new, "ignored_events": ignored,
+                                       "by_type": dg.MetadataValue.json(by_type)})
+
+
 @dg.asset(group_name=GROUP, kinds={"polars"}, io_manager_key="frames", pool=LEDGER_POOL)
-def reminders_due(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFrame, dunning_home: DunningHome,
-                  cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
-    """One row per reminder key this cycle: newly due (`due`), a failed send to retry (`retry`), or passed over (`skipped`)."""
+def reminders_due(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFrame, billing_events: pl.DataFrame,
+                  dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
+    """One row per key this cycle: newly due (`due`), a failed send to retry (`retry`), or passed over (`skipped`).
+
+    Reminders come from the snapshot; payment-failed notices (kind `payment_failed`) from new billing events.
+    """
     config = dunning_home.settings()
     with dunning_home.ledger() as ledger:
         failed = ledger.retryable_failures(cycle_request.clock(context), config.retry.max_attempts)
-    plan = cycle.plan_cycle(invoice_snapshot, config, failed)
+        recorded = ledger.recorded_keys(event_keys(billing_events))
+    domain = config.provider.from_address.rpartition("@")[2] or "dunning.invalid"
+    notices = notice_rows(billing_events, invoice_snapshot, recorded, domain)
+    plan = cycle.plan_cycle(invoice_snapshot, config, failed, notices)
     due = cycle.due_rows(plan)
     by_stage = dict(due.group_by("stage").len().iter_rows()) if due.height else {}
     return dg.Output(
@@ -78,6 +106,7 @@ def reminders_due(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFr
             "due": due.height,
             "due_unsendable": int((~due.get_column("sendable")).sum()) if due.height else 0,
             "retries": int((due.get_column("role") == "retry").sum()),
+            "payment_failed_notices": int((due.get_column("kind") == "payment_failed").sum()),
             "skipped": plan.height - due.height,
             "emails": int(due.filter(pl.col("sendable")).get_column("email_group").n_unique()) if due.height else 0,
             "due_by_stage": dg.MetadataValue.json(by_stage),

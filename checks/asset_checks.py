@@ -17,18 +17,18 @@ from pipelines.resources import CycleRequest, DunningHome
 REMINDERS_SOUND = "reminders_due_are_sound"
 BREAKER = "circuit_breaker"
 NO_UNOWED_REMINDERS = "no_reminders_for_unowed_invoices"
-KEY_PATTERN = r"^dunning:[^:]+:[0-9]+:[A-Za-z0-9_-]+$"
+KEY_PATTERN = r"^(dunning:[^:]+:[0-9]+:[A-Za-z0-9_-]+|event:.+)$"
 
 
 def reminder_batch_problems(plan: pl.DataFrame) -> dict[str, int]:
     """Counts of rows breaking the batch's invariants; all must be zero."""
-    due = plan.filter(pl.col("role") == "due")
+    due = plan.filter(pl.col("role").is_in(["due", "retry"]))
     return {
         "duplicate_keys": int(plan.get_column("idempotency_key").is_duplicated().sum()),
         "malformed_keys": int((~plan.get_column("idempotency_key").str.contains(KEY_PATTERN)).sum()),
         "not_owed": int((~due.get_column("owed")).sum()),
         "non_positive_amounts": int((due.get_column("amount_minor") <= 0).sum()),
-        "invoices_with_two_due_stages": int(due.get_column("invoice_id").is_duplicated().sum()),
+        "invoices_with_two_due_stages": int(due.filter(pl.col("kind") == "reminder").get_column("invoice_id").is_duplicated().sum()),
     }
 
 

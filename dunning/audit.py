@@ -49,7 +49,7 @@ def build_audit(
     outcome_of = {k: v[0] for k, v in OUTCOMES.items()} | {"no_email": "held", "not_attempted": "held"}
     reason_of = {k: v[1] for k, v in OUTCOMES.items()} | {"no_email": "no_email_address", "not_attempted": "not_attempted"}
     current = rows.with_columns(status.alias("_status")).select(
-        "idempotency_key", pl.lit("reminder").alias("kind"), "invoice_id", "customer_id", "cycle", "stage",
+        "idempotency_key", "kind", "invoice_id", "customer_id", "cycle", "stage",
         pl.col("_status").replace_strict(outcome_of, return_dtype=pl.String).alias("outcome"),
         pl.col("_status").replace_strict(reason_of, return_dtype=pl.String).alias("reason"),
         pl.when(pl.col("_status") == "sent").then(pl.col("amount_minor")).alias("amount_stated_minor"),

@@ -46,19 +46,25 @@ def cycle_snapshot(ledger: Ledger, valid: pl.DataFrame, config: DunningConfig, a
     return assign_cycles(valid, ledger.invoice_state(), as_of, config)
 
 
-def plan_cycle(cycled: pl.DataFrame, config: DunningConfig, failed: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Every reminder key this cycle must record: `role` due, retry (a failed send whose backoff is over) or skipped."""
+def _aligned(part: pl.DataFrame, schema: pl.Schema) -> pl.DataFrame:
+    return part.select([pl.col(c) if c in part.columns else pl.lit(None).alias(c) for c in schema]).cast(schema)
+
+
+def plan_cycle(cycled: pl.DataFrame, config: DunningConfig, failed: pl.DataFrame | None = None,
+               notices: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Every key this cycle must record: `role` due, retry (a failed send whose backoff is over) or skipped.
+
+    `notices` are payment-failed notices from billing events (kind `payment_failed`), sent and gated like reminders.
+    """
     planned = plan_reminders(cycled, config)
     due = with_email_ids(planned.filter(pl.col("role") == "due"), config)
     parts = [due]
     if failed is not None and failed.height:
         parts.append(plan_retries(cycled, failed, due, config))
-    parts.append(planned.filter(pl.col("role") == "skipped").with_columns(
-        pl.lit(None, dtype=pl.String).alias("email_group"),
-        pl.lit(None, dtype=pl.String).alias("email_id"),
-        pl.lit(None, dtype=pl.String).alias("message_id"),
-    ))
-    return pl.concat([p.select(due.columns).cast(due.schema) for p in parts], how="vertical")
+    if notices is not None and notices.height:
+        parts.append(notices)
+    parts.append(planned.filter(pl.col("role") == "skipped"))
+    return pl.concat([_aligned(p, due.schema) for p in parts], how="vertical")
 
 
 SEND_ROLES = ("due", "retry")

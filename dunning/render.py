@@ -117,3 +117,25 @@ def apology_email(flood: dict[str, Any], statement: Sequence[dict[str, Any]], *,
         text=_ENV.get_template("apology.txt.j2").render(context),
         html=_ENV.get_template("apology.html.j2").render(context), when=as_of,
     )
+
+
+def payment_failed_email(record: dict[str, Any], *, sender: str, as_of: dt.datetime, locale: str = "en_US") -> EmailMessage:
+    """The notice for one `invoice.payment_failed` event."""
+    amount = record.get("amount_minor")
+    context = {
+        "customer_name": record.get("customer_name"), "invoice_id": record["invoice_id"],
+        "amount": format_amount(amount, record["currency"], locale) if amount is not None and record.get("currency") else "The balance",
+    }
+    return _message(
+        to=record["customer_email"], sender=sender, subject=f"Payment failed for invoice {record['invoice_id']}",
+        message_id=record["message_id"], kind="payment_failed", keys=[record["idempotency_key"]],
+        text=_ENV.get_template("payment_failed.txt.j2").render(context),
+        html=_ENV.get_template("payment_failed.html.j2").render(context), when=as_of,
+    )
+
+
+def render_for(records: Sequence[dict[str, Any]], *, sender: str, as_of: dt.datetime, locale: str = "en_US") -> EmailMessage:
+    """The email for one send group: a payment-failed notice, or a reminder covering its invoices."""
+    if records[0].get("kind") == "payment_failed":
+        return payment_failed_email(records[0], sender=sender, as_of=as_of, locale=locale)
+    return reminder_email(records, sender=sender, message_id=records[0]["message_id"], as_of=as_of, locale=locale)

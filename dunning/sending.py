@@ -23,7 +23,7 @@ from dunning.ledger.base import Ledger
 from dunning.ledger.claims import ClaimCap
 from dunning.policy import email_groups
 from dunning.providers.base import EmailProvider
-from dunning.render import reminder_email
+from dunning.render import render_for
 
 OUTCOME_SCHEMA = {"idempotency_key": pl.String, "status": pl.String, "message_id": pl.String, "error": pl.String}
 
@@ -99,8 +99,7 @@ def send_due(
     """
     if render is None:
         def render(records: list[dict]) -> EmailMessage:
-            return reminder_email(records, sender=config.provider.from_address, message_id=records[0]["message_id"],
-                                  as_of=as_of, locale=config.locale)
+            return render_for(records, sender=config.provider.from_address, as_of=as_of, locale=config.locale)
     report = SendReport()
     outcomes: list[pl.DataFrame] = []
     total_emails = due.select(pl.col("email_group").n_unique()).item() if due.height else 0

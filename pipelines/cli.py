@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     load_config(config_path)  # fail fast, before Dagster starts, on a bad config
     snapshot = Path(_existing(args.snapshot, "snapshot"))
     as_of = parse_as_of(args.as_of)
-    events = str(Path(args.events).resolve()) if args.events else None
+    events = _existing(args.events, "events") if args.events else None
     instance = get_instance(home)
     os.environ["DUNNING_HOME"] = str(home)
     os.environ["DUNNING_SNAPSHOT"] = str(snapshot)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets.cycle import dunning_audit, invoice_snapshot, reminders_due, send_batch
+from assets.cycle import billing_events, dunning_audit, invoice_snapshot, reminders_due, send_batch
 from checks.asset_checks import circuit_breaker, no_reminders_for_unowed_invoices, reminders_due_are_sound
 from pipelines.io_manager import RunScopedParquetIOManager
 from pipelines.jobs import dunning_cycle_job
@@ -19,7 +19,7 @@ from pipelines.schedules import hourly_dunning
 from pipelines.sensors import page_on_run_failure
 
 defs = dg.Definitions(
-    assets=[invoice_snapshot, reminders_due, send_batch, dunning_audit],
+    assets=[invoice_snapshot, billing_events, reminders_due, send_batch, dunning_audit],
     asset_checks=[reminders_due_are_sound, circuit_breaker, no_reminders_for_unowed_invoices],
     jobs=[dunning_cycle_job, flood_recovery],
     schedules=[hourly_dunning],

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.cycle import dunning_audit, invoice_snapshot, reminders_due, send_batch
+from assets.cycle import billing_events, dunning_audit, invoice_snapshot, reminders_due, send_batch
 from checks.asset_checks import REMINDERS_SOUND, no_reminders_for_unowed_invoices, reminders_due_are_sound
 from pipelines.io_manager import RunScopedParquetIOManager
 from pipelines.resources import CycleRequest, DunningHome
@@ -23,7 +23,7 @@ def test_definitions_load_with_the_expected_graph(monkeypatch, tmp_path):
     assert job.executor_def.name == "in_process"
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {"invoice_snapshot", "reminders_due", "send_batch", "dunning_audit"}
+    assert keys == {"invoice_snapshot", "billing_events", "reminders_due", "send_batch", "dunning_audit"}
     assert graph.get(dg.AssetKey("send_batch")).parent_keys == {dg.AssetKey("reminders_due")}
     checks = {c.name: c for c in graph.asset_check_keys}
     assert REMINDERS_SOUND in checks
@@ -42,7 +42,8 @@ def test_workspace_loads_in_a_fresh_process(tmp_path):
 
 def _materialize(home: Path, snapshot: Path, as_of: str, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
     return dg.materialize(
-        [invoice_snapshot, reminders_due, send_batch, dunning_audit, reminders_due_are_sound, no_reminders_for_unowed_invoices],
+        [invoice_snapshot, billing_events, reminders_due, send_batch, dunning_audit, reminders_due_are_sound,
+         no_reminders_for_unowed_invoices],
         resources={
             "dunning_home": DunningHome(home=str(home)),
             "cycle_request": CycleRequest(snapshot_path=str(snapshot), as_of=as_of),

@@ -56,6 +56,19 @@ class Operations:
             [incident_id, at, since, source, flooded, apologies_sent],
         )
 
+    def store_events(self, events: pl.DataFrame, run_id: str, received_at: dt.datetime) -> int:
+        """Keep each event once (first delivery wins); returns how many were new."""
+        rows = events.with_columns(pl.lit(run_id).alias("first_run_id"), pl.lit(received_at).alias("received_at"))
+        with self.registered("event_rows", rows):
+            return len(self.con.execute(
+                "INSERT INTO billing_events BY NAME SELECT * FROM event_rows ON CONFLICT DO NOTHING RETURNING event_id"
+            ).fetchall())
+
+    def recorded_keys(self, keys: list[str]) -> set[str]:
+        with self.registered("asked_keys", pl.DataFrame({"k": keys}, schema={"k": pl.String})):
+            return {k for (k,) in self.con.execute(
+                "SELECT idempotency_key FROM reminder_ledger WHERE idempotency_key IN (SELECT k FROM asked_keys)").fetchall()}
+
     def write_audit(self, run_id: str, audit: pl.DataFrame, counts: dict[str, int], as_of: dt.datetime,
                     dry_run: bool, snapshot_rows: int, snapshot_path: str | None = None) -> None:
         summary = pl.DataFrame([{

@@ -155,4 +155,19 @@ DDL = (
         apologies_sent BIGINT
     )
     """,
+    """
+    CREATE TABLE IF NOT EXISTS billing_events (
+        event_id VARCHAR PRIMARY KEY,
+        type VARCHAR NOT NULL,
+        created_at TIMESTAMPTZ,
+        invoice_id VARCHAR,
+        customer_id VARCHAR,
+        customer_email VARCHAR,
+        currency VARCHAR,
+        amount_remaining BIGINT,
+        payload VARCHAR,
+        first_run_id VARCHAR,
+        received_at TIMESTAMPTZ
+    )
+    """,
 )

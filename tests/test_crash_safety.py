@@ -1,0 +1,128 @@
+"""Guarantees 6 and 11 with real processes: SIGKILL at each point of a send, then restart; two runs at once."""
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.conftest import invoice, write_snapshot
+from tests.smtp_server import ScriptedHandler, SmtpServer, free_port, smtp_config
+
+DUNNING = shutil.which("dunning", path=str(Path(sys.executable).parent))
+AS_OF = "2026-11-05T09:00:00Z"
+
+
+def customers(n):
+    return [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com") for i in range(n)]
+
+
+def start_run(home, snapshot, config, as_of=AS_OF):
+    return subprocess.Popen([DUNNING, "--home", str(home), "run", "--snapshot", str(snapshot), "--as-of", as_of,
+                             "--config", str(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def ledger(home):
+    con = duckdb.connect(str(home / "dunning.duckdb"), read_only=True)
+    try:
+        return dict(con.execute("SELECT idempotency_key, status FROM reminder_ledger WHERE status <> 'skipped'").fetchall())
+    finally:
+        con.close()
+
+
+def restart_and_check(home, snapshot, tmp_path, expected_keys, delivered_before):
+    """Restart against a healthy server: nothing delivered twice, nothing claimed lost, no claim left open."""
+    handler = ScriptedHandler()
+    with SmtpServer(handler) as server:
+        config = smtp_config(tmp_path / "healthy.yaml", server.port)
+        result = subprocess.run([DUNNING, "--home", str(home), "run", "--snapshot", str(snapshot), "--as-of",
+                                 "2026-11-05T10:00:00Z", "--config", config], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    statuses = ledger(home)
+    assert set(statuses) == set(expected_keys), "every claimed key is still on record"
+    assert "claimed" not in statuses.values(), "a crash's claims became unknown, not unsent"
+    redelivered = set(handler.keys()) & set(delivered_before)
+    assert not redelivered, f"delivered twice: {redelivered}"
+    assert all(statuses[k] == "unknown" for k in delivered_before), "what the killed run handed over is held, not resent"
+    return statuses, handler
+
+
+def test_killed_after_claim_before_send(tmp_path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepts the TCP connection but never greets: the run blocks after its claim
+    port = listener.getsockname()[1]
+    snapshot = write_snapshot(tmp_path / "s.csv", customers(3))
+    home = tmp_path / "home"
+    process = start_run(home, snapshot, smtp_config(tmp_path / "stall.yaml", port, timeout=60))
+    try:
+        listener.settimeout(60)
+        connection, _ = listener.accept()
+        process.kill()
+        process.wait()
+    finally:
+        listener.close()
+    statuses, handler = restart_and_check(home, snapshot, tmp_path, [f"dunning:in_{i}:1:day3" for i in range(3)], [])
+    assert set(statuses.values()) == {"unknown"} and handler.received == []
+    connection.close()
+
+
+def test_killed_after_send_before_the_outcome_is_recorded(tmp_path):
+    handler = ScriptedHandler({1: "slow"}, slow_seconds=60)
+    snapshot = write_snapshot(tmp_path / "s.csv", customers(1))
+    home = tmp_path / "home"
+    with SmtpServer(handler) as server:
+        process = start_run(home, snapshot, smtp_config(tmp_path / "slow.yaml", server.port, timeout=120))
+        wait_for(lambda: len(handler.received) == 1)
+        process.kill()
+        process.wait()
+    restart_and_check(home, snapshot, tmp_path, ["dunning:in_0:1:day3"], ["dunning:in_0:1:day3"])
+    assert handler.keys() == ["dunning:in_0:1:day3"]
+
+
+def test_killed_in_the_middle_of_a_chunk(tmp_path):
+    handler = ScriptedHandler({3: "slow"}, slow_seconds=60)
+    snapshot = write_snapshot(tmp_path / "s.csv", customers(6))
+    home = tmp_path / "home"
+    keys = [f"dunning:in_{i}:1:day3" for i in range(6)]
+    with SmtpServer(handler) as server:
+        config = smtp_config(tmp_path / "mid.yaml", server.port, timeout=120)
+        Path(config).write_text(Path(config).read_text().replace("from:", "connections: 1, from:"))
+        process = start_run(home, snapshot, config)
+        wait_for(lambda: len(handler.received) == 3)
+        process.kill()
+        process.wait()
+        delivered = handler.keys()
+    assert len(delivered) == 3
+    statuses, after = restart_and_check(home, snapshot, tmp_path, keys, delivered)
+    assert after.received == [], "the rest of the killed chunk is held as unknown too (SMTP cannot be asked)"
+
+
+def test_two_runs_started_together_send_each_email_exactly_once(tmp_path):
+    snapshot = write_snapshot(tmp_path / "s.csv", customers(300))
+    home = tmp_path / "home"
+    config = tmp_path / "file.yaml"
+    config.write_text("claim_chunk_size: 50\n")
+    runs = [start_run(home, snapshot, config) for _ in range(2)]
+    results = [p.communicate(timeout=180) for p in runs]
+    assert [p.returncode for p in runs] == [0, 0], [r[1] for r in results]
+    assert all("Traceback" not in err for _, err in results)
+    emails = list((home / "outbox").glob("*.eml"))
+    assert len(emails) == 300
+    statuses = ledger(home)
+    assert len(statuses) == 300 and set(statuses.values()) == {"sent"}
+    sent_counts = sorted(int(out.split("sent: ")[1].split(" ")[0]) for out, _ in results)
+    assert sum(sent_counts) == 300, "between them, every key once"
