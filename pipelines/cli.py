@@ -23,6 +23,7 @@ from dunning.errors import DunningError, GuardNotLive, UserInputError
 from dunning.guard import prove_guard
 from dunning.ledger.duckdb_ledger import open_ledger
 from pipelines import report
+from pipelines.cli_args import build_parser
 from pipelines.instance import get_instance, owner_tags
 from pipelines.io_manager import prune_run_frames
 
@@ -186,61 +187,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dunning", description="Send each payment reminder once; never flood.")
-    parser.add_argument("--home", help="deployment directory (default: $DUNNING_HOME or ./.dunning)")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    run = commands.add_parser("run", help="run one dunning cycle through the Dagster job")
-    run.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
-    run.add_argument("--snapshot", required=True, help="invoice snapshot: CSV, Parquet, or Stripe invoice list JSON")
-    run.add_argument("--as-of", help="the cycle's clock, ISO 8601 (default: now; UTC unless an offset is given)")
-    run.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present, else built-in defaults)")
-    run.add_argument("--events", help="Stripe events (JSON, JSON array or JSON Lines)")
-    run.add_argument("--dry-run", action="store_true", help="compute and audit everything; claim and send nothing")
-    run.add_argument("-v", "--verbose", action="store_true", help="show Dagster's step logs")
-    run.set_defaults(handler=cmd_run)
-
-    pause = commands.add_parser("pause", help="stop all sends (scheduled runs skip, manual runs hold everything)")
-    pause.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
-    pause.add_argument("--reason", help="why, for the record and `dunning status`")
-    pause.set_defaults(handler=cmd_pause)
-
-    resume = commands.add_parser("resume", help="prove the guard is live, then lift the pause")
-    resume.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
-    resume.add_argument("--snapshot", help="snapshot for the simulated pass (default: the last run's)")
-    resume.add_argument("--as-of", help="clock for the simulated pass (default: now)")
-    resume.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present)")
-    resume.set_defaults(handler=cmd_resume)
-
-    recover = commands.add_parser("recover", help="send one apology with a correct statement to each flooded customer")
-    recover.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
-    recover.add_argument("--incident", required=True, help="incident id; one apology per customer per incident")
-    recover.add_argument("--snapshot", required=True, help="current snapshot: what each customer owes now")
-    recover.add_argument("--since", help="look for floods after this time (default: 7 days before --as-of)")
-    recover.add_argument("--sent-log", help="provider send log CSV (to, sent_at; optional customer_id, invoice_id, subject)")
-    recover.add_argument("--as-of", help="the clock (default: now)")
-    recover.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present)")
-    recover.set_defaults(handler=cmd_recover)
-
-    resolve = commands.add_parser("resolve", help="record a human's answer for keys whose outcome is unknown")
-    resolve.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
-    resolve.add_argument("keys", nargs="+", help="idempotency keys (see `dunning status`)")
-    answer = resolve.add_mutually_exclusive_group(required=True)
-    answer.add_argument("--sent", action="store_true", help="the customer got it: never send it again")
-    answer.add_argument("--not-sent", dest="sent", action="store_false", help="it did not arrive: retry it like a failure")
-    resolve.add_argument("--note", help="what you checked, for the record")
-    resolve.set_defaults(handler=cmd_resolve)
-
-    status = commands.add_parser("status", help="pause state, last run, counts, open alerts")
-    status.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.set_defaults(handler=cmd_status)
-    return parser
+COMMANDS = {"run": cmd_run, "pause": cmd_pause, "resume": cmd_resume, "recover": cmd_recover,
+            "resolve": cmd_resolve, "status": cmd_status}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(COMMANDS).parse_args(argv)
     logging.getLogger("dunning").addHandler(logging.NullHandler())  # the CLI prints what matters itself
     args.home = getattr(args, "home_sub", None) or args.home
     try:
