@@ -49,24 +49,26 @@ def reminders_due_are_sound(reminders_due: pl.DataFrame) -> dg.AssetCheckResult:
 def circuit_breaker(context: dg.AssetCheckExecutionContext, reminders_due: pl.DataFrame, invoice_snapshot: pl.DataFrame,
                     dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.AssetCheckResult:
     config = dunning_home.settings()
-    as_of = cycle_request.clock(context)
+    clock = cycle_request.cycle_clock(context, config)
     with dunning_home.ledger() as ledger:
-        verdict = cycle.check_breaker(ledger, reminders_due, as_of, config)
+        verdict = cycle.check_breaker(ledger, reminders_due, clock.as_of, config)
         paused = ledger.pause_state().paused
+        backfill = not clock.live and not cycle_request.dry_run
         alert_id = None
-        if not verdict.passed and not paused:
+        if not verdict.passed and not paused and not backfill:
             alert_id = cycle.record_breaker_trip(
-                ledger, verdict, invoice_snapshot, reminders_due, config, run_id=context.run.run_id, as_of=as_of,
+                ledger, verdict, invoice_snapshot, reminders_due, config, run_id=context.run.run_id, as_of=clock.as_of,
                 dry_run=cycle_request.dry_run, snapshot_path=cycle_request.snapshot_path, logger=context.log)
     offenders = verdict.offenders.head(50).select("customer_id", "emails_in_window").rows()
     return dg.AssetCheckResult(
-        passed=verdict.passed or paused,  # paused: nothing will be sent, the audit says so
+        # paused or a backfill: nothing will be sent; the metadata still says who would have tripped it
+        passed=verdict.passed or paused or backfill,
         severity=dg.AssetCheckSeverity.ERROR,
         description=verdict.describe(),
         metadata={
             "pandera_check": BREAKER_CHECK, "max_emails": config.breaker.max_emails,
             "window_hours": config.breaker.window_hours, "customers_over_cap": verdict.offenders.height,
-            "offenders": dg.MetadataValue.json({c: n for c, n in offenders}), "paused": paused,
+            "offenders": dg.MetadataValue.json({c: n for c, n in offenders}), "paused": paused, "backfill": backfill,
             "alert_id": alert_id or "",
         },
     )

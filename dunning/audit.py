@@ -24,6 +24,7 @@ OUTCOMES = {
     "paused": ("held", "paused"),
     "breaker": ("held", "breaker"),
     "dry_run": ("dry_run", None),
+    "simulated": ("simulated", None),
 }
 AUDIT_COLUMNS = (
     "run_id", "as_of", "dry_run", "idempotency_key", "kind", "invoice_id", "customer_id", "cycle", "stage",
@@ -109,3 +110,20 @@ def markdown_summary(counts: dict[str, int], held: dict[str, int], *, dry_run: b
     if held:
         lines += ["", "Held, by reason: " + ", ".join(f"{r} {n}" for r, n in held.items())]
     return "\n".join(lines)
+
+
+def by_stage_and_outcome(audit: pl.DataFrame) -> pl.DataFrame:
+    return (audit.with_columns(pl.coalesce("stage", "kind").alias("stage"))
+            .group_by("stage", "outcome").len().sort("stage", "outcome"))
+
+
+def markdown_chart(counts: pl.DataFrame, width: int = 40) -> str:
+    """Keys per stage and outcome as a bar chart that renders in the UI's markdown."""
+    if counts.is_empty():
+        return "_nothing was due this cycle_"
+    top = max(counts.get_column("len").max(), 1)
+    lines = ["**Keys per stage and outcome**", "", "```"]
+    for stage, outcome, n in counts.rows():
+        bar = "█" * max(1, round(width * n / top))
+        lines.append(f"{stage:>14} {outcome:<10} {bar} {n}")
+    return "\n".join(lines + ["```"])

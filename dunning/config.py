@@ -122,6 +122,14 @@ class DunningConfig(_Strict):
     def zone(self) -> ZoneInfo:
         return ZoneInfo(self.timezone)
 
+    @property
+    def policy_id(self) -> str:
+        """A short stable id of everything that decides what is sent, to label simulations."""
+        import hashlib
+
+        decisive = self.model_dump(include={"stages", "group_by", "timezone", "breaker", "retry"}, mode="json")
+        return hashlib.sha256(repr(sorted(decisive.items())).encode()).hexdigest()[:12]
+
 
 def _describe(error: ValidationError) -> str:
     parts = []

@@ -90,8 +90,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     }
     with open_ledger(home / "dunning.duckdb") as ledger:
         paused = ledger.pause_state().paused
+    partition = as_of.astimezone(load_config(config_path).zone).date().isoformat()
     tags = {"dunning/trigger": "cli", "dunning/dry_run": str(bool(args.dry_run)).lower(),
-            "dunning/paused": str(paused).lower(), **owner_tags()}
+            "dunning/paused": str(paused).lower(), "dagster/partition": partition, **owner_tags()}
     result = dg.execute_job(dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config,
                             tags=tags, raise_on_error=False)
     prune_run_frames(home)

@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets.cycle import billing_events, dunning_audit, invoice_snapshot, reminders_due, send_batch
+from assets.audit import dunning_audit
+from assets.reminders import reminders_due
+from assets.sending import send_batch
+from assets.snapshot import billing_events, invoice_snapshot
 from checks.asset_checks import circuit_breaker, no_reminders_for_unowed_invoices, reminders_due_are_sound
 from pipelines.io_manager import RunScopedParquetIOManager
 from pipelines.jobs import dunning_cycle_job
 from pipelines.recovery_job import flood_recovery
 from pipelines.resources import CycleRequest, DunningHome
 from pipelines.schedules import hourly_dunning
-from pipelines.sensors import page_on_run_failure
+from pipelines.sensors import landing_snapshots, page_on_run_failure
 
 defs = dg.Definitions(
     assets=[invoice_snapshot, billing_events, reminders_due, send_batch, dunning_audit],
     asset_checks=[reminders_due_are_sound, circuit_breaker, no_reminders_for_unowed_invoices],
     jobs=[dunning_cycle_job, flood_recovery],
     schedules=[hourly_dunning],
-    sensors=[page_on_run_failure],
+    sensors=[page_on_run_failure, landing_snapshots],
     resources={
         "dunning_home": DunningHome(home=dg.EnvVar("DUNNING_HOME")),
         "cycle_request": CycleRequest(snapshot_path=dg.EnvVar("DUNNING_SNAPSHOT")),

@@ -22,9 +22,11 @@ def hourly_dunning(context: dg.ScheduleEvaluationContext, dunning_home: DunningH
             return dg.SkipReason(f"dunning is paused since {pause.changed_at} by {pause.changed_by}: {pause.reason}")
     except LedgerBusy:
         context.log.info("ledger busy; requesting the run, which checks the pause itself")
-    as_of = context.scheduled_execution_time.isoformat()
+    scheduled = context.scheduled_execution_time
+    as_of = scheduled.isoformat()
     return dg.RunRequest(
         run_key=f"dunning-cycle-{as_of}",
+        partition_key=scheduled.astimezone(dunning_home.settings().zone).date().isoformat(),
         run_config={"resources": {"cycle_request": {"config": {"as_of": as_of}}}},
         tags={"dunning/trigger": "schedule"},
     )

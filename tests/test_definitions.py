@@ -6,7 +6,10 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.cycle import billing_events, dunning_audit, invoice_snapshot, reminders_due, send_batch
+from assets.audit import dunning_audit
+from assets.reminders import reminders_due
+from assets.sending import send_batch
+from assets.snapshot import billing_events, invoice_snapshot
 from checks.asset_checks import REMINDERS_SOUND, no_reminders_for_unowed_invoices, reminders_due_are_sound
 from pipelines.io_manager import RunScopedParquetIOManager
 from pipelines.resources import CycleRequest, DunningHome
@@ -24,6 +27,7 @@ def test_definitions_load_with_the_expected_graph(monkeypatch, tmp_path):
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert keys == {"invoice_snapshot", "billing_events", "reminders_due", "send_batch", "dunning_audit"}
+    assert all(graph.get(k).partitions_def is not None for k in graph.get_all_asset_keys())
     assert graph.get(dg.AssetKey("send_batch")).parent_keys == {dg.AssetKey("reminders_due")}
     checks = {c.name: c for c in graph.asset_check_keys}
     assert REMINDERS_SOUND in checks
@@ -50,6 +54,7 @@ def _materialize(home: Path, snapshot: Path, as_of: str, instance: dg.DagsterIns
             "frames": RunScopedParquetIOManager(base_dir=str(home)),
         },
         instance=instance,
+        partition_key=as_of[:10],
     )
 
 

@@ -23,6 +23,7 @@ def test_schedule_requests_one_keyed_run_per_hour_and_skips_while_paused(tmp_pat
     request = _schedule(tmp_path)
     assert isinstance(request, dg.RunRequest)
     assert request.run_key == f"dunning-cycle-{HOUR.isoformat()}"
+    assert request.partition_key == "2026-11-05"
     assert request.run_config["resources"]["cycle_request"]["config"]["as_of"] == HOUR.isoformat()
     with open_ledger(tmp_path / "dunning.duckdb") as ledger:
         ledger.set_pause(True, "flood INC-9", "ops", HOUR)
@@ -33,7 +34,7 @@ def test_schedule_requests_one_keyed_run_per_hour_and_skips_while_paused(tmp_pat
 def _failed_run(instance, home, snapshot):
     job = defs.resolve_job_def("dunning_cycle")
     return job.execute_in_process(
-        instance=instance, raise_on_error=False,
+        instance=instance, raise_on_error=False, partition_key="2026-11-30",
         resources={"dunning_home": DunningHome(home=str(home)), "cycle_request": CycleRequest(snapshot_path=str(snapshot))},
     )
 
@@ -72,7 +73,7 @@ def test_a_breaker_trip_is_not_paged_twice(tmp_path, monkeypatch):
     with dg.instance_for_test() as instance:
         job = defs.resolve_job_def("dunning_cycle")
         result = job.execute_in_process(
-            instance=instance, raise_on_error=False,
+            instance=instance, raise_on_error=False, partition_key="2026-11-05",
             resources={"dunning_home": DunningHome(home=str(home)),
                        "cycle_request": CycleRequest(snapshot_path=str(snapshot), as_of="2026-11-05T09:00:00Z")},
         )

@@ -70,3 +70,31 @@ class DuckDBLedger(LedgerConnection, ClaimStore, Operations):
         )
         with self.registered("rejected_rows", rows):
             self.con.execute("INSERT INTO snapshot_quarantine SELECT * FROM rejected_rows")
+
+    def state_as_of(self, as_of: dt.datetime, stages: pl.DataFrame) -> pl.DataFrame:
+        """Invoice state as the ledger stood at `as_of`: for a past day's simulation (backfill).
+
+        Cycles are taken as open (a payment between then and now is not in the ledger).
+        """
+        with self.registered("stage_days", stages.select("stage", "stage_days")):
+            return self.frame(
+                """
+                WITH r AS (SELECT invoice_id, cycle, stage FROM reminder_ledger WHERE kind = 'reminder' AND claimed_at <= ?),
+                     c AS (SELECT invoice_id, max(cycle) AS cycle FROM r GROUP BY invoice_id)
+                SELECT c.invoice_id, c.cycle, true AS cycle_open, max(s.stage_days)::INTEGER AS last_stage_days
+                FROM c JOIN r USING (invoice_id, cycle) LEFT JOIN stage_days s ON s.stage = r.stage
+                GROUP BY c.invoice_id, c.cycle
+                """,
+                [as_of],
+            )
+
+    def replace_partition(self, table: str, business_date: dt.date, rows: pl.DataFrame, policy_id: str | None = None) -> None:
+        """Replace one day's rows of a daily table (and policy, for simulations) in one transaction."""
+        if table not in ("invoice_history_daily", "simulated_sends"):
+            raise ValueError(f"not a daily table: {table}")
+        where, params = "business_date = ?", [business_date]
+        if policy_id is not None:
+            where, params = where + " AND policy_id = ?", params + [policy_id]
+        with self.transaction() as con, self.registered("partition_rows", rows):
+            con.execute(f"DELETE FROM {table} WHERE {where}", params)
+            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM partition_rows")

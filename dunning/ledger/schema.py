@@ -170,4 +170,40 @@ DDL = (
         received_at TIMESTAMPTZ
     )
     """,
+    """
+    CREATE TABLE IF NOT EXISTS invoice_history_daily (
+        business_date DATE NOT NULL,
+        run_id VARCHAR NOT NULL,
+        as_of TIMESTAMPTZ NOT NULL,
+        invoice_id VARCHAR NOT NULL,
+        customer_id VARCHAR NOT NULL,
+        customer_email VARCHAR,
+        currency VARCHAR NOT NULL,
+        amount_due BIGINT NOT NULL,
+        amount_paid BIGINT NOT NULL,
+        remaining_minor BIGINT NOT NULL,
+        due_date DATE NOT NULL,
+        status VARCHAR NOT NULL,
+        days_overdue INTEGER,
+        cycle INTEGER
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS simulated_sends (
+        business_date DATE NOT NULL,
+        policy_id VARCHAR NOT NULL,
+        run_id VARCHAR NOT NULL,
+        as_of TIMESTAMPTZ NOT NULL,
+        idempotency_key VARCHAR NOT NULL,
+        kind VARCHAR NOT NULL,
+        invoice_id VARCHAR,
+        customer_id VARCHAR NOT NULL,
+        customer_email VARCHAR,
+        cycle INTEGER,
+        stage VARCHAR,
+        amount_minor BIGINT,
+        currency VARCHAR,
+        email_id VARCHAR
+    )
+    """,
 )

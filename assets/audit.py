@@ -1,0 +1,36 @@
+"""The audit: what was sent against what was owed, with a summary and a chart for the UI."""
+
+import dagster as dg
+import polars as pl
+
+from assets.common import ASSET_DEFAULTS, LEDGER_POOL, frame_metadata
+from dunning import audit as audit_rules
+from dunning import cycle
+from pipelines.resources import CycleRequest, DunningHome
+
+
+def audit_run_id(context: dg.AssetExecutionContext, live: bool, dry_run: bool, partition_date, policy_id: str) -> str:
+    """Live and dry runs are audited under their run id; a backfill under its day and policy, so a re-run replaces it."""
+    return context.run_id if live or dry_run else f"backfill:{partition_date}:{policy_id}"
+
+
+@dg.asset(**ASSET_DEFAULTS, kinds={"polars", "duckdb"}, pool=LEDGER_POOL)
+def dunning_audit(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFrame, reminders_due: pl.DataFrame,
+                  send_batch: pl.DataFrame, dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
+    """One row per key this cycle considered: outcome, reason if not sent, amount stated vs owed."""
+    config = dunning_home.settings()
+    clock = cycle_request.cycle_clock(context, config)
+    run_id = audit_run_id(context, clock.live, cycle_request.dry_run, clock.partition_date, config.policy_id)
+    with dunning_home.ledger() as ledger:
+        audit = cycle.audit_cycle(
+            ledger, invoice_snapshot, reminders_due, send_batch, run_id=run_id, as_of=clock.as_of,
+            dry_run=not clock.live, snapshot_path=cycle_request.snapshot_path,
+        )
+    counts = audit_rules.summarize(audit)
+    held = audit_rules.held_by_reason(audit)
+    by_stage = audit_rules.by_stage_and_outcome(audit)
+    summary = audit_rules.markdown_summary(counts, held, dry_run=not clock.live) + "\n\n" + audit_rules.markdown_chart(by_stage)
+    return dg.Output(audit, metadata={
+        **frame_metadata(audit), "summary": dg.MetadataValue.md(summary), **counts,
+        "held_by_reason": dg.MetadataValue.json(held),
+    })

@@ -1,0 +1,30 @@
+"""What every dunning asset shares: its group, pool, partitions, owners, and how it reports a frame."""
+
+import dagster as dg
+import polars as pl
+
+from dunning.errors import DunningError
+from pipelines.partitions import daily_partitions
+
+GROUP = "dunning"
+LEDGER_POOL = "dunning_ledger"
+OWNERS = ["team:billing-ops"]
+ASSET_DEFAULTS = {"group_name": GROUP, "io_manager_key": "frames", "partitions_def": daily_partitions, "owners": OWNERS}
+
+
+def fail(error: DunningError) -> dg.Failure:
+    """An operator-facing failure: one line, the error's class for the CLI's exit code, no retries."""
+    return dg.Failure(description=str(error), metadata={"error_class": type(error).__name__}, allow_retries=False)
+
+
+def frame_metadata(frame: pl.DataFrame) -> dict:
+    """Row count and column schema, so the UI shows what one row holds."""
+    columns = [dg.TableColumn(name, str(dtype)) for name, dtype in frame.schema.items()]
+    return {"dagster/row_count": frame.height, "dagster/column_schema": dg.TableSchema(columns=columns)}
+
+
+def run_mode_tags(context: dg.AssetExecutionContext, live: bool, dry_run: bool) -> str:
+    """Says in the logs what kind of run this is; the CLI also tags runs."""
+    mode = "live" if live else ("dry run" if dry_run else "backfill (simulated, nothing sent)")
+    context.log.info(f"partition {context.partition_key if context.has_partition_key else '-'}: {mode}")
+    return mode

@@ -1,0 +1,42 @@
+"""What is newly due: the day's snapshot diffed against the ledger, plus retries and payment-failed notices."""
+
+import dagster as dg
+import polars as pl
+
+from assets.common import ASSET_DEFAULTS, LEDGER_POOL, frame_metadata
+from dunning import cycle
+from dunning.events import event_keys, notice_rows
+from pipelines.resources import CycleRequest, DunningHome
+
+
+@dg.asset(**ASSET_DEFAULTS, kinds={"polars"}, pool=LEDGER_POOL)
+def reminders_due(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFrame, billing_events: pl.DataFrame,
+                  dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
+    """One row per key this cycle: newly due (`due`), a failed send to retry (`retry`), or passed over (`skipped`).
+
+    Reminders come from the snapshot; payment-failed notices (kind
+    `payment_failed`) from new billing events. Retries and notices belong to
+    live runs only: a backfill asks what the policy would have sent that day.
+    """
+    config = dunning_home.settings()
+    clock = cycle_request.cycle_clock(context, config)
+    failed, notices = None, None
+    if clock.live or cycle_request.dry_run:
+        with dunning_home.ledger() as ledger:
+            failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts)
+            recorded = ledger.recorded_keys(event_keys(billing_events))
+        domain = config.provider.from_address.rpartition("@")[2] or "dunning.invalid"
+        notices = notice_rows(billing_events, invoice_snapshot, recorded, domain)
+    plan = cycle.plan_cycle(invoice_snapshot, config, failed, notices)
+    due = cycle.due_rows(plan)
+    by_stage = dict(due.group_by("stage").len().iter_rows()) if due.height else {}
+    return dg.Output(plan, metadata={
+        **frame_metadata(plan),
+        "due": due.height,
+        "retries": int((due.get_column("role") == "retry").sum()),
+        "payment_failed_notices": int((due.get_column("kind") == "payment_failed").sum()),
+        "due_unsendable": int((~due.get_column("sendable")).sum()) if due.height else 0,
+        "skipped": plan.height - due.height,
+        "emails": int(due.filter(pl.col("sendable")).get_column("email_group").n_unique()) if due.height else 0,
+        "due_by_stage": dg.MetadataValue.json({str(k): v for k, v in by_stage.items()}),
+    })

@@ -1,0 +1,66 @@
+"""The only place emails leave from: the current cycle's send batch, ledger first."""
+
+import dagster as dg
+import polars as pl
+
+from assets.common import ASSET_DEFAULTS, LEDGER_POOL, fail, frame_metadata
+from dunning import cycle
+from dunning.clock import utc_now
+from dunning.errors import DunningError
+from dunning.sending import held_outcomes, resolve_unknown, send_due
+from pipelines.resources import CycleRequest, DunningHome
+
+SIMULATED_COLUMNS = ("idempotency_key", "kind", "invoice_id", "customer_id", "customer_email", "cycle", "stage",
+                     "amount_minor", "currency", "email_id")
+
+
+@dg.asset(**ASSET_DEFAULTS, kinds={"email", "duckdb"}, pool=LEDGER_POOL)
+def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, dunning_home: DunningHome,
+               cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
+    """One row per sendable key of this cycle with its outcome: sent, failed, unknown, or why it was held.
+
+    Keys are claimed under the primary key, and the customer cap re-checked,
+    before the provider is called. Nothing is claimed on a dry run or while
+    paused. A past day's partition (a backfill) never sends: what would have
+    been sent goes to `simulated_sends`, replacing that day for that policy.
+    """
+    config = dunning_home.settings()
+    clock = cycle_request.cycle_clock(context, config)
+    due = cycle.sendable_due(reminders_due)
+    if cycle_request.dry_run:
+        context.log.info(f"dry run: {due.height} key(s) would be claimed and sent; nothing claimed")
+        return dg.Output(held_outcomes(due, "dry_run"), metadata={"dry_run": True, "would_send": due.height})
+    if not clock.live:
+        simulated = due.select(pl.lit(clock.partition_date).alias("business_date"), pl.lit(config.policy_id).alias("policy_id"),
+                               pl.lit(context.run_id).alias("run_id"), pl.lit(clock.as_of).alias("as_of"), *SIMULATED_COLUMNS)
+        with dunning_home.ledger() as ledger:
+            ledger.replace_partition("simulated_sends", clock.partition_date, simulated, policy_id=config.policy_id)
+        context.log.info(f"backfill of {clock.partition_date}: {due.height} key(s) recorded in simulated_sends, nothing sent")
+        return dg.Output(held_outcomes(due, "simulated"), metadata={"simulated": due.height, "policy_id": config.policy_id})
+
+    def progress(report, total_emails: int) -> None:
+        context.log.info(f"sent {report.emails}/{total_emails} emails ({report.sent} keys sent, {report.failed} failed, {report.unknown} unknown)")
+
+    try:
+        with dunning_home.ledger() as ledger:
+            pause = ledger.pause_state()
+            if pause.paused:
+                context.log.warning(f"paused ({pause.reason}): {due.height} key(s) held, nothing sent")
+                return dg.Output(held_outcomes(due, "paused"), metadata={"paused": True, "pause_reason": pause.reason or "", "held": due.height})
+            with dunning_home.provider(config) as provider:
+                stale = ledger.expire_stale_claims(context.run_id, utc_now())
+                resolved = resolve_unknown(ledger, provider, utc_now())
+                report, outcomes = send_due(
+                    ledger, provider, due, cycle.skipped_rows(reminders_due), config=config, run_id=context.run_id,
+                    as_of=clock.as_of, now=utc_now, cap=cycle.claim_cap(clock.as_of, config), progress=progress,
+                )
+    except DunningError as error:
+        raise fail(error) from None
+    if report.failed or report.unknown:
+        context.log.warning(f"{report.failed} key(s) failed and {report.unknown} ended unknown; see the audit")
+    return dg.Output(outcomes, metadata={
+        **frame_metadata(outcomes),
+        "emails": report.emails, "sent": report.sent, "failed": report.failed, "unknown": report.unknown,
+        "throttled": report.throttled, "claimed_elsewhere": report.lost,
+        "stale_claims_marked_unknown": stale, "unknown_resolved_by_lookup": resolved,
+    })
