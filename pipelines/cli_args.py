@@ -21,6 +21,13 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     run.add_argument("-v", "--verbose", action="store_true", help="show Dagster's step logs")
     run.set_defaults(handler=handlers["run"])
 
+    backfill = commands.add_parser("backfill", help="rebuild history and audit for past days; never sends")
+    backfill.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+    backfill.add_argument("--from", dest="start", required=True, help="first day, YYYY-MM-DD")
+    backfill.add_argument("--to", dest="end", required=True, help="last day, YYYY-MM-DD (before today)")
+    backfill.add_argument("--config", help="policy to simulate (default: HOME/config.yaml if present, else defaults)")
+    backfill.set_defaults(handler=handlers["backfill"])
+
     pause = commands.add_parser("pause", help="stop all sends (scheduled runs skip, manual runs hold everything)")
     pause.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     pause.add_argument("--reason", help="why, for the record and `dunning status`")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dagster as dg
 
 from assets.audit import dunning_audit
+from assets.publication import analyst_history
 from assets.reminders import reminders_due
 from assets.sending import send_batch
 from assets.snapshot import billing_events, invoice_snapshot
@@ -22,14 +23,14 @@ from pipelines.schedules import hourly_dunning
 from pipelines.sensors import landing_snapshots, page_on_run_failure
 
 defs = dg.Definitions(
-    assets=[invoice_snapshot, billing_events, reminders_due, send_batch, dunning_audit],
+    assets=[invoice_snapshot, billing_events, reminders_due, send_batch, dunning_audit, analyst_history],
     asset_checks=[reminders_due_are_sound, circuit_breaker, no_reminders_for_unowed_invoices],
     jobs=[dunning_cycle_job, flood_recovery],
     schedules=[hourly_dunning],
     sensors=[page_on_run_failure, landing_snapshots],
     resources={
         "dunning_home": DunningHome(home=dg.EnvVar("DUNNING_HOME")),
-        "cycle_request": CycleRequest(snapshot_path=dg.EnvVar("DUNNING_SNAPSHOT")),
+        "cycle_request": CycleRequest(),
         "frames": RunScopedParquetIOManager(base_dir=dg.EnvVar("DUNNING_HOME")),
     },
 )

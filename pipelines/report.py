@@ -35,6 +35,11 @@ def _failures(result: dg.ExecuteJobResult) -> list[tuple[str, str]]:
     return found
 
 
+def first_failure(result: dg.ExecuteJobResult) -> str:
+    failures = _failures(result)
+    return failures[0][1] if failures else "run failed"
+
+
 def _failed_checks(result: dg.ExecuteJobResult) -> list[dg.AssetCheckEvaluation]:
     return [e for e in result.get_asset_check_evaluations() if not e.passed]
 

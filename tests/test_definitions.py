@@ -26,7 +26,7 @@ def test_definitions_load_with_the_expected_graph(monkeypatch, tmp_path):
     assert job.executor_def.name == "in_process"
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {"invoice_snapshot", "billing_events", "reminders_due", "send_batch", "dunning_audit"}
+    assert keys == {"invoice_snapshot", "billing_events", "reminders_due", "send_batch", "dunning_audit", "analyst_history"}
     assert all(graph.get(k).partitions_def is not None for k in graph.get_all_asset_keys())
     assert graph.get(dg.AssetKey("send_batch")).parent_keys == {dg.AssetKey("reminders_due")}
     checks = {c.name: c for c in graph.asset_check_keys}

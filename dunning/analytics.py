@@ -1,0 +1,100 @@
+"""The analysts' read path: Parquet files plus a small `analytics.duckdb` of views over them.
+
+DuckDB lets one process write a database file and a writer blocks every other
+opener, so analysts never open `dunning.duckdb`. After each run the pipeline
+copies the history tables to `DIR/analytics/*.parquet` (each written to a
+temporary name and renamed into place, so a reader sees the old file or the new
+one, never half of one) and rebuilds `DIR/analytics.duckdb` the same way: a
+file holding only views, which an analyst can keep open for as long as they
+like without blocking a run, and which shows the new data on their next query.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import duckdb
+
+PUBLISHED_TABLES = (
+    "reminder_ledger", "invoice_history_daily", "invoice_cycles", "dunning_audit", "dunning_runs", "alerts",
+    "incidents", "snapshot_quarantine", "billing_events", "simulated_sends", "pause_state",
+)
+
+ANALYST_VIEWS = {
+    "contact_history": """
+        SELECT customer_id, any_value(customer_email) AS customer_email, email_id, any_value(message_id) AS message_id,
+               any_value(kind) AS kind, string_agg(DISTINCT stage, ',' ORDER BY stage) AS stages,
+               count(*) AS keys, string_agg(invoice_id, ',' ORDER BY invoice_id) AS invoices,
+               sum(amount_minor) AS amount_minor, any_value(currency) AS currency, count(DISTINCT currency) AS currencies,
+               any_value(status) AS outcome, min(claimed_at) AS claimed_at, min(sent_at) AS sent_at
+        FROM reminder_ledger WHERE status <> 'skipped'
+        GROUP BY customer_id, email_id""",
+    "dunning_funnel": """
+        WITH reached AS (
+            SELECT l.invoice_id, l.cycle, l.stage, min(coalesce(l.sent_at, l.claimed_at)) AS reminded_at
+            FROM reminder_ledger l WHERE l.kind = 'reminder' AND l.status IN ('sent', 'unknown') GROUP BY ALL),
+        paid AS (
+            SELECT invoice_id, min(business_date) AS first_seen_paid FROM invoice_history_daily
+            WHERE status = 'paid' OR remaining_minor = 0 GROUP BY invoice_id)
+        SELECT r.stage, count(*) AS invoices_reached,
+               count(p.first_seen_paid) FILTER (WHERE p.first_seen_paid >= r.reminded_at::DATE) AS paid_after,
+               round(count(p.first_seen_paid) FILTER (WHERE p.first_seen_paid >= r.reminded_at::DATE) / count(*), 4) AS paid_rate,
+               median(date_diff('day', r.reminded_at::DATE, p.first_seen_paid)) FILTER (WHERE p.first_seen_paid >= r.reminded_at::DATE) AS median_days_to_pay
+        FROM reached r LEFT JOIN paid p USING (invoice_id) GROUP BY r.stage""",
+    "owed_vs_reminded": """
+        WITH owed AS (
+            SELECT business_date, currency, count(*) AS owed_invoices, sum(remaining_minor) AS owed_minor
+            FROM invoice_history_daily WHERE status = 'open' AND remaining_minor > 0 AND days_overdue > 0 GROUP BY ALL),
+        reminded AS (
+            SELECT sent_at::DATE AS business_date, currency, count(*) AS reminded_invoices, sum(amount_minor) AS reminded_minor
+            FROM reminder_ledger WHERE kind = 'reminder' AND status = 'sent' GROUP BY ALL)
+        SELECT business_date, currency, coalesce(owed_invoices, 0) AS owed_invoices, coalesce(owed_minor, 0) AS owed_minor,
+               coalesce(reminded_invoices, 0) AS reminded_invoices, coalesce(reminded_minor, 0) AS reminded_minor
+        FROM owed FULL JOIN reminded USING (business_date, currency)""",
+    "open_problems": """
+        SELECT idempotency_key, kind, customer_id, invoice_id, stage, status AS problem, last_error AS detail,
+               claimed_at AS since FROM reminder_ledger WHERE status IN ('unknown', 'failed')
+        UNION ALL
+        SELECT a.idempotency_key, a.kind, a.customer_id, a.invoice_id, a.stage, 'held: ' || a.reason, NULL, a.as_of
+        FROM dunning_audit a
+        WHERE a.outcome = 'held' AND NOT a.dry_run
+          AND a.run_id = (SELECT run_id FROM dunning_runs WHERE NOT dry_run ORDER BY finished_wall_at DESC LIMIT 1)""",
+    "breaker_trips_and_incidents": """
+        SELECT created_at AS at, 'breaker trip' AS what, run_id AS reference, message AS detail FROM alerts WHERE kind = 'breaker'
+        UNION ALL
+        SELECT last_recovery_at, 'flood incident', incident_id,
+               flooded_customers || ' flooded customer(s), ' || apologies_sent || ' apology(ies) sent' FROM incidents""",
+}
+
+
+def _replace_atomically(target: Path, write) -> None:
+    temporary = target.with_name(f".{target.name}.tmp")
+    temporary.unlink(missing_ok=True)
+    write(temporary)
+    os.replace(temporary, target)
+
+
+def publish(con: duckdb.DuckDBPyConnection, home: Path) -> dict[str, int]:
+    """Copy the history tables to Parquet and rebuild the analysts' view file. Returns rows per table."""
+    directory = home / "analytics"
+    directory.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for table in PUBLISHED_TABLES:
+        _replace_atomically(directory / f"{table}.parquet",
+                            lambda path, t=table: con.execute(f"COPY {t} TO '{path}' (FORMAT parquet)"))
+        counts[table] = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    _replace_atomically(home / "analytics.duckdb", lambda path: _write_views(path, directory))
+    return counts
+
+
+def _write_views(path: Path, directory: Path) -> None:
+    views = duckdb.connect(str(path))
+    try:
+        for table in PUBLISHED_TABLES:
+            source = str(directory / f"{table}.parquet").replace("'", "''")
+            views.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{source}')")
+        for name, sql in ANALYST_VIEWS.items():
+            views.execute(f"CREATE VIEW {name} AS {sql}")
+    finally:
+        views.close()

@@ -1,0 +1,108 @@
+"""Issue 5: daily partitions, backfills that never send, the landing sensor, the analysts' read path."""
+
+import datetime as dt
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import dagster as dg
+import duckdb
+
+from pipelines.resources import DunningHome
+from pipelines.sensors import landing_snapshots
+from tests.conftest import Deployment, invoice, write_snapshot
+
+DUNNING = shutil.which("dunning", path=str(Path(sys.executable).parent))
+TODAY = dt.datetime.now(dt.timezone.utc).date()
+
+
+def rows_for(day: dt.date) -> list[dict]:
+    due = day - dt.timedelta(days=4)
+    return [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com", due_date=due.isoformat())
+            for i in range(3)]
+
+
+def test_backfilling_seven_past_days_sends_nothing_and_rerunning_changes_nothing(deployment):
+    days = [TODAY - dt.timedelta(days=d) for d in range(14, 7, -1)]
+    for day in days:
+        write_snapshot(deployment.home / "landing" / f"{day.isoformat()}.csv", rows_for(day))
+    code, out, err = deployment.cli("backfill", "--from", days[0].isoformat(), "--to", days[-1].isoformat())
+    assert code == 0, err
+    assert out.count("nothing sent") == 7
+    assert deployment.outbox() == [] and deployment.ledger() == []
+    simulated = deployment.query("SELECT business_date, idempotency_key, stage FROM simulated_sends ORDER BY ALL")
+    assert len(simulated) == 21 and {r[0] for r in simulated} == set(days)
+    history = deployment.query("SELECT business_date, count(*) FROM invoice_history_daily GROUP BY 1 ORDER BY 1")
+    assert history == [(d, 3) for d in days]
+    audits = deployment.query("SELECT run_id, outcome, count(*) FROM dunning_audit GROUP BY ALL ORDER BY ALL")
+    assert len(audits) == 7 and all(r[0].startswith("backfill:") and r[1] == "simulated" for r in audits)
+    code, _, err = deployment.cli("backfill", "--from", days[0].isoformat(), "--to", days[-1].isoformat())
+    assert code == 0, err
+    assert deployment.query("SELECT business_date, idempotency_key, stage FROM simulated_sends ORDER BY ALL") == simulated
+    assert deployment.query("SELECT business_date, count(*) FROM invoice_history_daily GROUP BY 1 ORDER BY 1") == history
+    assert deployment.query("SELECT run_id, outcome, count(*) FROM dunning_audit GROUP BY ALL ORDER BY ALL") == audits
+    assert deployment.outbox() == []
+
+
+def test_backfill_refuses_today_and_missing_snapshots_fail_clearly(deployment):
+    code, _, err = deployment.cli("backfill", "--from", TODAY.isoformat(), "--to", TODAY.isoformat())
+    assert code == 2 and "today is live" in err
+    day = TODAY - dt.timedelta(days=3)
+    code, _, err = deployment.cli("backfill", "--from", day.isoformat(), "--to", day.isoformat())
+    assert code == 1 and f"none landed for {day}" in err
+
+
+def test_a_landing_file_triggers_exactly_one_run(tmp_path):
+    home = tmp_path / "home"
+    resources = {"dunning_home": DunningHome(home=str(home))}
+    context = dg.build_sensor_context(resources=resources)
+    assert isinstance(landing_snapshots(context), dg.SkipReason)
+    first = write_snapshot(home / "landing" / "2026-11-05.csv", [invoice()])
+    (home / "landing" / "notes.txt").write_text("not a snapshot")
+    requests = landing_snapshots(dg.build_sensor_context(resources=resources, cursor=context.cursor))
+    [request] = requests
+    assert request.partition_key == "2026-11-05" and request.run_key.startswith("landing-")
+    assert request.run_config["resources"]["cycle_request"]["config"]["snapshot_path"] == str(first)
+    cursor = dg.build_sensor_context(resources=resources, cursor=context.cursor)
+    landing_snapshots(cursor)
+    again = landing_snapshots(dg.build_sensor_context(resources=resources, cursor=cursor.cursor))
+    assert isinstance(again, dg.SkipReason), "the same file again triggers nothing"
+    shutil.copy(first, home / "landing" / "2026-11-05-copy.csv")  # same content under a new name: no new run
+    assert isinstance(landing_snapshots(dg.build_sensor_context(resources=resources, cursor=cursor.cursor)), dg.SkipReason)
+
+
+def test_an_analyst_connection_open_during_a_run_blocks_neither_side(deployment, tmp_path):
+    rows = [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com") for i in range(3)]
+    assert deployment.run(rows[:1], "2026-11-05T09:00:00Z")[0] == 0
+    analyst = duckdb.connect(str(deployment.home / "analytics.duckdb"), read_only=True)
+    try:
+        assert analyst.execute("SELECT count(*) FROM contact_history").fetchone() == (1,)
+        snapshot = write_snapshot(tmp_path / "later.csv", rows)
+        run = subprocess.run([DUNNING, "--home", str(deployment.home), "run", "--snapshot", str(snapshot),
+                              "--as-of", "2026-11-05T10:00:00Z"], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert analyst.execute("SELECT count(*) FROM contact_history").fetchone() == (3,), "new data after publication"
+    finally:
+        analyst.close()
+
+
+def test_business_timezone_with_daylight_saving_gives_one_cycle_per_local_day(tmp_path):
+    """Across Europe/Berlin's change on 2026-10-25, daily runs at 00:30 local use one partition per
+    local day, and produce the same keys as the same days run in UTC."""
+    keys = {}
+    for zone in ("Europe/Berlin", "UTC"):
+        deployment = Deployment(tmp_path / zone.replace("/", "_"))
+        config = tmp_path / f"{zone.replace('/', '_')}.yaml"
+        config.write_text(f"timezone: {zone}\ngroup_by: invoice\n")
+        rows = [invoice(invoice_id="a", due_date="2026-10-20"), invoice(invoice_id="b", due_date="2026-10-22", customer_id="c2")]
+        for day in range(20, 31):
+            local = dt.datetime(2026, 10, day, 0, 30, tzinfo=ZoneInfo(zone))  # 22:30 or 23:30 UTC the day before
+            code, _, err = deployment.run(rows, local.isoformat(), "--config", str(config))
+            assert code == 0, err
+        keys[zone] = [r["idempotency_key"] for r in deployment.ledger("status = 'sent'")]
+        partitions = deployment.query("SELECT DISTINCT business_date FROM invoice_history_daily ORDER BY 1")
+        assert [p[0] for p in partitions] == [dt.date(2026, 10, d) for d in range(20, 31)]
+    assert keys["Europe/Berlin"] == keys["UTC"] == [
+        "dunning:a:1:day3", "dunning:a:1:day7", "dunning:b:1:day3", "dunning:b:1:day7"]
