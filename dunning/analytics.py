@@ -61,7 +61,7 @@ ANALYST_VIEWS = {
         WHERE a.outcome = 'held' AND NOT a.dry_run
           AND a.run_id = (SELECT run_id FROM dunning_runs WHERE NOT dry_run ORDER BY finished_wall_at DESC LIMIT 1)""",
     "breaker_trips_and_incidents": """
-        SELECT created_at AS at, 'breaker trip' AS what, run_id AS reference, message AS detail FROM alerts WHERE kind = 'breaker'
+        SELECT created_at AS happened_at, 'breaker trip' AS what, run_id AS reference, message AS detail FROM alerts WHERE kind = 'breaker'
         UNION ALL
         SELECT last_recovery_at, 'flood incident', incident_id,
                flooded_customers || ' flooded customer(s), ' || apologies_sent || ' apology(ies) sent' FROM incidents""",

@@ -10,6 +10,7 @@ import datetime as dt
 import dagster as dg
 
 from dunning import cycle, recovery
+from dunning.analytics import publish
 from dunning.clock import parse_as_of, utc_now
 from dunning.errors import DunningError
 from dunning.policy import with_balances
@@ -39,6 +40,7 @@ def send_flood_apologies(context: dg.OpExecutionContext, config: RecoveryRequest
             report = recovery.recover(ledger, provider, snapshot, settings, incident_id=config.incident_id,
                                       run_id=context.run_id, as_of=as_of, since=since,
                                       sent_log=config.sent_log_path, now=utc_now)
+            publish(ledger.con, dunning_home.root)  # analysts see the incident and its apologies at once
     except DunningError as error:
         raise dg.Failure(description=str(error), metadata={"error_class": type(error).__name__}, allow_retries=False) from None
     summary = {
