@@ -25,6 +25,8 @@ DAGSTER_YAML = """\
 # Written by `dunning` on first use. See README "Running it for real" for production settings.
 telemetry:
   enabled: false
+nux:
+  enabled: false
 run_monitoring:
   enabled: true
   free_slots_after_run_end_seconds: 300
