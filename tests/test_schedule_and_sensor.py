@@ -31,17 +31,23 @@ def test_schedule_requests_one_keyed_run_per_hour_and_skips_while_paused(tmp_pat
     assert isinstance(skipped, dg.SkipReason) and "flood INC-9" in skipped.skip_message
 
 
-def _failed_run(instance, home, snapshot):
+def _failed_run(instance, home, snapshot, as_of="2026-11-30T09:00:00Z"):
     job = defs.resolve_job_def("dunning_cycle")
     return job.execute_in_process(
-        instance=instance, raise_on_error=False, partition_key="2026-11-30",
-        resources={"dunning_home": DunningHome(home=str(home)), "cycle_request": CycleRequest(snapshot_path=str(snapshot))},
+        instance=instance, raise_on_error=False, partition_key=as_of[:10],
+        resources={"dunning_home": DunningHome(home=str(home)),
+                   "cycle_request": CycleRequest(snapshot_path=str(snapshot), as_of=as_of)},
     )
 
 
-def _run_failure_event(instance, run_id):
-    entries = instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
-    return entries[0].dagster_event
+def _sense_failure(instance, result, home):
+    """Evaluate the run-failure sensor on `result`'s failure, as the daemon would."""
+    failure = instance.all_logs(result.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)[0].dagster_event
+    context = dg.build_run_status_sensor_context(
+        sensor_name="page_on_run_failure", dagster_event=failure, dagster_instance=instance,
+        dagster_run=result.dagster_run, resources={"dunning_home": DunningHome(home=str(home))},
+    ).for_run_failure()
+    page_on_run_failure(context)
 
 
 def test_a_failed_run_pages_once(tmp_path, monkeypatch):
@@ -50,13 +56,8 @@ def test_a_failed_run_pages_once(tmp_path, monkeypatch):
     with dg.instance_for_test() as instance:
         result = _failed_run(instance, home, tmp_path / "missing.csv")
         assert not result.success
-        failure = _run_failure_event(instance, result.run_id)
         for _ in range(2):  # the daemon may evaluate a run twice: still one alert
-            context = dg.build_run_status_sensor_context(
-                sensor_name="page_on_run_failure", dagster_event=failure, dagster_instance=instance,
-                dagster_run=result.dagster_run, resources={"dunning_home": DunningHome(home=str(home))},
-            ).for_run_failure()
-            page_on_run_failure(context)
+            _sense_failure(instance, result, home)
     with open_ledger(home / "dunning.duckdb") as ledger:
         alerts = ledger.frame("SELECT kind, message, run_id FROM alerts").rows()
     assert len(alerts) == 1
@@ -71,18 +72,8 @@ def test_a_breaker_trip_is_not_paged_twice(tmp_path, monkeypatch):
     (home / "config.yaml").write_text("group_by: invoice\n")
     snapshot = write_snapshot(tmp_path / "s.csv", [invoice(invoice_id=f"i{n}") for n in range(3)])
     with dg.instance_for_test() as instance:
-        job = defs.resolve_job_def("dunning_cycle")
-        result = job.execute_in_process(
-            instance=instance, raise_on_error=False, partition_key="2026-11-05",
-            resources={"dunning_home": DunningHome(home=str(home)),
-                       "cycle_request": CycleRequest(snapshot_path=str(snapshot), as_of="2026-11-05T09:00:00Z")},
-        )
+        result = _failed_run(instance, home, snapshot, as_of="2026-11-05T09:00:00Z")
         assert not result.success
-        failure = _run_failure_event(instance, result.run_id)
-        context = dg.build_run_status_sensor_context(
-            sensor_name="page_on_run_failure", dagster_event=failure, dagster_instance=instance,
-            dagster_run=result.dagster_run, resources={"dunning_home": DunningHome(home=str(home))},
-        ).for_run_failure()
-        page_on_run_failure(context)
+        _sense_failure(instance, result, home)
     with open_ledger(home / "dunning.duckdb") as ledger:
         assert ledger.frame("SELECT kind FROM alerts").rows() == [("breaker",)]
