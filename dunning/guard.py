@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from dataclasses import dataclass, field
-from email.message import EmailMessage
+from email.message import Message
 from pathlib import Path
 
 import duckdb
@@ -31,12 +31,12 @@ class SimulatedProvider(EmailProvider):
 
     name = "simulated"
 
-    def send(self, message: EmailMessage) -> SendOutcome:
+    def send(self, message: Message) -> SendOutcome:
         return SendOutcome("sent", message["Message-ID"])
 
 
-def _placeholder(records: list[dict]) -> EmailMessage:
-    message = EmailMessage()
+def _placeholder(records: list[dict]) -> Message:
+    message = Message()
     message["Message-ID"] = records[0]["message_id"]
     return message
 

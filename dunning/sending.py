@@ -11,7 +11,7 @@ batch.
 from __future__ import annotations
 
 import datetime as dt
-from email.message import EmailMessage
+from email.message import Message
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -90,7 +90,7 @@ def send_due(
     now: Callable[[], dt.datetime],
     cap: ClaimCap | None = None,
     progress: Callable[[SendReport, int], None] | None = None,
-    render: Callable[[list[dict]], EmailMessage] | None = None,
+    render: Callable[[list[dict]], Message] | None = None,
 ) -> tuple[SendReport, pl.DataFrame]:
     """Claim and send `due` (rows with email ids); returns the report and one outcome per due key.
 
@@ -98,7 +98,7 @@ def send_due(
     throttled (over the cap at claim time) or lost (claimed by another run).
     """
     if render is None:
-        def render(records: list[dict]) -> EmailMessage:
+        def render(records: list[dict]) -> Message:
             return render_for(records, sender=config.provider.from_address, as_of=as_of, locale=config.locale)
     report = SendReport()
     outcomes: list[pl.DataFrame] = []

@@ -7,6 +7,10 @@ import pytest
 from dunning.render import format_amount, reminder_email
 
 
+def parsed(message):
+    return email.message_from_bytes(message.as_bytes(), policy=policy.default)
+
+
 def row(**overrides):
     base = {"invoice_id": "in_1", "customer_email": "ada@example.com", "customer_name": "Ada", "currency": "USD",
             "amount_minor": 10345, "amount_due": 12345, "amount_paid": 2000, "due_date": dt.date(2026, 11, 1),
@@ -37,15 +41,15 @@ def test_reminder_states_the_remaining_balance_and_carries_the_headers():
 
 
 def test_jpy_has_no_decimals_in_the_email():
-    message = reminder_email([row(currency="JPY", amount_minor=5000, amount_due=5000, amount_paid=0)],
-                             sender="b@example.com", message_id="<x@example.com>", as_of=dt.datetime(2026, 11, 8, tzinfo=dt.timezone.utc))
+    message = parsed(reminder_email([row(currency="JPY", amount_minor=5000, amount_due=5000, amount_paid=0)],
+                             sender="b@example.com", message_id="<x@example.com>", as_of=dt.datetime(2026, 11, 8, tzinfo=dt.timezone.utc)))
     text = message.get_body(("plain",)).get_content()
     assert "5,000 JPY remaining" in text and "5,000.00" not in text
 
 
 def test_grouped_email_uses_the_firmest_tone_and_lists_every_invoice():
     rows = [row(), row(invoice_id="in_2", tone="final", idempotency_key="dunning:in_2:1:day14", currency="EUR", amount_minor=500)]
-    message = reminder_email(rows, sender="b@example.com", message_id="<y@example.com>", as_of=dt.datetime(2026, 11, 8, tzinfo=dt.timezone.utc))
+    message = parsed(reminder_email(rows, sender="b@example.com", message_id="<y@example.com>", as_of=dt.datetime(2026, 11, 8, tzinfo=dt.timezone.utc)))
     assert message["Subject"].startswith("Final notice")
     assert message["X-Dunning-Keys"] == "dunning:in_1:1:day7,dunning:in_2:1:day14"
     text = message.get_body(("plain",)).get_content()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from email.message import EmailMessage
+from email.message import Message
 from typing import Literal
 
 Status = Literal["sent", "failed", "unknown"]
@@ -29,9 +29,9 @@ class EmailProvider(abc.ABC):
     name = "provider"
 
     @abc.abstractmethod
-    def send(self, message: EmailMessage) -> SendOutcome: ...
+    def send(self, message: Message) -> SendOutcome: ...
 
-    def send_many(self, messages: list[EmailMessage]) -> list[SendOutcome]:
+    def send_many(self, messages: list[Message]) -> list[SendOutcome]:
         """Outcomes in the order of `messages`; providers with connection pools send concurrently."""
         return [self.send(m) for m in messages]
 

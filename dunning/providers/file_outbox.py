@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-from email.message import EmailMessage
-from email.policy import SMTP
+from email.message import Message
 from pathlib import Path
 
 from dunning.providers.base import EmailProvider, SendOutcome, Status
+from dunning.render import WIRE_POLICY
 
 
 def _file_name(message_id: str) -> str:
@@ -31,12 +31,12 @@ class FileOutbox(EmailProvider):
     def path_for(self, message_id: str) -> Path:
         return self.directory / _file_name(message_id)
 
-    def send(self, message: EmailMessage) -> SendOutcome:
+    def send(self, message: Message) -> SendOutcome:
         message_id = message["Message-ID"]
         target = self.path_for(message_id)
         temporary = target.with_suffix(".eml.partial")
         try:
-            temporary.write_bytes(message.as_bytes(policy=SMTP))
+            temporary.write_bytes(message.as_bytes(policy=WIRE_POLICY))
             os.replace(temporary, target)
         except OSError as exc:
             temporary.unlink(missing_ok=True)

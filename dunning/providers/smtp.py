@@ -16,12 +16,12 @@ import smtplib
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from email.message import EmailMessage
-from email.policy import SMTP as SMTP_POLICY
+from email.message import Message
 
 from dunning.config import Provider
 from dunning.errors import ConfigError
 from dunning.providers.base import EmailProvider, SendOutcome
+from dunning.render import WIRE_POLICY
 
 
 class _Connection:
@@ -70,7 +70,7 @@ class _Connection:
                 pass
             self.drop()
 
-    def send(self, message: EmailMessage) -> SendOutcome:
+    def send(self, message: Message) -> SendOutcome:
         message_id = message["Message-ID"]
         try:
             client = self.open()
@@ -84,7 +84,7 @@ class _Connection:
             self.drop()
             return SendOutcome("failed", message_id, f"rejected before data: {exc!r}"[:500])
         try:
-            code, reply = client.data(message.as_bytes(policy=SMTP_POLICY))
+            code, reply = client.data(message.as_bytes(policy=WIRE_POLICY))
             if code != 250:  # smtplib returns the final reply to the data instead of raising
                 raise smtplib.SMTPDataError(code, reply)
         except smtplib.SMTPDataError as exc:
@@ -125,10 +125,10 @@ class SmtpProvider(EmailProvider):
                 self._connections.append(connection)
         return connection
 
-    def send(self, message: EmailMessage) -> SendOutcome:
+    def send(self, message: Message) -> SendOutcome:
         return self._connection().send(message)
 
-    def send_many(self, messages: list[EmailMessage]) -> list[SendOutcome]:
+    def send_many(self, messages: list[Message]) -> list[SendOutcome]:
         if len(messages) <= 1 or self.settings.connections == 1:
             return [self.send(m) for m in messages]
         if self._pool is None:
