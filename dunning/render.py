@@ -8,6 +8,7 @@ with hand-written arithmetic on floats.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections import defaultdict
 from decimal import Decimal
 from email.charset import Charset
@@ -15,7 +16,7 @@ from email.header import Header
 from email.message import Message
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
-from email.policy import compat32
+from email.policy import Compat32
 from email.utils import format_datetime
 from typing import Any, Sequence
 
@@ -73,7 +74,30 @@ def currency_totals(rows: Sequence[dict[str, Any]], locale: str, amount_field: s
 # UTF-8 bodies sent as 8bit: every amount stays readable in the raw file (quoted-printable would fold lines mid-amount)
 _UTF8_8BIT = Charset("utf-8")
 _UTF8_8BIT.body_encoding = None
-WIRE_POLICY = compat32.clone(linesep="\r\n")  # how providers serialize: RFC 5322 line endings
+
+
+class _WirePolicy(Compat32):
+    """compat32 with RFC 5322 line endings, and short ASCII headers written as they are.
+
+    The stock policy builds a `Header` object to fold every header, even ones
+    that need no folding; in the profile that was a third of the time to
+    serialize a message. Long or non-ASCII headers still go through it.
+    """
+
+    def _fast(self, name: str, value) -> str | None:
+        if isinstance(value, str) and value.isascii() and "\n" not in value and len(name) + len(value) + 2 <= 78:
+            return f"{name}: {value}{self.linesep}"
+        return None
+
+    def fold(self, name, value):
+        return self._fast(name, value) or super().fold(name, value)
+
+    def fold_binary(self, name, value):
+        fast = self._fast(name, value)
+        return fast.encode("ascii") if fast else super().fold_binary(name, value)
+
+
+WIRE_POLICY = _WirePolicy(linesep="\r\n")  # how providers serialize a message
 
 
 def _header(value: str) -> str | Header:
@@ -95,6 +119,9 @@ def _message(*, to: str, sender: str, subject: str, message_id: str, kind: str, 
         message[name] = _header(value)
     message.attach(MIMEText(text, "plain", _UTF8_8BIT))
     message.attach(MIMEText(html, "html", _UTF8_8BIT))
+    # a boundary derived from the Message-ID: the same email always serializes to the same bytes, and the
+    # generator need not search the body for a random one (a fresh regex per message)
+    message.set_boundary("=_dunning_" + hashlib.sha256(message_id.encode()).hexdigest()[:32])
     return message
 
 

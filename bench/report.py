@@ -1,0 +1,67 @@
+"""Appends one benchmark run to bench/RESULTS.md as a dated section, keeping earlier ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TARGETS = {
+    "full_1m": 60.0, "dry_10m": 120.0, "dry_10m_rss_mb": 8192, "newly_due_ratio": 2.0, "noop_10k": 8.0,
+    "file_rate": 2000, "smtp_rate": 300, "naive_ratio": 50.0, "history_growth": 0.20,
+}
+
+
+def _ok(passed: bool) -> str:
+    return "met" if passed else "**missed**"
+
+
+def _tier_rows(tier: dict) -> list[str]:
+    rows = []
+    full, dry = tier.get("full_cycle"), tier["dry_run"]
+    steps = tier["steps"]["steps"]
+    ratio = steps["newly_due"]["s"] / max(tier["floor"]["median_s"], 1e-9)
+    rows.append(f"| {tier['tier']} | ledger rows | {tier['ledger_rows']:,} | |")
+    rows.append(f"| {tier['tier']} | keys newly due (ours / floor query) | {tier['steps']['due_keys']:,} / {tier['floor']['newly_due']:,} | |")
+    if full:
+        target = _ok(full["median_s"] <= TARGETS["full_1m"]) if tier["tier"] == "1m" else ""
+        rows.append(f"| {tier['tier']} | full `dunning run`, file outbox (median of {len(full['runs_s'])}) | "
+                    f"{full['median_s']:.1f} s, peak RSS {full['peak_rss_mb']:,} MB | {target} |")
+    target = _ok(dry["median_s"] <= TARGETS["dry_10m"] and dry["peak_rss_mb"] <= TARGETS["dry_10m_rss_mb"]) if tier["tier"] == "10m" else ""
+    rows.append(f"| {tier['tier']} | `dunning run --dry-run` (median) | {dry['median_s']:.1f} s, peak RSS {dry['peak_rss_mb']:,} MB | {target} |")
+    for name, value in steps.items():
+        extra = f", {value['emails']:,} emails, {value['emails_per_s']:,} emails/s" if "emails" in value else ""
+        rows.append(f"| {tier['tier']} | step `{name}` | {value['s']:.2f} s (process peak {value['peak_rss_mb']:,} MB){extra} | |")
+    rows.append(f"| {tier['tier']} | floor: bare DuckDB anti-join | {tier['floor']['median_s']:.2f} s | |")
+    rows.append(f"| {tier['tier']} | newly-due step / floor | {ratio:.1f}x | {_ok(ratio <= TARGETS['newly_due_ratio'])} |")
+    naive = tier["naive"]
+    if full:
+        naive_ratio = naive["extrapolated_s"] / full["median_s"]
+        capped = f"capped at {naive['seconds']} s after {naive['processed']:,} of {naive['of']:,} invoices, extrapolated" if naive["capped"] else "complete"
+        rows.append(f"| {tier['tier']} | naive poller ({capped}) | {naive['extrapolated_s']:,.0f} s = {naive_ratio:.0f}x our cycle | "
+                    f"{_ok(naive_ratio >= TARGETS['naive_ratio']) if tier['tier'] == '1m' else ''} |")
+        doubled = tier["full_cycle_history_x2"]
+        growth = doubled["median_s"] / full["median_s"] - 1
+        rows.append(f"| {tier['tier']} | full cycle with history doubled ({doubled['ledger_rows']:,} ledger rows) | "
+                    f"{doubled['median_s']:.1f} s ({growth:+.0%}) | {_ok(growth <= TARGETS['history_growth'])} |")
+    return rows
+
+
+def append_markdown(path: Path, report: dict) -> None:
+    noop = sorted(report["noop_10k"])[len(report["noop_10k"]) // 2]
+    smtp = report["smtp"]
+    lines = [
+        f"## {report['when']}", "",
+        f"Machine: {report['machine']}.", f"Command: `{report['command']}` (total {report['total_s']} s).", "",
+        "| tier | measurement | result | target |", "|---|---|---|---|",
+        f"| 10k | no-op cycle, whole CLI process (median) | {noop:.1f} s | {_ok(noop <= TARGETS['noop_10k'])} |",
+        f"| - | SMTP to local aiosmtpd, ledger included | {smtp['emails_per_s']:,} emails/s ({smtp['emails']:,} in {smtp['seconds']} s) | "
+        f"{_ok(smtp['emails_per_s'] >= TARGETS['smtp_rate'])} |",
+    ]
+    for tier in report["tiers"]:
+        lines += _tier_rows(tier)
+        send = tier["steps"]["steps"]["claim_render_send_record"]
+        if tier["tier"] in ("100k", "1m"):
+            lines.append(f"| {tier['tier']} | file outbox send rate | {send['emails_per_s']:,} emails/s | "
+                         f"{_ok(send['emails_per_s'] >= TARGETS['file_rate'])} |")
+    header = "" if path.exists() else "# Benchmark results\n\nNewest last; earlier runs are kept so progress is visible. See README \"Benchmarks\".\n\n"
+    with path.open("a") as handle:
+        handle.write(header + "\n".join(lines) + "\n\n")

@@ -1,0 +1,126 @@
+"""The benchmark suite: `make bench` (or `python -m bench.run --tiers 100k,1m`), results appended to bench/RESULTS.md.
+
+Per tier, on the same prepared data (a demo snapshot plus 30 earlier daily
+cycles in the ledger): the whole `dunning run` through Dagster with the file
+outbox and a `--dry-run`, each step in-process, the bare DuckDB anti-join
+floor, the naive per-invoice poller (capped and extrapolated), and the cycle
+with the ledger history doubled. Separately: a no-op cycle on 10k invoices and
+the send rates to the file outbox and to a local aiosmtpd server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.history import prepare_home
+from bench.steps import floor_query, naive_poller, smtp_rate, step_timings
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "bench" / "data"
+AS_OF = dt.datetime(2026, 11, 30, 9, tzinfo=dt.timezone.utc)
+TIERS = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000, "10m": 10_000_000}
+DUNNING = Path(sys.executable).parent / "dunning"
+
+
+def timed_cli(args: list[str]) -> tuple[float, int, str]:
+    """Wall seconds and peak RSS (KB) of one `dunning` process."""
+    command = ["/usr/bin/time", "-f", "%e %M", str(DUNNING), *args]
+    result = subprocess.run(command, capture_output=True, text=True)
+    wall, rss = result.stderr.strip().splitlines()[-1].split()
+    if result.returncode != 0:
+        raise RuntimeError(f"dunning {' '.join(args)} failed: {result.stderr[-2000:]}")
+    return float(wall), int(rss), result.stdout
+
+
+def cycle_runs(template: Path, repeat: int, dry_run: bool) -> dict:
+    walls, rss, out = [], [], ""
+    for _ in range(repeat):
+        home = template.with_name(template.name + "-run")
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.copytree(template, home)
+        args = ["--home", str(home), "run", "--snapshot", str(template / "bench-snapshot.parquet"),
+                "--as-of", AS_OF.isoformat()] + (["--dry-run"] if dry_run else [])
+        wall, peak, out = timed_cli(args)
+        walls.append(wall)
+        rss.append(peak)
+    return {"median_s": statistics.median(walls), "runs_s": walls, "peak_rss_mb": max(rss) // 1024, "summary": out.strip()}
+
+
+def template_for(name: str, n: int, factor: int) -> tuple[Path, dict]:
+    template = DATA / f"{name}-h{factor}"
+    marker = template / "prepared.json"
+    if marker.exists():
+        return template, json.loads(marker.read_text())
+    shutil.rmtree(template, ignore_errors=True)
+    sizes = prepare_home(template, n, AS_OF, history_factor=factor)
+    marker.write_text(json.dumps(sizes))
+    return template, sizes
+
+
+def bench_tier(name: str, repeat: int) -> dict:
+    n = TIERS[name]
+    template, sizes = template_for(name, n, 1)
+    result = {"tier": name, **sizes}
+    result["dry_run"] = cycle_runs(template, repeat, dry_run=True)
+    if n <= 1_000_000:
+        result["full_cycle"] = cycle_runs(template, repeat, dry_run=False)
+        doubled, doubled_sizes = template_for(name, n, 2)
+        result["full_cycle_history_x2"] = {**cycle_runs(doubled, repeat, dry_run=False), "ledger_rows": doubled_sizes["ledger_rows"]}
+    result["steps"] = step_timings(template, AS_OF)
+    result["floor"] = floor_query(template, AS_OF)
+    result["naive"] = naive_poller(template, AS_OF, cap_seconds=30)
+    return result
+
+
+def machine() -> str:
+    import duckdb
+    import polars
+    import dagster
+    import pandera
+
+    cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    memory = subprocess.run(["free", "-g"], capture_output=True, text=True).stdout.splitlines()[1].split()[1]
+    return (f"{platform.machine()}, {cores} cores, {memory} GiB; Python {platform.python_version()}, dagster {dagster.__version__}, "
+            f"duckdb {duckdb.__version__}, polars {polars.__version__}, pandera {pandera.__version__}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tiers", default="100k,1m", help="comma-separated: 10k, 100k, 1m, 10m")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
+    args = parser.parse_args(argv)
+    DATA.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    report = {"when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
+              "command": "python -m bench.run " + " ".join(argv or sys.argv[1:]), "tiers": []}
+    noop_template, _ = template_for("10k", TIERS["10k"], 1)
+    first = cycle_runs(noop_template, 1, dry_run=False)  # makes the copy's state current, then time a no-op on it
+    noop_home = noop_template.with_name(noop_template.name + "-run")
+    report["noop_10k"] = [timed_cli(["--home", str(noop_home), "run", "--snapshot", str(noop_template / "bench-snapshot.parquet"),
+                                     "--as-of", AS_OF.isoformat()])[0] for _ in range(args.repeat)]
+    report["noop_10k_first_cycle_s"] = first["median_s"]
+    report["smtp"] = smtp_rate(DATA / "smtp", AS_OF, emails=3000)
+    for tier in args.tiers.split(","):
+        report["tiers"].append(bench_tier(tier.strip(), args.repeat))
+        print(json.dumps(report["tiers"][-1], default=str)[:2000], flush=True)
+    report["total_s"] = round(time.time() - started, 1)
+    from bench.report import append_markdown
+
+    append_markdown(Path(args.out), report)
+    (DATA / "last.json").write_text(json.dumps(report, indent=2, default=str))
+    print(f"results appended to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Measurements inside one process: each cycle step, the anti-join floor, the naive poller, SMTP throughput.
+
+`step_timings` runs in a child process (`python -m bench.steps TEMPLATE AS_OF`)
+so its peak RSS belongs to that tier alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+FLOOR_SQL = """
+WITH s AS (SELECT invoice_id, due_date, amount_due, amount_paid, status FROM read_parquet(?)),
+     st AS (SELECT * FROM (VALUES ('day3', 3, 0.0), ('day7', 7, 0.0), ('day14', 14, 0.25)) t(stage, days, ratio)),
+     target AS (
+        SELECT s.invoice_id, max(st.days) AS days FROM s JOIN st
+          ON date_diff('day', s.due_date, ?::DATE) >= st.days AND (s.amount_due - s.amount_paid) >= st.ratio * s.amount_due
+        WHERE s.status = 'open' AND s.amount_due > s.amount_paid GROUP BY s.invoice_id)
+SELECT count(*) FROM target t
+WHERE NOT EXISTS (SELECT 1 FROM reminder_ledger l JOIN st ON st.stage = l.stage
+                  WHERE l.invoice_id = t.invoice_id AND st.days >= t.days)
+"""
+
+
+def _peak_mb() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
+def _scratch(template: Path, name: str) -> Path:
+    home = template.with_name(f"{template.name}-{name}")
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.copytree(template, home)
+    return home
+
+
+def _steps(template: Path, as_of: dt.datetime) -> dict:
+    from dunning import cycle
+    from dunning.analytics import publish
+    from dunning.config import DunningConfig
+    from dunning.ledger.duckdb_ledger import open_ledger
+    from dunning.providers.file_outbox import FileOutbox
+    from dunning.sending import send_due
+
+    home = _scratch(template, "steps")
+    config = DunningConfig()
+    timings: dict[str, dict] = {}
+
+    def step(name, fn):
+        started = time.perf_counter()
+        value = fn()
+        timings[name] = {"s": round(time.perf_counter() - started, 3), "peak_rss_mb": _peak_mb()}
+        return value
+
+    loaded = step("load_validate", lambda: cycle.load_snapshot(home / "bench-snapshot.parquet", config))
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        def newly_due():
+            cycled = cycle.cycle_snapshot(ledger, loaded.valid, config, as_of)
+            return cycled, cycle.plan_cycle(cycled, config, ledger.retryable_failures(as_of, config.retry.max_attempts))
+
+        cycled, plan = step("newly_due", newly_due)
+        due = cycle.sendable_due(plan)
+        step("breaker", lambda: cycle.check_breaker(ledger, plan, as_of, config))
+
+        def claim_only():
+            with ledger.simulation():
+                for start in range(0, due.height, 20_000):
+                    ledger.claim(due.slice(start, 20_000), cycle.skipped_rows(plan).head(0), "bench-claim", as_of,
+                                 cycle.claim_cap(as_of, config))
+
+        step("claim", claim_only)
+        report, outcomes = step("claim_render_send_record", lambda: send_due(
+            ledger, FileOutbox(home / "outbox"), due, cycle.skipped_rows(plan), config=config, run_id="bench",
+            as_of=as_of, now=lambda: dt.datetime.now(dt.timezone.utc), cap=cycle.claim_cap(as_of, config)))
+        timings["claim_render_send_record"]["emails"] = report.emails
+        timings["claim_render_send_record"]["emails_per_s"] = round(report.emails / max(timings["claim_render_send_record"]["s"], 1e-9))
+        step("audit", lambda: cycle.audit_cycle(ledger, cycled, plan, outcomes, run_id="bench", as_of=as_of,
+                                                dry_run=False, snapshot_path=None))
+        step("publication", lambda: publish(ledger.con, home))
+    shutil.rmtree(home, ignore_errors=True)
+    return {"due_keys": cycle.due_rows(plan).height, "sendable_keys": due.height, "steps": timings}
+
+
+def step_timings(template: Path, as_of: dt.datetime) -> dict:
+    result = subprocess.run([sys.executable, "-m", "bench.steps", str(template), as_of.isoformat()],
+                            capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-3000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def floor_query(template: Path, as_of: dt.datetime, repeat: int = 3) -> dict:
+    """The bare DuckDB anti-join of snapshot against ledger: no validation, no cycles, no rendering."""
+    con = duckdb.connect(str(template / "dunning.duckdb"), read_only=True)
+    try:
+        times, count = [], 0
+        for _ in range(repeat):
+            started = time.perf_counter()
+            count = con.execute(FLOOR_SQL, [str(template / "bench-snapshot.parquet"), as_of.date()]).fetchone()[0]
+            times.append(time.perf_counter() - started)
+    finally:
+        con.close()
+    return {"median_s": round(sorted(times)[len(times) // 2], 3), "newly_due": count}
+
+
+def naive_poller(template: Path, as_of: dt.datetime, cap_seconds: float) -> dict:
+    """The cron poller users write: per overdue invoice, one lookup query, one insert and commit per email."""
+    home = _scratch(template, "naive")
+    snapshot = pl.read_parquet(home / "bench-snapshot.parquet").filter(
+        (pl.col("status") == "open") & (pl.col("amount_due") > pl.col("amount_paid")))
+    days = (pl.lit(as_of.date()) - pl.col("due_date")).dt.total_days()
+    overdue = snapshot.with_columns(days.alias("days")).filter(pl.col("days") >= 3)
+    outbox = home / "naive-outbox"
+    outbox.mkdir()
+    con = duckdb.connect(str(home / "dunning.duckdb"))
+    started, processed, sent = time.perf_counter(), 0, 0
+    try:
+        for invoice_id, customer_id, email, days_overdue, due, paid in overdue.select(
+                "invoice_id", "customer_id", "customer_email", "days", "amount_due", "amount_paid").iter_rows():
+            stage = "day14" if days_overdue >= 14 and (due - paid) >= 0.25 * due else "day7" if days_overdue >= 7 else "day3"
+            key = f"dunning:{invoice_id}:1:{stage}"
+            if con.execute("SELECT 1 FROM reminder_ledger WHERE idempotency_key = ?", [key]).fetchone() is None:
+                con.execute("INSERT INTO reminder_ledger (idempotency_key, kind, invoice_id, customer_id, status, claimed_at) "
+                            "VALUES (?, 'reminder', ?, ?, 'sent', ?)", [key, invoice_id, customer_id, as_of])
+                (outbox / f"{invoice_id}.eml").write_text(f"To: {email}\nSubject: overdue {invoice_id}\n\n{due - paid}\n")
+                sent += 1
+            processed += 1
+            if time.perf_counter() - started > cap_seconds:
+                break
+    finally:
+        con.close()
+    elapsed = time.perf_counter() - started
+    shutil.rmtree(home, ignore_errors=True)
+    rate = processed / elapsed
+    return {"processed": processed, "of": overdue.height, "seconds": round(elapsed, 1), "capped": processed < overdue.height,
+            "extrapolated_s": round(overdue.height / rate, 1), "sent_in_sample": sent}
+
+
+def smtp_rate(directory: Path, as_of: dt.datetime, emails: int) -> dict:
+    """Emails per second to a local aiosmtpd server through the SMTP provider, ledger updates included."""
+    from aiosmtpd.controller import Controller
+
+    from dunning import cycle
+    from dunning.config import DunningConfig, Provider
+    from dunning.demo import generate_snapshot
+    from dunning.ledger.duckdb_ledger import open_ledger
+    from dunning.policy import STATE_SCHEMA, assign_cycles
+    from dunning.providers.smtp import SmtpProvider
+    from dunning.sending import send_due
+
+    class Count:
+        received = 0
+
+        async def handle_DATA(self, server, session, envelope):
+            Count.received += 1
+            return "250 OK"
+
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    snapshot = generate_snapshot(emails * 4, as_of=as_of.date(), invoices_per_customer=1.0)
+    config = DunningConfig(group_by="invoice", breaker={"max_emails": 10})
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    controller = Controller(Count(), hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        provider = SmtpProvider(Provider(kind="smtp", host="127.0.0.1", port=port, timeout_seconds=10))
+        valid = snapshot.with_columns(pl.int_range(1, pl.len() + 1).alias("source_row"))
+        plan = cycle.plan_cycle(assign_cycles(valid, pl.DataFrame(schema=STATE_SCHEMA), as_of, config), config)
+        due = cycle.sendable_due(plan).head(emails)
+        with open_ledger(directory / "dunning.duckdb") as ledger, provider:
+            started = time.perf_counter()
+            report, _ = send_due(ledger, provider, due, cycle.skipped_rows(plan), config=config, run_id="smtp", as_of=as_of,
+                                 now=lambda: dt.datetime.now(dt.timezone.utc))
+            elapsed = time.perf_counter() - started
+    finally:
+        controller.stop()
+    return {"emails": report.emails, "received": Count.received, "seconds": round(elapsed, 2),
+            "emails_per_s": round(report.emails / elapsed)}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_steps(Path(sys.argv[1]), dt.datetime.fromisoformat(sys.argv[2]))))
