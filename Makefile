@@ -28,6 +28,12 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+TIERS ?= 100k,1m
+REPEAT ?= 3
+
+bench: setup
+	$(BIN)/python -m bench.run --tiers $(TIERS) --repeat $(REPEAT)
+
 ui: setup
 	DAGSTER_HOME=$(abspath $(HOME_DIR))/dagster DUNNING_HOME=$(abspath $(HOME_DIR)) $(BIN)/dagster dev -w workspace.yaml
 

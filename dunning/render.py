@@ -8,6 +8,7 @@ with hand-written arithmetic on floats.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 from collections import defaultdict
 from decimal import Decimal
@@ -38,14 +39,19 @@ SUBJECTS = {
 }
 
 
-AMOUNT_PATTERN = babel.numbers.parse_pattern("#,##0.00 ¤¤")  # parsed once: Babel re-parses a format string per call
+@functools.lru_cache(maxsize=None)
+def _number_format(currency: str, locale: str) -> tuple[babel.numbers.NumberPattern, babel.Locale, int]:
+    """The currency's exponent and a plain number pattern with that many decimals, parsed once per currency."""
+    digits = babel.numbers.get_currency_precision(currency)
+    pattern = babel.numbers.parse_pattern("#,##0" + ("." + "0" * digits if digits else ""))
+    return pattern, babel.Locale.parse(locale), digits
 
 
 def format_amount(amount_minor: int, currency: str, locale: str = "en_US") -> str:
     """`12345, "USD"` -> `123.45 USD`; `1234, "JPY"` -> `1,234 JPY`: the ISO code is never ambiguous, a `$` is."""
-    digits = babel.numbers.get_currency_precision(currency)
+    pattern, parsed_locale, digits = _number_format(currency, locale)
     value = Decimal(int(amount_minor)).scaleb(-digits)
-    return AMOUNT_PATTERN.apply(value, babel.Locale.parse(locale), currency=currency, currency_digits=True)
+    return f"{pattern.apply(value, parsed_locale)} {currency}"
 
 
 def _invoice_lines(rows: Sequence[dict[str, Any]], locale: str) -> list[dict[str, Any]]:

@@ -113,8 +113,10 @@ def send_due(
         lost = set(chunk.get_column("idempotency_key")) - won - claim.throttled
         report.lost += len(lost)
         rows += [(k, "lost", None, "claimed by another run" if not claim.lost else "claim transaction lost a conflict") for k in sorted(lost)]
-        groups = [members.to_dicts() for _, members in
-                  chunk.filter(pl.col("idempotency_key").is_in(list(won))).group_by(["email_group"], maintain_order=True)]
+        grouped: dict[str, list[dict]] = {}
+        for record in chunk.filter(pl.col("idempotency_key").is_in(list(won))).to_dicts():
+            grouped.setdefault(record["email_group"], []).append(record)
+        groups = list(grouped.values())
         for records, outcome in zip(groups, provider.send_many([render(records) for records in groups])):
             report.emails += 1
             setattr(report, outcome.status, getattr(report, outcome.status) + len(records))
