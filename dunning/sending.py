@@ -15,10 +15,10 @@ from email.message import Message
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import duckdb
 import polars as pl
 
 from dunning.config import DunningConfig
-from dunning.keys import email_id, message_id
 from dunning.ledger.base import Ledger
 from dunning.ledger.claims import ClaimCap
 from dunning.policy import email_groups
@@ -46,14 +46,24 @@ def held_outcomes(due: pl.DataFrame, status: str) -> pl.DataFrame:
 
 
 def with_email_ids(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
-    """Attach `email_group`, `email_id` and `message_id`: each email covers the keys of one group."""
+    """Attach `email_group`, `email_id` and `message_id`: each email covers the keys of one group.
+
+    `email_id` is `keys.email_id` (sha256 of the sorted keys, comma-joined),
+    computed in DuckDB for every group at once: per group in Python it was
+    two thirds of the newly-due step at 1M invoices.
+    """
     domain = config.provider.from_address.rpartition("@")[2] or "dunning.invalid"
     grouped = due.with_columns(email_groups(due, config).alias("email_group"))
-    ids = grouped.group_by("email_group").agg(pl.col("idempotency_key")).with_columns(
-        pl.col("idempotency_key").map_elements(email_id, return_dtype=pl.String).alias("email_id"),
-    ).select(
-        "email_group", "email_id", pl.format("<{}@{}>", pl.col("email_id"), pl.lit(domain)).alias("message_id")
-    )
+    con = duckdb.connect()
+    try:
+        con.register("grouped_keys", grouped.select("email_group", "idempotency_key").to_arrow())
+        ids = con.sql(
+            "SELECT email_group, left(sha256(string_agg(idempotency_key, ',' ORDER BY idempotency_key)), 32) AS email_id "
+            "FROM grouped_keys GROUP BY email_group"
+        ).pl()
+    finally:
+        con.close()
+    ids = ids.with_columns(pl.format("<{}@{}>", pl.col("email_id"), pl.lit(domain)).alias("message_id"))
     return grouped.join(ids, on="email_group", how="left")
 
 

@@ -108,3 +108,15 @@ def test_a_held_lock_ends_in_a_clear_busy_error(tmp_path):
         holder.wait()
     with open_ledger(path, timeout_seconds=5) as ledger:  # released as soon as the holder dies
         assert ledger.con.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_vectorized_email_ids_equal_the_key_function():
+    from dunning.keys import email_id
+
+    frame = due_rows(5).drop("email_group", "email_id", "message_id").with_columns(
+        pl.Series("customer_id", ["a", "a", "b", "c", "c"]), pl.Series("customer_email", ["x@e.com"] * 5))
+    grouped = with_email_ids(frame, DunningConfig(group_by="customer"))
+    for group, members in grouped.group_by("email_group"):
+        keys = members.get_column("idempotency_key").to_list()
+        assert set(members.get_column("email_id")) == {email_id(keys)}
+        assert members.get_column("message_id")[0] == f"<{email_id(keys)}@example.com>"
