@@ -3,7 +3,7 @@
 import dagster as dg
 import polars as pl
 
-from assets.common import ASSET_DEFAULTS, LEDGER_POOL, frame_metadata
+from assets.common import ASSET_DEFAULTS, LEDGER_POOL, SNAPSHOT_FOR_AUDIT, frame_metadata
 from dunning import audit as audit_rules
 from dunning import cycle
 from pipelines.resources import CycleRequest, DunningHome
@@ -14,7 +14,7 @@ def audit_run_id(context: dg.AssetExecutionContext, live: bool, dry_run: bool, p
     return context.run_id if live or dry_run else f"backfill:{partition_date}:{policy_id}"
 
 
-@dg.asset(**ASSET_DEFAULTS, kinds={"polars", "duckdb"}, pool=LEDGER_POOL)
+@dg.asset(**ASSET_DEFAULTS, kinds={"polars", "duckdb"}, pool=LEDGER_POOL, ins={"invoice_snapshot": SNAPSHOT_FOR_AUDIT})
 def dunning_audit(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFrame, reminders_due: pl.DataFrame,
                   send_batch: pl.DataFrame, dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
     """One row per key this cycle considered: outcome, reason if not sent, amount stated vs owed."""

@@ -47,7 +47,7 @@ def prepare_home(home: Path, n_invoices: int, as_of: dt.datetime, history_factor
     home.mkdir(parents=True, exist_ok=True)
     snapshot_path = write_snapshot(generate_snapshot(n_invoices, as_of=as_of.date()), home / "bench-snapshot.parquet")
     config = DunningConfig()
-    valid = read_snapshot(snapshot_path, config.zone).drop("amount_due_raw", "amount_paid_raw", "due_date_raw")
+    valid = read_snapshot(snapshot_path, config.zone).drop("amount_due_raw", "amount_paid_raw", "due_date_raw", strict=False)
     before = as_of - dt.timedelta(days=HISTORY_LAG_DAYS)
     cycled = assign_cycles(valid, pl.DataFrame(schema=STATE_SCHEMA), before, config)
     plan = plan_reminders(cycled, config)

@@ -9,6 +9,7 @@ after it will not run to do so.
 import dagster as dg
 import polars as pl
 
+from assets.common import SNAPSHOT_FOR_AUDIT
 from checks.breaker_schema import BREAKER_CHECK
 from dunning import audit as audit_rules
 from dunning import cycle
@@ -44,7 +45,7 @@ def reminders_due_are_sound(reminders_due: pl.DataFrame) -> dg.AssetCheckResult:
 
 
 @dg.asset_check(asset="reminders_due", name=BREAKER, blocking=True, pool="dunning_ledger",
-                additional_ins={"invoice_snapshot": dg.AssetIn("invoice_snapshot")},
+                additional_ins={"invoice_snapshot": SNAPSHOT_FOR_AUDIT},
                 description="Circuit breaker: no customer may get more than breaker.max_emails emails in any breaker.window_hours window, counting this batch and the ledger's recent sends.")
 def circuit_breaker(context: dg.AssetCheckExecutionContext, reminders_due: pl.DataFrame, invoice_snapshot: pl.DataFrame,
                     dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.AssetCheckResult:

@@ -38,7 +38,7 @@ class ValidatedSnapshot:
 def load_snapshot(path: str | Path, config: DunningConfig) -> ValidatedSnapshot:
     """Read and validate; raises SnapshotError only when the file itself is unusable."""
     valid, rejected = validate_snapshot(read_snapshot(path, config.zone))
-    return ValidatedSnapshot(valid.drop("amount_due_raw", "amount_paid_raw", "due_date_raw"), rejected)
+    return ValidatedSnapshot(valid.drop("amount_due_raw", "amount_paid_raw", "due_date_raw", strict=False), rejected)
 
 
 def cycle_snapshot(ledger: Ledger, valid: pl.DataFrame, config: DunningConfig, as_of: dt.datetime) -> pl.DataFrame:

