@@ -25,8 +25,7 @@ def reminders_due(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFr
         with dunning_home.ledger() as ledger:
             failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts)
             recorded = ledger.recorded_keys(event_keys(billing_events))
-        domain = config.provider.from_address.rpartition("@")[2] or "dunning.invalid"
-        notices = notice_rows(billing_events, invoice_snapshot, recorded, domain)
+        notices = notice_rows(billing_events, invoice_snapshot, recorded, config.provider.message_domain)
     plan = cycle.plan_cycle(invoice_snapshot, config, failed, notices)
     due = cycle.due_rows(plan)
     by_stage = dict(due.group_by("stage").len().iter_rows()) if due.height else {}

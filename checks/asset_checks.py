@@ -18,7 +18,7 @@ from pipelines.resources import CycleRequest, DunningHome
 REMINDERS_SOUND = "reminders_due_are_sound"
 BREAKER = "circuit_breaker"
 NO_UNOWED_REMINDERS = "no_reminders_for_unowed_invoices"
-KEY_PATTERN = r"^(dunning:[^:]+:[0-9]+:[A-Za-z0-9_-]+|event:.+)$"
+KEY_PATTERN = r"^(dunning:.+:[0-9]+:[A-Za-z0-9_-]+|event:.+)$"  # invoice ids may contain ":"
 
 
 def reminder_batch_problems(plan: pl.DataFrame) -> dict[str, int]:

@@ -26,10 +26,6 @@ OUTCOMES = {
     "dry_run": ("dry_run", None),
     "simulated": ("simulated", None),
 }
-AUDIT_COLUMNS = (
-    "run_id", "as_of", "dry_run", "idempotency_key", "kind", "invoice_id", "customer_id", "cycle", "stage",
-    "outcome", "reason", "owed", "amount_stated_minor", "remaining_minor", "currency", "message_id",
-)
 
 
 def build_audit(

@@ -57,6 +57,11 @@ class Provider(_Strict):
     password_env: str | None = None
     from_address: str = Field(default="billing@example.com", alias="from")
     connections: int = Field(default=4, ge=1, le=32)
+
+    @property
+    def message_domain(self) -> str:
+        """The right-hand side of our Message-IDs: the sender's domain."""
+        return self.from_address.rpartition("@")[2] or "dunning.invalid"
     outbox_dir: str | None = None
 
 

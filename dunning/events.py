@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from dunning.keys import email_id, event_key
+from dunning.keys import email_id, event_key, message_id
 from dunning.policy import EMAIL_PATTERN
 from dunning.stripe import read_events
 
@@ -78,7 +78,7 @@ def notice_rows(events: pl.DataFrame, snapshot: pl.DataFrame, already_recorded: 
         pl.col("customer_email").str.contains(EMAIL_PATTERN).fill_null(False).alias("sendable"),
         pl.col("idempotency_key").alias("email_group"),
         pl.Series("email_id", ids, dtype=pl.String),
-        pl.Series("message_id", [f"<{i}@{domain}>" for i in ids], dtype=pl.String),
+        pl.Series("message_id", [message_id([k], domain) for k in keys], dtype=pl.String),
     ).drop("snapshot_email", "amount_remaining", "payload", "type", "created_at")
 
 

@@ -18,7 +18,7 @@ import polars as pl
 
 from dunning.config import DunningConfig
 from dunning.errors import SnapshotError
-from dunning.keys import apology_key, email_id
+from dunning.keys import apology_key, email_id, message_id
 from dunning.ledger.duckdb_ledger import DuckDBLedger
 from dunning.providers.base import EmailProvider
 from dunning.render import apology_email
@@ -110,7 +110,7 @@ def apology_rows(flooded: pl.DataFrame, snapshot: pl.DataFrame, incident_id: str
         pl.lit(None, dtype=pl.String).alias("stage"), pl.lit(None, dtype=pl.Int32).alias("stage_days"),
         pl.lit(None, dtype=pl.Int64).alias("amount_minor"), pl.lit(None, dtype=pl.String).alias("currency"),
         pl.Series("email_group", keys, dtype=pl.String), pl.Series("email_id", ids, dtype=pl.String),
-        pl.Series("message_id", [f"<{i}@{domain}>" for i in ids], dtype=pl.String),
+        pl.Series("message_id", [message_id([k], domain) for k in keys], dtype=pl.String),
     )
 
 
@@ -123,8 +123,7 @@ def recover(ledger: DuckDBLedger, provider: EmailProvider, snapshot: pl.DataFram
         logged, unmapped = read_sent_log(sent_log, snapshot)
         sends = pl.concat([sends, logged.filter((pl.col("sent_at") > since) & (pl.col("sent_at") <= as_of))])
     flooded = flooded_customers(sends, config)
-    domain = config.provider.from_address.rpartition("@")[2] or "dunning.invalid"
-    rows = apology_rows(flooded, snapshot, incident_id, domain)
+    rows = apology_rows(flooded, snapshot, incident_id, config.provider.message_domain)
     reachable = rows.filter(pl.col("customer_email").str.contains("@").fill_null(False))
     owed = snapshot.filter(pl.col("owed")).sort("due_date", "invoice_id")
 

@@ -52,7 +52,7 @@ def with_email_ids(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     computed in DuckDB for every group at once: per group in Python it was
     two thirds of the newly-due step at 1M invoices.
     """
-    domain = config.provider.from_address.rpartition("@")[2] or "dunning.invalid"
+    domain = config.provider.message_domain
     grouped = due.with_columns(email_groups(due, config).alias("email_group"))
     con = duckdb.connect()
     try:

@@ -28,9 +28,6 @@ from pipelines.cli_args import build_parser
 from pipelines.instance import get_instance, owner_tags
 from pipelines.io_manager import prune_run_frames
 
-EXIT_RUN_FAILED = 1
-
-
 def dunning_cycle() -> dg.JobDefinition:
     """The job, importable by module path so runs carry an origin the UI can re-execute."""
     from pipelines.definitions import defs

@@ -204,3 +204,12 @@ def test_old_run_frames_are_pruned_after_each_run(deployment):
     remaining = sorted(d.name for d in (deployment.home / "runs").iterdir())
     assert len(remaining) == 20 and "old-24" in remaining and "old-00" not in remaining
     assert prune_run_frames(deployment.home, keep=1) == 19
+
+
+def test_invoice_ids_with_colons_and_spaces_are_sent_once(deployment):
+    rows = [invoice(invoice_id="INV:2026 / 0042")]
+    code, _, err = deployment.run(rows, "2026-11-05T09:00:00Z")
+    assert code == 0, err
+    deployment.run(rows, "2026-11-05T10:00:00Z")
+    assert [r["idempotency_key"] for r in deployment.ledger()] == ["dunning:INV:2026 / 0042:1:day3"]
+    assert len(deployment.outbox()) == 1

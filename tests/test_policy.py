@@ -88,3 +88,11 @@ def test_null_and_invalid_emails_are_planned_but_unsendable(tmp_path):
             invoice(invoice_id="good")]
     cycled, _ = plan(tmp_path, rows, "2026-11-05T09:00:00")
     assert dict(cycled.select("invoice_id", "sendable").rows()) == {"none": False, "bad": False, "good": True}
+
+
+def test_the_key_expression_and_the_key_function_agree(tmp_path):
+    from dunning.keys import reminder_key
+
+    _, planned = plan(tmp_path, [invoice(invoice_id="in:odd id")], "2026-11-11T09:00:00")
+    for row in planned.iter_rows(named=True):
+        assert row["idempotency_key"] == reminder_key(row["invoice_id"], row["cycle"], row["stage"])
