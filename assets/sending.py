@@ -49,7 +49,7 @@ def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, d
                 return dg.Output(held_outcomes(due, "paused"), metadata={"paused": True, "pause_reason": pause.reason or "", "held": due.height})
             with dunning_home.provider(config) as provider:
                 stale = ledger.expire_stale_claims(context.run_id, utc_now())
-                resolved = resolve_unknown(ledger, provider, utc_now())
+                resolved = resolve_unknown(ledger, provider, utc_now(), config.retry.backoff_minutes)
                 report, outcomes = send_due(
                     ledger, provider, due, cycle.skipped_rows(reminders_due), config=config, run_id=context.run_id,
                     as_of=clock.as_of, now=utc_now, cap=cycle.claim_cap(clock.as_of, config), progress=progress,

@@ -9,7 +9,7 @@ from dunning.clock import utc_now
 from dunning.errors import DunningError, InvalidRowsHalt, SnapshotError
 from dunning.events import EVENTS_SCHEMA, PAYMENT_FAILED, events_frame
 from dunning.landing import latest_for_day
-from dunning.policy import stages_frame
+from dunning.policy import assign_cycles, stages_frame
 from pipelines.resources import CycleRequest, DunningHome
 
 HISTORY_COLUMNS = ("invoice_id", "customer_id", "customer_email", "currency", "amount_due", "amount_paid",
@@ -46,7 +46,7 @@ def invoice_snapshot(context: dg.AssetExecutionContext, dunning_home: DunningHom
             if loaded.rejected.height and config.on_invalid_rows == "halt":
                 raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {loaded.summary}")
             state = ledger.invoice_state() if clock.live or cycle_request.dry_run else ledger.state_as_of(clock.as_of, stages_frame(config))
-            cycled = cycle.assign(loaded.valid, state, config, clock.as_of)
+            cycled = assign_cycles(loaded.valid, state, clock.as_of, config)
             if clock.live:
                 ledger.record_snapshot(context.run_id, clock.as_of, cycled)
             if not cycle_request.dry_run:

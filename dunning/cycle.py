@@ -43,11 +43,7 @@ def load_snapshot(path: str | Path, config: DunningConfig) -> ValidatedSnapshot:
 
 def cycle_snapshot(ledger: Ledger, valid: pl.DataFrame, config: DunningConfig, as_of: dt.datetime) -> pl.DataFrame:
     """The valid snapshot with each invoice's cycle, days overdue and whether it is owed and sendable."""
-    return assign(valid, ledger.invoice_state(), config, as_of)
-
-
-def assign(valid: pl.DataFrame, state: pl.DataFrame, config: DunningConfig, as_of: dt.datetime) -> pl.DataFrame:
-    return assign_cycles(valid, state, as_of, config)
+    return assign_cycles(valid, ledger.invoice_state(), as_of, config)
 
 
 def _aligned(part: pl.DataFrame, schema: pl.Schema) -> pl.DataFrame:

@@ -11,8 +11,8 @@ batch.
 from __future__ import annotations
 
 import datetime as dt
-from email.message import Message
 from dataclasses import dataclass
+from email.message import Message
 from typing import Callable, Iterator
 
 import duckdb
@@ -74,8 +74,11 @@ def _chunks(due: pl.DataFrame, emails_per_chunk: int) -> Iterator[pl.DataFrame]:
         yield due.filter(pl.col("email_group").is_in(chunk_groups))
 
 
-def resolve_unknown(ledger: Ledger, provider: EmailProvider, wall: dt.datetime) -> int:
-    """Ask the provider about `unknown` keys; record its definite answers, leave the rest held."""
+def resolve_unknown(ledger: Ledger, provider: EmailProvider, wall: dt.datetime, backoff_minutes: float) -> int:
+    """Ask the provider about `unknown` keys; record its definite answers, leave the rest held.
+
+    A definite "not delivered" becomes `failed`, retried after the configured backoff like any failure.
+    """
     pending = ledger.unknown_with_message_ids()
     answers = []
     for key, mid in pending.iter_rows():
@@ -84,7 +87,7 @@ def resolve_unknown(ledger: Ledger, provider: EmailProvider, wall: dt.datetime) 
             answers.append((key, status, mid, f"resolved by provider lookup: {status}"))
     if answers:
         frame = pl.DataFrame(answers, schema=OUTCOME_SCHEMA, orient="row")
-        ledger.record_outcomes(frame, None, wall)
+        ledger.record_outcomes(frame, None, wall, backoff_minutes)
     return len(answers)
 
 

@@ -68,26 +68,38 @@ def _home(args: argparse.Namespace) -> Path:
     return home
 
 
+def _instance(home: Path) -> dg.DagsterInstance:
+    """The home's Dagster instance, with DUNNING_HOME set for the definitions' resources."""
+    instance = get_instance(home)
+    os.environ["DUNNING_HOME"] = str(home)
+    return instance
+
+
+def _cycle_run_config(home: Path, config_path: str | None, *, snapshot_path: str | None = None, as_of: str | None = None,
+                      dry_run: bool = False, events_path: str | None = None, verbose: bool = False) -> dict:
+    return {
+        "resources": {
+            "dunning_home": {"config": {"home": str(home), "config_path": config_path}},
+            "cycle_request": {"config": {"snapshot_path": snapshot_path, "as_of": as_of, "dry_run": dry_run,
+                                         "events_path": events_path}},
+        },
+        "loggers": {"console": {"config": {"log_level": "INFO" if verbose else "CRITICAL"}}},
+    }
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     home = _home(args)
     config_path = _config_path(args, home)
-    load_config(config_path)  # fail fast, before Dagster starts, on a bad config
-    snapshot = Path(_existing(args.snapshot, "snapshot"))
+    config = load_config(config_path)  # fail fast, before Dagster starts, on a bad config
+    snapshot = _existing(args.snapshot, "snapshot")
     as_of = parse_as_of(args.as_of)
     events = _existing(args.events, "events") if args.events else None
-    instance = get_instance(home)
-    os.environ["DUNNING_HOME"] = str(home)
-    run_config = {
-        "resources": {
-            "dunning_home": {"config": {"home": str(home), "config_path": config_path}},
-            "cycle_request": {"config": {"snapshot_path": str(snapshot), "as_of": as_of.isoformat(),
-                                         "dry_run": bool(args.dry_run), "events_path": events}},
-        },
-        "loggers": {"console": {"config": {"log_level": "INFO" if args.verbose else "CRITICAL"}}},
-    }
+    instance = _instance(home)
+    run_config = _cycle_run_config(home, config_path, snapshot_path=snapshot, as_of=as_of.isoformat(),
+                                   dry_run=bool(args.dry_run), events_path=events, verbose=args.verbose)
     with open_ledger(home / "dunning.duckdb") as ledger:
         paused = ledger.pause_state().paused
-    partition = as_of.astimezone(load_config(config_path).zone).date().isoformat()
+    partition = as_of.astimezone(config.zone).date().isoformat()
     tags = {"dunning/trigger": "cli", "dunning/dry_run": str(bool(args.dry_run)).lower(),
             "dunning/paused": str(paused).lower(), "dagster/partition": partition, **owner_tags()}
     result = dg.execute_job(dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config,
@@ -111,17 +123,12 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     today = utc_now().astimezone(config.zone).date()
     if end < start or end >= today:
         raise UserInputError(f"backfill needs past days with --from <= --to < {today} (today is live, not a backfill)")
-    instance = get_instance(home)
-    os.environ["DUNNING_HOME"] = str(home)
+    instance = _instance(home)
     backfill_id = f"cli-{utc_now():%Y%m%dT%H%M%S}"
     failures = 0
     day = start
     while day <= end:
-        run_config = {
-            "resources": {"dunning_home": {"config": {"home": str(home), "config_path": config_path}},
-                          "cycle_request": {"config": {"snapshot_path": None, "as_of": None, "dry_run": False, "events_path": None}}},
-            "loggers": {"console": {"config": {"log_level": "CRITICAL"}}},
-        }
+        run_config = _cycle_run_config(home, config_path)  # no clock: a past partition is evaluated at its day's end
         tags = {"dagster/partition": day.isoformat(), "dagster/backfill": backfill_id, "dunning/trigger": "backfill", **owner_tags()}
         result = dg.execute_job(dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config, tags=tags,
                                 raise_on_error=False)
@@ -188,8 +195,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     sent_log = _existing(args.sent_log, "sent log") if args.sent_log else None
     as_of = parse_as_of(args.as_of)
     since = parse_as_of(args.since).isoformat() if args.since else None
-    instance = get_instance(home)
-    os.environ["DUNNING_HOME"] = str(home)
+    instance = _instance(home)
     run_config = {
         "ops": {"send_flood_apologies": {"config": {"incident_id": args.incident, "snapshot_path": snapshot,
                                                      "since": since, "sent_log_path": sent_log, "as_of": as_of.isoformat()}}},

@@ -57,17 +57,6 @@ class ClaimStore:
         ).fetchall()
         return len(rows)
 
-    def _recent_for(self, con: duckdb.DuckDBPyConnection, cap: ClaimCap, until: dt.datetime) -> pl.DataFrame:
-        return con.sql(
-            """
-            SELECT customer_id, count(DISTINCT email_id)::BIGINT AS emails FROM reminder_ledger
-            WHERE status IN ('claimed', 'sent', 'unknown') AND customer_id IN (SELECT customer_id FROM claim_customers)
-              AND coalesce(sent_at, claimed_at) > ? AND coalesce(sent_at, claimed_at) <= ?
-            GROUP BY customer_id
-            """,
-            params=[cap.window_start, until],
-        ).pl()
-
     def claim(self, due: pl.DataFrame, skipped: pl.DataFrame, run_id: str, claimed_at: dt.datetime,
               cap: ClaimCap | None = None) -> ClaimResult:
         """Insert `due` as `claimed` and, for invoices whose claim we won, `skipped` stages; one transaction."""
@@ -81,7 +70,8 @@ class ClaimStore:
                     "ON CONFLICT (customer_id) DO UPDATE SET touched_at = excluded.touched_at",
                     [claimed_at],
                 )
-                allowed = _within_cap(due, self._recent_for(con, cap, claimed_at), cap) if cap else due
+                recent = self.emails_in_window(cap.window_start, claimed_at, only_customers=customers) if cap else None
+                allowed = _within_cap(due, recent, cap) if cap else due
                 result.throttled = set(due.get_column("idempotency_key")) - set(allowed.get_column("idempotency_key"))
                 is_retry = pl.col("role") == "retry" if "role" in allowed.columns else pl.lit(False)
                 rows = allowed.filter(~is_retry).with_columns(pl.lit("claimed").alias("status"), *stamp).select(LEDGER_COLUMNS)
@@ -154,7 +144,7 @@ class ClaimStore:
             )
 
     def record_outcomes(self, outcomes: pl.DataFrame, sent_at: dt.datetime | None, wall: dt.datetime,
-                        backoff_minutes: float = 30.0) -> None:
+                        backoff_minutes: float) -> None:
         """Columns: idempotency_key, status, message_id, error. One UPDATE for the chunk.
 
         `sent_at` None means "when it was claimed" (an outcome learned later, by
@@ -174,17 +164,25 @@ class ClaimStore:
                 [sent_at, wall, sent_at, backoff_minutes],
             )
 
-    def emails_in_window(self, since: dt.datetime, until: dt.datetime) -> pl.DataFrame:
-        """Per customer, how many distinct emails may have reached them in (since, until]."""
-        return self.frame(
-            """
-            SELECT customer_id, count(DISTINCT email_id)::BIGINT AS emails FROM reminder_ledger
-            WHERE status IN ('claimed', 'sent', 'unknown')
-              AND coalesce(sent_at, claimed_at) > ? AND coalesce(sent_at, claimed_at) <= ?
-            GROUP BY customer_id
-            """,
-            [since, until],
-        )
+    def emails_in_window(self, since: dt.datetime, until: dt.datetime,
+                         only_customers: pl.DataFrame | None = None) -> pl.DataFrame:
+        """Per customer, how many distinct emails may have reached them in (since, until].
+
+        The one count both the breaker check and the claim-time cap use; `only_customers` (a frame with
+        `customer_id`) narrows it to the customers being claimed for.
+        """
+        customers = only_customers if only_customers is not None else pl.DataFrame(schema={"customer_id": pl.String})
+        with self.registered("window_customers", customers.select("customer_id")):
+            return self.frame(
+                """
+                SELECT customer_id, count(DISTINCT email_id)::BIGINT AS emails FROM reminder_ledger
+                WHERE status IN ('claimed', 'sent', 'unknown')
+                  AND coalesce(sent_at, claimed_at) > ? AND coalesce(sent_at, claimed_at) <= ?
+                  AND (? OR customer_id IN (SELECT customer_id FROM window_customers))
+                GROUP BY customer_id
+                """,
+                [since, until, only_customers is None],
+            )
 
     def unknown_with_message_ids(self) -> pl.DataFrame:
         return self.frame(
