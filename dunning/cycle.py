@@ -21,7 +21,7 @@ from dunning.config import DunningConfig
 from dunning.ledger.base import Ledger
 from dunning.ledger.claims import ClaimCap
 from dunning.policy import assign_cycles, plan_reminders, plan_retries
-from dunning.sending import held_outcomes, with_email_ids
+from dunning.sending import held_outcomes, with_email_groups
 from dunning.snapshot import read_snapshot
 
 
@@ -38,7 +38,8 @@ class ValidatedSnapshot:
 def load_snapshot(path: str | Path, config: DunningConfig) -> ValidatedSnapshot:
     """Read and validate; raises SnapshotError only when the file itself is unusable."""
     valid, rejected = validate_snapshot(read_snapshot(path, config.zone))
-    return ValidatedSnapshot(valid.drop("amount_due_raw", "amount_paid_raw", "due_date_raw", strict=False), rejected)
+    # one contiguous chunk per column: every later step on a many-chunked frame paid for a rechunk again
+    return ValidatedSnapshot(valid.drop("amount_due_raw", "amount_paid_raw", "due_date_raw", strict=False).rechunk(), rejected)
 
 
 def cycle_snapshot(ledger: Ledger, valid: pl.DataFrame, config: DunningConfig, as_of: dt.datetime) -> pl.DataFrame:
@@ -57,7 +58,9 @@ def plan_cycle(cycled: pl.DataFrame, config: DunningConfig, failed: pl.DataFrame
     `notices` are payment-failed notices from billing events (kind `payment_failed`), sent and gated like reminders.
     """
     planned = plan_reminders(cycled, config)
-    due = with_email_ids(planned.filter(pl.col("role") == "due"), config)
+    # Message-IDs are computed per chunk when keys are claimed (`send_due`); retries and notices bring theirs
+    due = with_email_groups(planned.filter(pl.col("role") == "due"), config).with_columns(
+        pl.lit(None, dtype=pl.String).alias("email_id"), pl.lit(None, dtype=pl.String).alias("message_id"))
     parts = [due]
     if failed is not None and failed.height:
         parts.append(plan_retries(cycled, failed, due, config))

@@ -19,6 +19,7 @@ from dunning.config import DunningConfig
 from dunning.keys import reminder_key_expr
 
 EMAIL_PATTERN = r"^[^@\s,;<>]+@[^@\s,;<>]+\.[^@\s,;<>]+$"
+CYCLE_ACTION = pl.Enum(["open", "close"])
 STATE_SCHEMA = {"invoice_id": pl.String, "cycle": pl.Int32, "cycle_open": pl.Boolean, "last_stage_days": pl.Int32}
 
 
@@ -42,38 +43,56 @@ def stages_frame(config: DunningConfig) -> pl.DataFrame:
 
 
 def with_balances(snapshot: pl.DataFrame) -> pl.DataFrame:
-    """`remaining_minor`, `owed` (open with something left to pay) and `sendable` (a usable address)."""
+    """`remaining_minor` and `owed` (open with something left to pay)."""
     remaining = pl.col("amount_due") - pl.col("amount_paid")
     return snapshot.with_columns(
         remaining.alias("remaining_minor"),
         ((pl.col("status") == "open") & (remaining > 0)).alias("owed"),
-        pl.col("customer_email").str.contains(EMAIL_PATTERN).fill_null(False).alias("sendable"),
     )
 
 
+def sendable_expr() -> pl.Expr:
+    """Whether the row's `customer_email` is a usable address."""
+    return pl.col("customer_email").str.contains(EMAIL_PATTERN).fill_null(False)
+
+
 def assign_cycles(snapshot: pl.DataFrame, state: pl.DataFrame, as_of: dt.datetime, config: DunningConfig) -> pl.DataFrame:
-    """The snapshot with `remaining_minor`, `days_overdue`, `owed`, `sendable`, and the dunning `cycle`.
+    """The snapshot with `remaining_minor`, `days_overdue`, `owed`, and the dunning `cycle`.
 
     A cycle opens when an invoice is first seen open, unpaid and past due; it
     closes when the invoice is seen paid, void, or with nothing remaining. An
     invoice seen past due again after its cycle closed starts the next cycle.
     `cycle_action` says what the ledger must record: open, close, or nothing.
     """
+    # one lazy query over plain comparisons: at 1M invoices `is_in` on the status strings and a string-valued
+    # when/then were half of this function's time
     today = business_date(as_of, config)
-    first_stage_days = min(s.days_overdue for s in config.stages)
-    frame = with_balances(snapshot).with_columns(
-        (pl.lit(today) - pl.col("due_date")).dt.total_days().cast(pl.Int32).alias("days_overdue"),
-    ).join(state.cast(STATE_SCHEMA), on="invoice_id", how="left")
-    past_due = pl.col("owed") & (pl.col("days_overdue") >= min(1, first_stage_days))
-    settled = pl.col("status").is_in(["paid", "void"]) | ((pl.col("status") == "open") & (pl.col("remaining_minor") <= 0))
+    first_stage_days = min(1, min(s.days_overdue for s in config.stages))
+    status = pl.col("status")
+    open_status = status == "open"
+    has_balance = pl.col("remaining_minor") > 0
+    settled = (status == "paid") | (status == "void") | (open_status & ~has_balance)
     was_open = pl.col("cycle_open").fill_null(False)
+    past_due = pl.col("owed") & (pl.col("days_overdue") >= first_stage_days)
     opens = past_due & ~was_open
-    return frame.with_columns(
-        pl.when(opens).then(pl.col("cycle").fill_null(0) + 1).otherwise(pl.col("cycle")).cast(pl.Int32).alias("cycle"),
-        pl.when(opens).then(pl.lit("open")).when(settled & was_open).then(pl.lit("close")).otherwise(None).alias("cycle_action"),
-        pl.when(opens).then(None).otherwise(pl.col("last_stage_days")).cast(pl.Int32).alias("last_stage_days"),
-        (past_due | (was_open & ~settled)).alias("in_cycle"),
-    ).drop("cycle_open")
+    return (
+        snapshot.lazy()
+        .with_columns(
+            (pl.col("amount_due") - pl.col("amount_paid")).alias("remaining_minor"),
+            (pl.lit(today) - pl.col("due_date")).dt.total_days().cast(pl.Int32).alias("days_overdue"),
+        )
+        .with_columns((open_status & has_balance).alias("owed"))
+        .join(state.lazy().cast(STATE_SCHEMA), on="invoice_id", how="left")
+        .with_columns(opens.alias("_opens"), (settled & was_open).alias("_closes"), (past_due | (was_open & ~settled)).alias("in_cycle"))
+        .with_columns(
+            pl.when("_opens").then(pl.col("cycle").fill_null(0) + 1).otherwise(pl.col("cycle")).cast(pl.Int32).alias("cycle"),
+            pl.when("_opens").then(pl.lit("open", dtype=CYCLE_ACTION)).when("_closes").then(pl.lit("close", dtype=CYCLE_ACTION))
+            .otherwise(None).alias("cycle_action"),
+            pl.when("_opens").then(None).otherwise(pl.col("last_stage_days")).cast(pl.Int32).alias("last_stage_days"),
+        )
+        .drop("cycle_open", "_opens", "_closes")
+        .collect()
+    )
 
 
 def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
@@ -85,34 +104,31 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     above everything on record in the cycle; stages between what is on record
     and the target are recorded as skipped, never sent later.
     """
-    in_cycle = cycled.filter(pl.col("in_cycle") & pl.col("owed"))
-    # the stage arithmetic runs on five narrow columns; the invoice's other columns join back only onto the
-    # keys that result (at 10M invoices a cross join of every column with the stages took over 4 GB)
-    keys = (
-        in_cycle.select("invoice_id", "days_overdue", "last_stage_days", "remaining_minor", "amount_due")
-        .join(stages_frame(config), how="cross")
-        .filter(
-            (pl.col("stage_days") <= pl.col("days_overdue"))
-            & (pl.col("stage_days") > pl.col("last_stage_days").fill_null(-1))
-        )
-        .with_columns(
-            (pl.col("remaining_minor") >= pl.col("min_remaining_ratio") * pl.col("amount_due")).alias("eligible")
-        )
-        .with_columns(pl.col("stage_days").filter(pl.col("eligible")).max().over("invoice_id").alias("target_days"))
-        .filter(pl.col("target_days").is_not_null() & (pl.col("stage_days") <= pl.col("target_days")))
-        .select(
-            "invoice_id", "stage", "stage_rank", "stage_days", "tone",
-            pl.when(pl.col("stage_days") == pl.col("target_days")).then(pl.lit("due")).otherwise(pl.lit("skipped")).alias("role"),
-        )
-    )
+    # the target is one horizontal max over the (few) configured stages, so no invoice is crossed with the
+    # stages: the due key is a join on the target's days, and only invoices that jump a stage are expanded
+    # into their skipped keys (a cross join of every in-cycle row with the stages was half of this step at 1M)
+    above_record = pl.col("last_stage_days").fill_null(-1)
+    reached = [(s.days_overdue, (pl.col("days_overdue") >= s.days_overdue) & (pl.lit(s.days_overdue) > above_record)
+                & (pl.col("remaining_minor") >= s.min_remaining_ratio * pl.col("amount_due"))) for s in config.stages]
+    target = pl.max_horizontal([pl.when(rule).then(pl.lit(days, dtype=pl.Int32)) for days, rule in reached])
+    jumps = pl.any_horizontal([(pl.lit(days) > above_record) & (pl.lit(days) < pl.col("target_days")) for days, _ in reached])
+    stages = stages_frame(config).drop("min_remaining_ratio")
+    targeted = cycled.filter(pl.col("in_cycle") & pl.col("owed")).with_columns(target.alias("target_days")).filter(
+        pl.col("target_days").is_not_null()).rechunk()  # the joins below cost 5x more on a many-chunked frame
+    due = targeted.join(stages.with_columns(pl.col("stage_days").alias("target_days")), on="target_days", how="inner")
+    skipped = targeted.filter(jumps).join(stages, how="cross").filter(
+        (pl.col("stage_days") > above_record) & (pl.col("stage_days") < pl.col("target_days")))
     return (
-        keys.join(in_cycle, on="invoice_id", how="inner")
+        pl.concat([due, skipped.select(due.columns)], how="vertical", rechunk=True)
         .with_columns(
+            pl.when(pl.col("stage_days") == pl.col("target_days")).then(pl.lit("due")).otherwise(pl.lit("skipped")).alias("role"),
             reminder_key_expr().alias("idempotency_key"),
             pl.lit("reminder").alias("kind"),
             pl.col("remaining_minor").alias("amount_minor"),
+            sendable_expr().alias("sendable"),
         )
-        .select(*in_cycle.columns, "stage", "stage_rank", "stage_days", "tone", "role", "idempotency_key", "kind", "amount_minor")
+        .select(*cycled.columns, "sendable", "stage", "stage_rank", "stage_days", "tone", "role", "idempotency_key", "kind",
+                "amount_minor")
         .sort("customer_id", "invoice_id", "stage_rank")
     )
 
@@ -135,6 +151,7 @@ def plan_retries(cycled: pl.DataFrame, failed: pl.DataFrame, due: pl.DataFrame, 
         .with_columns(
             pl.lit("retry").alias("role"), pl.lit("reminder").alias("kind"),
             pl.col("remaining_minor").alias("amount_minor"), pl.col("email_id").alias("email_group"),
+            sendable_expr().alias("sendable"),
         )
     )
 

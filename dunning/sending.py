@@ -45,26 +45,39 @@ def held_outcomes(due: pl.DataFrame, status: str) -> pl.DataFrame:
                       pl.lit(None, dtype=pl.String).alias("error")).cast(OUTCOME_SCHEMA)
 
 
-def with_email_ids(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
-    """Attach `email_group`, `email_id` and `message_id`: each email covers the keys of one group.
+def with_email_groups(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
+    """Attach `email_group`: the keys of one group go out in one email."""
+    return due.with_columns(email_groups(due, config).alias("email_group"))
 
-    `email_id` is `keys.email_id` (sha256 of the sorted keys, comma-joined),
-    computed in DuckDB for every group at once: per group in Python it was
-    two thirds of the newly-due step at 1M invoices.
+
+def with_email_ids(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
+    """Attach `email_group`, `email_id` and `message_id` where they are missing.
+
+    `email_id` is `keys.email_id` (sha256 of the group's sorted keys,
+    comma-joined), computed in DuckDB for every group at once. Rows that
+    already carry an id (a retry keeps its Message-ID) keep it. `send_due`
+    calls this per chunk, so ids cost nothing for keys that are never claimed.
     """
-    domain = config.provider.message_domain
-    grouped = due.with_columns(email_groups(due, config).alias("email_group"))
+    grouped = due if "email_group" in due.columns else with_email_groups(due, config)
+    if "email_id" not in grouped.columns:
+        grouped = grouped.with_columns(pl.lit(None, dtype=pl.String).alias("email_id"), pl.lit(None, dtype=pl.String).alias("message_id"))
+    missing = grouped.filter(pl.col("email_id").is_null())
+    if missing.is_empty():
+        return grouped
     con = duckdb.connect()
     try:
-        con.register("grouped_keys", grouped.select("email_group", "idempotency_key").to_arrow())
+        con.register("grouped_keys", missing.select("email_group", "idempotency_key").to_arrow())
         ids = con.sql(
-            "SELECT email_group, left(sha256(string_agg(idempotency_key, ',' ORDER BY idempotency_key)), 32) AS email_id "
+            "SELECT email_group, left(sha256(string_agg(idempotency_key, ',' ORDER BY idempotency_key)), 32) AS new_email_id "
             "FROM grouped_keys GROUP BY email_group"
         ).pl()
     finally:
         con.close()
-    ids = ids.with_columns(pl.format("<{}@{}>", pl.col("email_id"), pl.lit(domain)).alias("message_id"))
-    return grouped.join(ids, on="email_group", how="left")
+    domain = config.provider.message_domain
+    return grouped.join(ids, on="email_group", how="left").with_columns(
+        pl.coalesce("email_id", "new_email_id").alias("email_id"),
+        pl.coalesce("message_id", pl.format("<{}@{}>", pl.col("new_email_id"), pl.lit(domain))).alias("message_id"),
+    ).drop("new_email_id")
 
 
 def _chunks(due: pl.DataFrame, emails_per_chunk: int) -> Iterator[pl.DataFrame]:
@@ -117,6 +130,7 @@ def send_due(
     outcomes: list[pl.DataFrame] = []
     total_emails = due.select(pl.col("email_group").n_unique()).item() if due.height else 0
     for chunk in _chunks(due, config.claim_chunk_size):
+        chunk = with_email_ids(chunk, config)
         chunk_skipped = skipped.filter(pl.col("invoice_id").is_in(chunk.select("invoice_id").to_series().implode()))
         claim = ledger.claim(chunk, chunk_skipped, run_id, as_of, cap)
         won = claim.won

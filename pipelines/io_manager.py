@@ -46,4 +46,4 @@ class RunScopedParquetIOManager(dg.ConfigurableIOManager):
         # an input can ask for only the columns it uses (AssetIn(metadata={"columns": [...]})): at 10M rows the
         # whole snapshot is gigabytes, the audit needs three columns of it
         columns = (context.definition_metadata or {}).get("columns")
-        return pl.read_parquet(path, columns=list(columns) if columns else None)
+        return pl.read_parquet(path, columns=list(columns) if columns else None).rechunk()

@@ -120,3 +120,28 @@ def test_vectorized_email_ids_equal_the_key_function():
         keys = members.get_column("idempotency_key").to_list()
         assert set(members.get_column("email_id")) == {email_id(keys)}
         assert members.get_column("message_id")[0] == f"<{email_id(keys)}@example.com>"
+
+
+def test_send_due_gives_unnumbered_keys_their_message_ids_and_keeps_existing_ones(tmp_path):
+    """The plan carries no Message-IDs for new keys; each chunk gets them at claim time, a retry keeps its own."""
+    from dunning.keys import email_id
+
+    fresh = due_rows(3).drop("email_group", "email_id", "message_id").with_columns(
+        pl.Series("customer_id", ["a", "a", "b"]), pl.lit(None, dtype=pl.String).alias("email_id"),
+        pl.lit(None, dtype=pl.String).alias("message_id"))
+    fresh = fresh.with_columns(pl.concat_str([pl.col("customer_id"), pl.col("customer_email")], separator="|").alias("email_group"))
+    retry = due_rows(4).tail(1).with_columns(pl.lit("kept-id").alias("email_id"), pl.lit("<kept-id@example.com>").alias("message_id"),
+                                             pl.lit("kept-id").alias("email_group"))
+    due = pl.concat([fresh, retry.select(fresh.columns)])
+    config = DunningConfig(group_by="customer", claim_chunk_size=1)  # one email per chunk
+    with open_ledger(tmp_path / "l.duckdb") as ledger:
+        report, outcomes = send_due(ledger, FileOutbox(tmp_path / "outbox"), due, NO_SKIPS, config=config, run_id="r",
+                                    as_of=AS_OF, now=lambda: AS_OF)
+        stored = dict(ledger.con.execute("SELECT idempotency_key, message_id FROM reminder_ledger").fetchall())
+    assert report.emails == 3 and report.sent == 4
+    a_keys = ["dunning:in_0:1:day3", "dunning:in_1:1:day3"]
+    assert stored["dunning:in_0:1:day3"] == stored["dunning:in_1:1:day3"] == f"<{email_id(a_keys)}@example.com>"
+    assert stored["dunning:in_2:1:day3"] == f"<{email_id(['dunning:in_2:1:day3'])}@example.com>"
+    assert stored["dunning:in_3:1:day3"] == "<kept-id@example.com>"
+    assert sorted(p.name for p in (tmp_path / "outbox").iterdir()) == sorted(
+        f"{i}_example.com.eml" for i in (email_id(a_keys), email_id(["dunning:in_2:1:day3"]), "kept-id"))
