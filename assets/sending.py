@@ -7,6 +7,7 @@ from assets.common import ASSET_DEFAULTS, LEDGER_POOL, fail, frame_metadata
 from dunning import cycle
 from dunning.clock import utc_now
 from dunning.errors import DunningError
+from dunning.progress import report_send_progress
 from dunning.sending import held_outcomes, resolve_unknown, send_due
 from pipelines.resources import CycleRequest, DunningHome
 
@@ -40,6 +41,7 @@ def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, d
 
     def progress(report, total_emails: int) -> None:
         context.log.info(f"sent {report.emails}/{total_emails} emails ({report.sent} keys sent, {report.failed} failed, {report.unknown} unknown)")
+        report_send_progress(report.emails, total_emails, report.sent, report.failed, report.unknown)
 
     try:
         with dunning_home.ledger() as ledger:

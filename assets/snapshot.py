@@ -32,7 +32,7 @@ def invoice_snapshot(context: dg.AssetExecutionContext, dunning_home: DunningHom
 
     Rejected rows go to `snapshot_quarantine` with the rule they broke. The
     day's partition of `invoice_history_daily` is replaced in one transaction; a
-    live run also appends to `invoice_snapshots` and opens/closes cycles. A
+    live run also opens/closes cycles in `invoice_cycles`. A
     backfill evaluates the day against the ledger as it stood then.
     """
     try:
@@ -48,7 +48,7 @@ def invoice_snapshot(context: dg.AssetExecutionContext, dunning_home: DunningHom
             state = ledger.invoice_state() if clock.live or cycle_request.dry_run else ledger.state_as_of(clock.as_of, stages_frame(config))
             cycled = assign_cycles(loaded.valid, state, clock.as_of, config)
             if clock.live:
-                ledger.record_snapshot(context.run_id, clock.as_of, cycled)
+                ledger.record_cycle_changes(clock.as_of, cycled)
             if not cycle_request.dry_run:
                 ledger.replace_partition("invoice_history_daily", clock.partition_date, cycled.select(
                     pl.lit(clock.partition_date).alias("business_date"), pl.lit(context.run_id).alias("run_id"),

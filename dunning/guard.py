@@ -75,7 +75,7 @@ def simulated_double_pass(ledger: DuckDBLedger, snapshot_path: str | Path, confi
     results = []
     with ledger.simulation():
         cycled = cycle.cycle_snapshot(ledger, loaded.valid, config, as_of)
-        ledger.record_snapshot(SIMULATION_RUN, as_of, cycled)
+        ledger.record_cycle_changes(as_of, cycled)
         plan = cycle.plan_cycle(cycled, config)
         verdict = cycle.check_breaker(ledger, plan, as_of, config)
         results.append(("first pass within the breaker", verdict.passed, verdict.describe()))

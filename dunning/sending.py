@@ -144,7 +144,7 @@ def send_due(
         for record in chunk.filter(pl.col("idempotency_key").is_in(list(won))).to_dicts():
             grouped.setdefault(record["email_group"], []).append(record)
         groups = list(grouped.values())
-        for records, outcome in zip(groups, provider.send_many([render(records) for records in groups])):
+        for records, outcome in zip(groups, provider.send_many(render(records) for records in groups)):
             report.emails += 1
             setattr(report, outcome.status, getattr(report, outcome.status) + len(records))
             rows.extend((r["idempotency_key"], outcome.status, outcome.message_id or records[0]["message_id"], outcome.error) for r in records)

@@ -27,6 +27,7 @@ from pipelines import report
 from pipelines.cli_args import build_parser
 from pipelines.instance import get_instance, owner_tags
 from pipelines.io_manager import prune_run_frames
+from pipelines.progress_bar import send_progress_bar
 
 def dunning_cycle() -> dg.JobDefinition:
     """The job, importable by module path so runs carry an origin the UI can re-execute."""
@@ -102,8 +103,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     partition = as_of.astimezone(config.zone).date().isoformat()
     tags = {"dunning/trigger": "cli", "dunning/dry_run": str(bool(args.dry_run)).lower(),
             "dunning/paused": str(paused).lower(), "dagster/partition": partition, **owner_tags()}
-    result = dg.execute_job(dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config,
-                            tags=tags, raise_on_error=False)
+    with send_progress_bar(args.progress):
+        result = dg.execute_job(dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config,
+                                tags=tags, raise_on_error=False)
     prune_run_frames(home)
     with open_ledger(home / "dunning.duckdb") as ledger:
         text, code = report.run_report(result, ledger, as_of=as_of, dry_run=bool(args.dry_run))

@@ -213,3 +213,13 @@ def test_invoice_ids_with_colons_and_spaces_are_sent_once(deployment):
     deployment.run(rows, "2026-11-05T10:00:00Z")
     assert [r["idempotency_key"] for r in deployment.ledger()] == ["dunning:INV:2026 / 0042:1:day3"]
     assert len(deployment.outbox()) == 1
+
+
+def test_progress_bar_counts_every_email_on_stderr_only_when_asked(deployment):
+    rows = [invoice(invoice_id=f"in_{i}", customer_id=f"cus_{i}", customer_email=f"c{i}@example.com") for i in range(5)]
+    code, out, err = deployment.run(rows, "2026-11-05T09:00:00Z", "--progress")
+    assert code == 0
+    assert "sending: 100%" in err and "5/5" in err and "sent=5" in err
+    assert "sending" not in out
+    code, _, err = deployment.run(rows + [invoice(invoice_id="in_new", customer_id="cus_new")], "2026-11-05T10:00:00Z")
+    assert code == 0 and "sending" not in err  # stderr is not a terminal here, so no bar by default

@@ -65,3 +65,16 @@ def test_amounts_are_readable_in_the_raw_message_bytes():
     assert b"103.45 USD remaining" in raw
     assert long_name.encode() in raw
     assert max(len(line) for line in raw.splitlines()) < 998
+
+
+@pytest.mark.parametrize("body", ["plain ascii body\nline two\n", "Grüße, Zoë — 1.234,56 €\n", "", "From the start\n"])
+@pytest.mark.parametrize("subtype", ["plain", "html"])
+def test_text_part_serializes_exactly_like_mimetext(body, subtype):
+    from email.charset import Charset
+    from email.mime.text import MIMEText
+
+    from dunning.render import WIRE_POLICY, text_part
+
+    utf8_8bit = Charset("utf-8")
+    utf8_8bit.body_encoding = None
+    assert text_part(body, subtype).as_bytes(policy=WIRE_POLICY) == MIMEText(body, subtype, utf8_8bit).as_bytes(policy=WIRE_POLICY)

@@ -33,16 +33,15 @@ class DuckDBLedger(LedgerConnection, ClaimStore, Operations):
     def invoice_state(self) -> pl.DataFrame:
         return self.frame("SELECT invoice_id, cycle, cycle_open, last_stage_days FROM invoice_cycles")
 
-    def record_snapshot(self, run_id: str, as_of: dt.datetime, cycled: pl.DataFrame) -> None:
-        """Append the accepted snapshot to history and open/close cycles, in one transaction."""
-        history = cycled.select(
-            pl.lit(run_id).alias("run_id"), pl.lit(as_of).alias("as_of"), "invoice_id", "customer_id",
-            "customer_email", "customer_name", "currency", "amount_due", "amount_paid", "remaining_minor",
-            "due_date", "status", "billing_period", "snapshot_at", "days_overdue", "cycle",
-        )
-        changes = cycled.filter(pl.col("cycle_action").is_not_null()).select("invoice_id", "cycle", "cycle_action")
-        with self.transaction() as con, self.registered("history_rows", history), self.registered("cycle_changes", changes):
-            con.execute("INSERT INTO invoice_snapshots SELECT * FROM history_rows")
+    def record_cycle_changes(self, as_of: dt.datetime, cycled: pl.DataFrame) -> None:
+        """Open and close the cycles this snapshot changes, in one transaction.
+
+        Only the changed invoices are written; the snapshot itself is kept once
+        per business day in `invoice_history_daily`, not once per run.
+        """
+        changes = cycled.filter(pl.col("cycle_action").is_not_null()).select(
+            "invoice_id", "cycle", pl.col("cycle_action").cast(pl.String))
+        with self.transaction() as con, self.registered("cycle_changes", changes):
             con.execute(
                 """
                 INSERT INTO invoice_cycles (invoice_id, cycle, cycle_open, opened_at)

@@ -47,26 +47,6 @@ DDL = (
     )
     """,
     """
-    CREATE TABLE IF NOT EXISTS invoice_snapshots (
-        run_id VARCHAR NOT NULL,
-        as_of TIMESTAMPTZ NOT NULL,
-        invoice_id VARCHAR NOT NULL,
-        customer_id VARCHAR NOT NULL,
-        customer_email VARCHAR,
-        customer_name VARCHAR,
-        currency VARCHAR NOT NULL,
-        amount_due BIGINT NOT NULL,
-        amount_paid BIGINT NOT NULL,
-        remaining_minor BIGINT NOT NULL,
-        due_date DATE NOT NULL,
-        status VARCHAR NOT NULL,
-        billing_period VARCHAR,
-        snapshot_at TIMESTAMPTZ,
-        days_overdue INTEGER,
-        cycle INTEGER
-    )
-    """,
-    """
     CREATE TABLE IF NOT EXISTS snapshot_quarantine (
         run_id VARCHAR NOT NULL,
         quarantined_at TIMESTAMPTZ NOT NULL,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from email.message import Message
-from typing import Literal
+from typing import Iterable, Literal
 
 Status = Literal["sent", "failed", "unknown"]
 
@@ -31,8 +31,12 @@ class EmailProvider(abc.ABC):
     @abc.abstractmethod
     def send(self, message: Message) -> SendOutcome: ...
 
-    def send_many(self, messages: list[Message]) -> list[SendOutcome]:
-        """Outcomes in the order of `messages`; providers with connection pools send concurrently."""
+    def send_many(self, messages: Iterable[Message]) -> list[SendOutcome]:
+        """Outcomes in the order of `messages`; providers with connection pools send concurrently.
+
+        `messages` may be a generator that renders as it goes, so a provider can
+        overlap its waiting with the caller's rendering.
+        """
         return [self.send(m) for m in messages]
 
     def lookup(self, message_id: str) -> Status | None:

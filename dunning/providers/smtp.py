@@ -17,6 +17,7 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from email.message import Message
+from typing import Iterable
 
 from dunning.config import Provider
 from dunning.errors import ConfigError
@@ -128,8 +129,8 @@ class SmtpProvider(EmailProvider):
     def send(self, message: Message) -> SendOutcome:
         return self._connection().send(message)
 
-    def send_many(self, messages: list[Message]) -> list[SendOutcome]:
-        if len(messages) <= 1 or self.settings.connections == 1:
+    def send_many(self, messages: Iterable[Message]) -> list[SendOutcome]:
+        if self.settings.connections == 1:
             return [self.send(m) for m in messages]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.settings.connections, thread_name_prefix="smtp")
