@@ -2,20 +2,33 @@
 
 DuckDB lets one process write a database file and a writer blocks every other
 opener, so analysts never open `dunning.duckdb`. After each run the pipeline
-copies the history tables to `DIR/analytics/*.parquet` (each written to a
+copies the history tables to `DIR/analytics/` (each file written to a
 temporary name and renamed into place, so a reader sees the old file or the new
 one, never half of one) and rebuilds `DIR/analytics.duckdb` the same way: a
 file holding only views, which an analyst can keep open for as long as they
 like without blocking a run, and which shows the new data on their next query.
+
+The tables that grow by the day (`PARTITIONED_TABLES`) are published one file
+per day, and a run rewrites only the days whose rows changed since the last
+publication (found by a fingerprint per day: row count and the runs that wrote
+it), so publishing costs the new day, not the whole history.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
 import duckdb
 
+# table -> the expression naming a row's day; these are published as DIR/analytics/<table>/<day>.parquet
+PARTITIONED_TABLES = {
+    "invoice_history_daily": "business_date",
+    "simulated_sends": "business_date",
+    "dunning_audit": "CAST(timezone('UTC', as_of) AS DATE)",
+}
 PUBLISHED_TABLES = (
     "reminder_ledger", "invoice_history_daily", "invoice_cycles", "dunning_audit", "dunning_runs", "alerts",
     "incidents", "snapshot_quarantine", "billing_events", "simulated_sends", "pause_state",
@@ -68,6 +81,11 @@ ANALYST_VIEWS = {
 }
 
 
+def _literal(path: Path) -> str:
+    """A file path as a SQL string literal (COPY takes no parameter for its target)."""
+    return "'" + str(path).replace("'", "''") + "'"
+
+
 def _replace_atomically(target: Path, write) -> None:
     temporary = target.with_name(f".{target.name}.tmp")
     temporary.unlink(missing_ok=True)
@@ -76,24 +94,51 @@ def _replace_atomically(target: Path, write) -> None:
 
 
 def publish(con: duckdb.DuckDBPyConnection, home: Path) -> dict[str, int]:
-    """Copy the history tables to Parquet and rebuild the analysts' view file. Returns rows per table."""
+    """Publish the history tables as Parquet and rebuild the analysts' view file. Returns rows per table."""
     directory = home / "analytics"
     directory.mkdir(parents=True, exist_ok=True)
     counts = {}
     for table in PUBLISHED_TABLES:
+        if table in PARTITIONED_TABLES:
+            counts[table] = _publish_by_day(con, table, PARTITIONED_TABLES[table], directory / table)
+            (directory / f"{table}.parquet").unlink(missing_ok=True)  # the single file of earlier versions
+            continue
         _replace_atomically(directory / f"{table}.parquet",
-                            lambda path, t=table: con.execute(f"COPY {t} TO '{path}' (FORMAT parquet)"))
+                            lambda path, t=table: con.execute(f"COPY {t} TO {_literal(path)} (FORMAT parquet)"))
         counts[table] = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
     _replace_atomically(home / "analytics.duckdb", lambda path: _write_views(path, directory))
     return counts
+
+
+def _publish_by_day(con: duckdb.DuckDBPyConnection, table: str, day: str, target: Path) -> int:
+    """Rewrite only the days whose fingerprint changed; remove days that no longer exist. Returns the table's rows."""
+    target.mkdir(parents=True, exist_ok=True)
+    empty = target / "empty.parquet"  # zero rows with the table's columns, so the view works on an empty table
+    if not empty.exists():
+        _replace_atomically(empty, lambda path: con.execute(f"COPY (SELECT * FROM {table} LIMIT 0) TO {_literal(path)} (FORMAT parquet)"))
+    manifest_path = target / "published.json"
+    published = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    current = {
+        str(d): f"{rows}:{hashlib.sha256(runs.encode()).hexdigest()[:16]}"
+        for d, rows, runs in con.execute(
+            f"SELECT {day} AS day, count(*), string_agg(DISTINCT run_id, ',' ORDER BY run_id) FROM {table} GROUP BY ALL").fetchall()
+    }
+    for name, fingerprint in current.items():
+        if published.get(name) != fingerprint or not (target / f"{name}.parquet").exists():
+            _replace_atomically(target / f"{name}.parquet", lambda path, d=name: con.execute(
+                f"COPY (SELECT * FROM {table} WHERE {day} = ?::DATE) TO {_literal(path)} (FORMAT parquet)", [d]))
+    for name in set(published) - set(current):
+        (target / f"{name}.parquet").unlink(missing_ok=True)
+    _replace_atomically(manifest_path, lambda path: path.write_text(json.dumps(current, sort_keys=True)))
+    return sum(int(f.split(":")[0]) for f in current.values())
 
 
 def _write_views(path: Path, directory: Path) -> None:
     views = duckdb.connect(str(path))
     try:
         for table in PUBLISHED_TABLES:
-            source = str(directory / f"{table}.parquet").replace("'", "''")
-            views.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{source}')")
+            files = directory / table / "*.parquet" if table in PARTITIONED_TABLES else directory / f"{table}.parquet"
+            views.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({_literal(files)})")
         for name, sql in ANALYST_VIEWS.items():
             views.execute(f"CREATE VIEW {name} AS {sql}")
     finally:
