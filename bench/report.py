@@ -38,8 +38,8 @@ def _tier_rows(tier: dict) -> list[str]:
                     f"{pub['whole_table_copy_s']:.2f} s) | |")
     rows.append(f"| {tier['tier']} | floor: bare DuckDB anti-join | {tier['floor']['median_s']:.2f} s | |")
     rows.append(f"| {tier['tier']} | newly-due step / floor | {ratio:.1f}x | {_ok(ratio <= TARGETS['newly_due_ratio'])} |")
-    naive = tier["naive"]
-    if full:
+    naive = tier.get("naive")
+    if full and naive:
         naive_ratio = naive["extrapolated_s"] / full["median_s"]
         capped = f"capped at {naive['seconds']} s after {naive['processed']:,} of {naive['of']:,} invoices, extrapolated" if naive["capped"] else "complete"
         share = f"; {naive['ledger_share']:.0%} of its time in per-invoice queries and commits" if "ledger_share" in naive else ""

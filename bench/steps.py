@@ -60,13 +60,13 @@ def disk_floor(directory: Path, files: int, size: int) -> float:
     return round(rate)
 
 
-def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None) -> dict:
+def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, send: bool = True) -> dict:
     from dunning import cycle
     from dunning.analytics import publish
     from dunning.config import DunningConfig
     from dunning.ledger.duckdb_ledger import open_ledger
     from dunning.providers.file_outbox import FileOutbox
-    from dunning.sending import send_due
+    from dunning.sending import held_outcomes, send_due
 
     home = _scratch(template, "steps")
     config = DunningConfig()
@@ -102,25 +102,31 @@ def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None) 
 
         step("claim", claim_only)
         outbox = (outbox_root or home) / "outbox"
-        report, outcomes = step("claim_render_send_record", lambda: send_due(
-            ledger, FileOutbox(outbox), due, cycle.skipped_rows(plan), config=config, run_id="bench",
-            as_of=as_of, now=lambda: dt.datetime.now(dt.timezone.utc), cap=cycle.claim_cap(as_of, config)))
-        timings["claim_render_send_record"]["emails"] = report.emails
-        timings["claim_render_send_record"]["emails_per_s"] = round(report.emails / max(timings["claim_render_send_record"]["s"], 1e-9))
+        if send:
+            report, outcomes = step("claim_render_send_record", lambda: send_due(
+                ledger, FileOutbox(outbox), due, cycle.skipped_rows(plan), config=config, run_id="bench",
+                as_of=as_of, now=lambda: dt.datetime.now(dt.timezone.utc), cap=cycle.claim_cap(as_of, config)))
+            timings["claim_render_send_record"]["emails"] = report.emails
+            timings["claim_render_send_record"]["emails_per_s"] = round(report.emails / max(timings["claim_render_send_record"]["s"], 1e-9))
+        else:
+            outcomes = held_outcomes(due, "dry_run")
         step("audit", lambda: cycle.audit_cycle(ledger, cycled, plan, outcomes, run_id="bench", as_of=as_of,
-                                                dry_run=False, snapshot_path=None))
+                                                dry_run=not send, snapshot_path=None))
         step("publication", lambda: publish(ledger.con, home))
-    email_bytes = sum(p.stat().st_size for p in outbox.iterdir()) // max(report.emails, 1)
-    floor_rate = disk_floor(outbox.with_name("disk-floor"), report.emails, email_bytes)  # right after, on the same disk
-    shutil.rmtree(outbox, ignore_errors=True)
+    result = {"due_keys": cycle.due_rows(plan).height, "sendable_keys": due.height, "steps": timings}
+    if send:
+        email_bytes = sum(p.stat().st_size for p in outbox.iterdir()) // max(report.emails, 1)
+        floor_rate = disk_floor(outbox.with_name("disk-floor"), report.emails, email_bytes)  # right after, on the same disk
+        shutil.rmtree(outbox, ignore_errors=True)
+        result |= {"outbox": str(outbox), "disk_files_per_s": floor_rate, "email_bytes": email_bytes}
     shutil.rmtree(home, ignore_errors=True)
-    return {"due_keys": cycle.due_rows(plan).height, "sendable_keys": due.height, "steps": timings,
-            "outbox": str(outbox), "disk_files_per_s": floor_rate, "email_bytes": email_bytes}
+    return result
 
 
-def step_timings(template: Path, as_of: dt.datetime, outbox_root: Path | None = None) -> dict:
-    """Each step in a child process; `outbox_root` puts the outbox elsewhere (a tmpfs, to take the disk out)."""
-    extra = [str(outbox_root)] if outbox_root else []
+def step_timings(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, send: bool = True) -> dict:
+    """Each step in a child process; `outbox_root` puts the outbox elsewhere (a tmpfs, to take the disk out);
+    `send=False` skips the send step (the 10M tier, where the targets are about the decision, not the emails)."""
+    extra = [str(outbox_root or "-"), "send" if send else "no-send"]
     result = subprocess.run([sys.executable, "-m", "bench.steps", str(template), as_of.isoformat(), *extra],
                             capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     if result.returncode != 0:
@@ -271,4 +277,4 @@ def smtp_rate(directory: Path, as_of: dt.datetime, emails: int) -> dict:
 
 if __name__ == "__main__":
     print(json.dumps(_steps(Path(sys.argv[1]), dt.datetime.fromisoformat(sys.argv[2]),
-                            Path(sys.argv[3]) if len(sys.argv) > 3 else None)))
+                            None if sys.argv[3] == "-" else Path(sys.argv[3]), send=sys.argv[4] == "send")))

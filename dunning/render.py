@@ -145,6 +145,7 @@ def _message(*, to: str, sender: str, subject: str, message_id: str, kind: str, 
 def reminder_email(rows: Sequence[dict[str, Any]], *, sender: str, message_id: str, as_of: dt.datetime,
                    locale: str = "en_US") -> Message:
     """One reminder email covering `rows` (one per invoice; same recipient), in the firmest tone among them."""
+    rows = sorted(rows, key=lambda r: r["invoice_id"])
     tone = max((r["tone"] for r in rows), key=TONE_ORDER.__getitem__)
     ids = [r["invoice_id"] for r in rows]
     what = f"invoice {ids[0]} is" if len(ids) == 1 else f"{len(ids)} invoices are"
