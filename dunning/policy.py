@@ -101,18 +101,17 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     above everything on record in the cycle; stages between what is on record
     and the target are recorded as skipped, never sent later.
     """
-    # the target is one horizontal max over the (few) configured stages, so no invoice is crossed with the
-    # stages: the due key is a join on the target's days, and only invoices that jump a stage are expanded
-    # into their skipped keys (a cross join of every in-cycle row with the stages was half of this step at 1M)
+    # Cost, at 1M and 10M invoices: the target is one horizontal max over the (few) configured stages,
+    # computed on the few columns it needs for in-cycle invoices only; the wide frame is gathered once, for
+    # the invoices that have a target; the due key is a join on the target's days, and only invoices that
+    # jump a stage are crossed with the stages to spell out their skipped keys. (Crossing every in-cycle
+    # invoice with the stages, with all its columns, was half of this step.)
     above_record = pl.col("last_stage_days").fill_null(-1)
     reached = [(s.days_overdue, (pl.col("days_overdue") >= s.days_overdue) & (pl.lit(s.days_overdue) > above_record)
                 & (pl.col("remaining_minor") >= s.min_remaining_ratio * pl.col("amount_due"))) for s in config.stages]
     target = pl.max_horizontal([pl.when(rule).then(pl.lit(days, dtype=pl.Int32)) for days, rule in reached])
     jumps = pl.any_horizontal([(pl.lit(days) > above_record) & (pl.lit(days) < pl.col("target_days")) for days, _ in reached])
     stages = stages_frame(config).drop("min_remaining_ratio")
-    # the target is computed on the few columns it needs, for in-cycle invoices only, and the wide frame is
-    # gathered once, for the invoices that have one (at 10M invoices, filtering every in-cycle invoice with all
-    # its columns first cost a third of this step)
     targets = (
         cycled.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"), "days_overdue", "last_stage_days",
                       "remaining_minor", "amount_due", (pl.col("in_cycle") & pl.col("owed")).alias("candidate"))

@@ -97,3 +97,38 @@ def test_the_key_expression_and_the_key_function_agree(tmp_path):
     _, planned = plan(tmp_path, [invoice(invoice_id="in:odd id")], "2026-11-11T09:00:00")
     for row in planned.iter_rows(named=True):
         assert row["idempotency_key"] == reminder_key(row["invoice_id"], row["cycle"], row["stage"])
+
+
+def test_the_vectorized_plan_matches_a_per_invoice_reference(tmp_path):
+    """The stage rule written the slow, obvious way, on demo invoices with random ledger state, gives the same keys."""
+    import random
+
+    from dunning.demo import generate_snapshot, write_snapshot as write_demo
+
+    config = DunningConfig()
+    as_of = at("2026-11-30T09:00:00")
+    snapshot_frame = read_snapshot(write_demo(generate_snapshot(3000, as_of=as_of.date()), tmp_path / "demo.csv"), ZoneInfo("UTC"))
+    chooser = random.Random(7)
+    stage_days = [s.days_overdue for s in config.stages]
+    state = pl.DataFrame(
+        [(i, chooser.randint(1, 3), chooser.random() < 0.7, chooser.choice([None, *stage_days]))
+         for i in snapshot_frame.get_column("invoice_id").to_list() if chooser.random() < 0.5],
+        schema=STATE_SCHEMA, orient="row")
+    cycled = assign_cycles(snapshot_frame, state, as_of, config)
+    planned = plan_reminders(cycled, config)
+
+    expected = set()
+    for row in cycled.filter(pl.col("in_cycle") & pl.col("owed")).iter_rows(named=True):
+        last = row["last_stage_days"] if row["last_stage_days"] is not None else -1
+        reached = [s for s in config.stages if row["days_overdue"] >= s.days_overdue and s.days_overdue > last
+                   and row["remaining_minor"] >= s.min_remaining_ratio * row["amount_due"]]
+        if not reached:
+            continue
+        target = max(s.days_overdue for s in reached)
+        for s in config.stages:
+            if last < s.days_overdue <= target:
+                role = "due" if s.days_overdue == target else "skipped"
+                expected.add((f"dunning:{row['invoice_id']}:{row['cycle']}:{s.name}", role))
+    assert len(expected) > 100
+    assert set(planned.select("idempotency_key", "role").iter_rows()) == expected
+    assert planned.height == len(expected)
