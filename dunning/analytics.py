@@ -10,13 +10,12 @@ like without blocking a run, and which shows the new data on their next query.
 
 The tables that grow by the day (`PARTITIONED_TABLES`) are published one file
 per day, and a run rewrites only the days whose rows changed since the last
-publication (found by a fingerprint per day: row count and the runs that wrote
-it), so publishing costs the new day, not the whole history.
+publication (found by a fingerprint per day: its row count and the XOR of its
+rows' hashes), so publishing costs the changed days, not the whole history.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -24,11 +23,14 @@ from pathlib import Path
 import duckdb
 
 # table -> the expression naming a row's day; these are published as DIR/analytics/<table>/<day>.parquet
+# (rows without a day, if any, as `undated.parquet`)
 PARTITIONED_TABLES = {
+    "reminder_ledger": "CAST(timezone('UTC', claimed_at) AS DATE)",
     "invoice_history_daily": "business_date",
     "simulated_sends": "business_date",
     "dunning_audit": "CAST(timezone('UTC', as_of) AS DATE)",
 }
+UNDATED = "undated"
 PUBLISHED_TABLES = (
     "reminder_ledger", "invoice_history_daily", "invoice_cycles", "dunning_audit", "dunning_runs", "alerts",
     "incidents", "snapshot_quarantine", "billing_events", "simulated_sends", "pause_state",
@@ -118,15 +120,18 @@ def _publish_by_day(con: duckdb.DuckDBPyConnection, table: str, day: str, target
         _replace_atomically(empty, lambda path: con.execute(f"COPY (SELECT * FROM {table} LIMIT 0) TO {_literal(path)} (FORMAT parquet)"))
     manifest_path = target / "published.json"
     published = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    # the fingerprint of a day is its row count and the XOR of its rows' hashes: any insert, delete or
+    # update (a status change on an old reminder) changes it; one pass over the table, no copying
     current = {
-        str(d): f"{rows}:{hashlib.sha256(runs.encode()).hexdigest()[:16]}"
-        for d, rows, runs in con.execute(
-            f"SELECT {day} AS day, count(*), string_agg(DISTINCT run_id, ',' ORDER BY run_id) FROM {table} GROUP BY ALL").fetchall()
+        UNDATED if d is None else str(d): f"{rows}:{content}"
+        for d, rows, content in con.execute(
+            f"SELECT {day} AS day, count(*), bit_xor(hash(t)) FROM {table} t GROUP BY ALL").fetchall()
     }
     for name, fingerprint in current.items():
         if published.get(name) != fingerprint or not (target / f"{name}.parquet").exists():
             _replace_atomically(target / f"{name}.parquet", lambda path, d=name: con.execute(
-                f"COPY (SELECT * FROM {table} WHERE {day} = ?::DATE) TO {_literal(path)} (FORMAT parquet)", [d]))
+                f"COPY (SELECT * FROM {table} WHERE {day} IS NOT DISTINCT FROM ?::DATE) TO {_literal(path)} (FORMAT parquet)",
+                [None if d == UNDATED else d]))
     for name in set(published) - set(current):
         (target / f"{name}.parquet").unlink(missing_ok=True)
     _replace_atomically(manifest_path, lambda path: path.write_text(json.dumps(current, sort_keys=True)))

@@ -22,8 +22,8 @@ def day_rows(day: dt.date, run_id: str, invoices: int) -> pl.DataFrame:
     })
 
 
-def published_files(home) -> dict[str, int]:
-    """Day file -> inode and mtime, which change only when the file is rewritten."""
+def published_files(home) -> dict[str, tuple[int, int]]:
+    """Day file -> inode and mtime: a rewrite is a new file (written beside the old one, then renamed over it)."""
     return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (home / "analytics" / "invoice_history_daily").glob("2026-*.parquet")}
 
 
@@ -68,3 +68,23 @@ def test_a_single_file_from_an_earlier_version_is_replaced_by_the_day_files(tmp_
         publish(ledger.con, tmp_path)
     assert not (tmp_path / "analytics" / "invoice_history_daily.parquet").exists()
     assert view_count(tmp_path, "SELECT count(*) FROM invoice_history_daily") == 3
+
+
+def test_a_status_change_on_an_old_reminder_republishes_only_its_day(tmp_path):
+    rows = [("dunning:a:1:day3", "2026-11-01 09:00:00+00"), ("dunning:b:1:day3", "2026-11-02 09:00:00+00"),
+            ("dunning:c:1:day3", "2026-11-02 10:00:00+00")]
+    with open_ledger(tmp_path / "dunning.duckdb") as ledger:
+        for key, claimed_at in rows:
+            ledger.con.execute("INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status, claimed_at) "
+                               "VALUES (?, 'reminder', 'cus', 'unknown', ?::TIMESTAMPTZ)", [key, claimed_at])
+        publish(ledger.con, tmp_path)
+        day_files = tmp_path / "analytics" / "reminder_ledger"
+        first = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in day_files.glob("2026-*.parquet")}
+        ledger.con.execute("UPDATE reminder_ledger SET status = 'sent' WHERE idempotency_key = 'dunning:b:1:day3'")
+        publish(ledger.con, tmp_path)
+        second = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in day_files.glob("2026-*.parquet")}
+    assert sorted(first) == ["2026-11-01.parquet", "2026-11-02.parquet"]
+    assert second["2026-11-01.parquet"] == first["2026-11-01.parquet"]
+    assert second["2026-11-02.parquet"] != first["2026-11-02.parquet"]
+    assert view_count(tmp_path, "SELECT count(*) FROM reminder_ledger WHERE status = 'sent'") == 1
+    assert view_count(tmp_path, "SELECT count(*) FROM reminder_ledger") == 3
