@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -127,15 +128,37 @@ def _publish_by_day(con: duckdb.DuckDBPyConnection, table: str, day: str, target
         for d, rows, content in con.execute(
             f"SELECT {day} AS day, count(*), bit_xor(hash(t)) FROM {table} t GROUP BY ALL").fetchall()
     }
-    for name, fingerprint in current.items():
-        if published.get(name) != fingerprint or not (target / f"{name}.parquet").exists():
-            _replace_atomically(target / f"{name}.parquet", lambda path, d=name: con.execute(
-                f"COPY (SELECT * FROM {table} WHERE {day} IS NOT DISTINCT FROM ?::DATE) TO {_literal(path)} (FORMAT parquet)",
-                [None if d == UNDATED else d]))
+    changed = [name for name, fingerprint in current.items()
+               if published.get(name) != fingerprint or not (target / f"{name}.parquet").exists()]
+    if changed:
+        _write_days(con, table, day, target, changed)
     for name in set(published) - set(current):
         (target / f"{name}.parquet").unlink(missing_ok=True)
     _replace_atomically(manifest_path, lambda path: path.write_text(json.dumps(current, sort_keys=True)))
     return sum(int(f.split(":")[0]) for f in current.values())
+
+
+def _write_days(con: duckdb.DuckDBPyConnection, table: str, day: str, target: Path, days: list[str]) -> None:
+    """Write the given days in one pass over the table (PARTITION_BY), then rename each file into place."""
+    staging = target / ".staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    dated = [d for d in days if d != UNDATED]
+    con.execute(
+        f"COPY (SELECT *, {day} AS __day FROM {table} WHERE list_contains(?::DATE[], {day}) OR ({day} IS NULL AND ?)) "
+        f"TO {_literal(staging)} (FORMAT parquet, PARTITION_BY (__day))",
+        [dated, UNDATED in days],
+    )
+    for part in staging.iterdir():
+        value = part.name.split("=", 1)[1]
+        name = UNDATED if value == "__HIVE_DEFAULT_PARTITION__" else value
+        files = list(part.glob("*.parquet"))
+        if len(files) == 1:
+            os.replace(files[0], target / f"{name}.parquet")
+        else:  # DuckDB split a large day into several files: write that day alone, as one file
+            _replace_atomically(target / f"{name}.parquet", lambda path: con.execute(
+                f"COPY (SELECT * FROM {table} WHERE {day} IS NOT DISTINCT FROM ?::DATE) TO {_literal(path)} (FORMAT parquet)",
+                [None if name == UNDATED else name]))
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _write_views(path: Path, directory: Path) -> None:

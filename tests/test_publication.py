@@ -72,7 +72,7 @@ def test_a_single_file_from_an_earlier_version_is_replaced_by_the_day_files(tmp_
 
 def test_a_status_change_on_an_old_reminder_republishes_only_its_day(tmp_path):
     rows = [("dunning:a:1:day3", "2026-11-01 09:00:00+00"), ("dunning:b:1:day3", "2026-11-02 09:00:00+00"),
-            ("dunning:c:1:day3", "2026-11-02 10:00:00+00")]
+            ("dunning:c:1:day3", "2026-11-02 10:00:00+00"), ("dunning:d:1:day3", None)]
     with open_ledger(tmp_path / "dunning.duckdb") as ledger:
         for key, claimed_at in rows:
             ledger.con.execute("INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status, claimed_at) "
@@ -84,7 +84,9 @@ def test_a_status_change_on_an_old_reminder_republishes_only_its_day(tmp_path):
         publish(ledger.con, tmp_path)
         second = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in day_files.glob("2026-*.parquet")}
     assert sorted(first) == ["2026-11-01.parquet", "2026-11-02.parquet"]
+    assert (day_files / "undated.parquet").exists()  # a row without a claim time is published too
     assert second["2026-11-01.parquet"] == first["2026-11-01.parquet"]
     assert second["2026-11-02.parquet"] != first["2026-11-02.parquet"]
     assert view_count(tmp_path, "SELECT count(*) FROM reminder_ledger WHERE status = 'sent'") == 1
-    assert view_count(tmp_path, "SELECT count(*) FROM reminder_ledger") == 3
+    assert view_count(tmp_path, "SELECT count(*) FROM reminder_ledger") == 4
+    assert not (day_files / ".staging").exists()
