@@ -15,22 +15,24 @@ import time
 from pathlib import Path
 
 
+def create_files(directory: Path, count: int, data: bytes, prefix: str) -> float:
+    """Create `count` files holding `data` the outbox's way (temporary name, then rename); returns files per second."""
+    started = time.perf_counter()
+    for i in range(count):
+        target = directory / f"{prefix}{i}.eml"
+        temporary = target.with_suffix(".eml.partial")
+        temporary.write_bytes(data)
+        os.replace(temporary, target)
+    return count / (time.perf_counter() - started)
+
+
 def probe(directory: Path, size: int = 1700, batches: int = 10, batch: int = 2000) -> list[int]:
     directory.mkdir(parents=True)
     data = b"x" * size
-    rates = []
     try:
-        for n in range(batches):
-            started = time.perf_counter()
-            for i in range(batch):
-                target = directory / f"{n}_{i}.eml"
-                temporary = target.with_suffix(".eml.partial")
-                temporary.write_bytes(data)
-                os.replace(temporary, target)
-            rates.append(round(batch / (time.perf_counter() - started)))
+        return [round(create_files(directory, batch, data, prefix=f"{n}_")) for n in range(batches)]
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    return rates
 
 
 if __name__ == "__main__":

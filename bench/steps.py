@@ -1,6 +1,6 @@
 """Measurements inside one process: each cycle step, the anti-join floor, the naive poller, SMTP throughput.
 
-`step_timings` runs in a child process (`python -m bench.steps TEMPLATE AS_OF`)
+`step_timings` runs in a child process (`python -m bench.steps TEMPLATE AS_OF OUTBOX_ROOT|- send|no-send`)
 so its peak RSS belongs to that tier alone.
 """
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import resource
 import shutil
 import socket
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import duckdb
 import polars as pl
+
+from bench.disk_probe import create_files
 
 FLOOR_SQL = """
 WITH s AS (SELECT invoice_id, due_date, amount_due, amount_paid, status FROM read_parquet(?)),
@@ -48,16 +49,10 @@ def _scratch(template: Path, name: str) -> Path:
 def disk_floor(directory: Path, files: int, size: int) -> float:
     """Files per second a bare Python loop creates here (temporary name, then rename): what any file outbox waits on."""
     directory.mkdir(parents=True, exist_ok=True)
-    data = b"x" * size
-    started = time.perf_counter()
-    for i in range(files):
-        target = directory / f"floor-{i}.eml"
-        temporary = target.with_suffix(".eml.partial")
-        temporary.write_bytes(data)
-        os.replace(temporary, target)
-    rate = files / (time.perf_counter() - started)
-    shutil.rmtree(directory, ignore_errors=True)
-    return round(rate)
+    try:
+        return round(create_files(directory, files, b"x" * size, prefix="floor-"))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, send: bool = True) -> dict:
