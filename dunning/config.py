@@ -57,12 +57,12 @@ class Provider(_Strict):
     password_env: str | None = None
     from_address: str = Field(default="billing@example.com", alias="from")
     connections: int = Field(default=4, ge=1, le=32)
+    outbox_dir: str | None = None
 
     @property
     def message_domain(self) -> str:
         """The right-hand side of our Message-IDs: the sender's domain."""
         return self.from_address.rpartition("@")[2] or "dunning.invalid"
-    outbox_dir: str | None = None
 
 
 class Alerts(_Strict):

@@ -17,7 +17,7 @@ from pathlib import Path
 import polars as pl
 
 from dunning.keys import email_id, event_key, message_id
-from dunning.policy import EMAIL_PATTERN
+from dunning.policy import sendable_expr
 from dunning.stripe import read_events
 
 PAYMENT_FAILED = "invoice.payment_failed"
@@ -75,7 +75,7 @@ def notice_rows(events: pl.DataFrame, snapshot: pl.DataFrame, already_recorded: 
         pl.lit("payment_failed").alias("kind"), pl.lit("due").alias("role"),
         pl.col("amount_remaining").alias("amount_minor"), pl.col("amount_remaining").alias("remaining_minor"),
         (pl.col("amount_remaining").fill_null(0) > 0).alias("owed"),
-        pl.col("customer_email").str.contains(EMAIL_PATTERN).fill_null(False).alias("sendable"),
+        sendable_expr().alias("sendable"),
         pl.col("idempotency_key").alias("email_group"),
         pl.Series("email_id", ids, dtype=pl.String),
         pl.Series("message_id", [message_id([k], domain) for k in keys], dtype=pl.String),

@@ -69,11 +69,8 @@ def assign_cycles(snapshot: pl.DataFrame, state: pl.DataFrame, as_of: dt.datetim
     today = business_date(as_of, config)
     first_stage_days = min(1, min(s.days_overdue for s in config.stages))
     status = pl.col("status")
-    remaining = pl.col("amount_due") - pl.col("amount_paid")
-    joined = snapshot.with_columns(
-        remaining.alias("remaining_minor"),
+    joined = with_balances(snapshot).with_columns(
         (pl.lit(today) - pl.col("due_date")).dt.total_days().cast(pl.Int32).alias("days_overdue"),
-        ((status == "open") & (remaining > 0)).alias("owed"),
     ).join(state.cast(STATE_SCHEMA), on="invoice_id", how="left")
     settled = (status == "paid") | (status == "void") | ((status == "open") & (pl.col("remaining_minor") <= 0))
     flags = joined.select(

@@ -29,6 +29,7 @@ from pipelines.instance import get_instance, owner_tags
 from pipelines.io_manager import prune_run_frames
 from pipelines.progress_bar import send_progress_bar
 
+
 def dunning_cycle() -> dg.JobDefinition:
     """The job, importable by module path so runs carry an origin the UI can re-execute."""
     from pipelines.definitions import defs
