@@ -88,10 +88,11 @@ def read_snapshot(path: str | Path, zone: ZoneInfo) -> pl.DataFrame:
     text_columns = [c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c not in PARSED_COLUMNS and c != "snapshot_at"]
     # the text as given is kept only for columns that arrived as text (CSV, JSON): a typed Parquet column
     # cannot hold an unparsable value, and at 10M rows three copies as strings cost over half a gigabyte
-    raw_columns = [f"{c}_raw" for c in PARSED_COLUMNS if schema[c] == pl.String]
+    arrived_as_text = [c for c in PARSED_COLUMNS if schema[c] == pl.String]
+    raw_columns = [f"{c}_raw" for c in arrived_as_text]
     frame = frame.with_columns(
         *[_as_text(c, schema[c]) for c in text_columns],
-        *[_as_text(c, schema[c]).alias(f"{c}_raw") for c in PARSED_COLUMNS if schema[c] == pl.String],
+        *[_as_text(c, schema[c]).alias(raw) for c, raw in zip(arrived_as_text, raw_columns)],
     )
     snapshot_at = pl.col("snapshot_at")
     if schema["snapshot_at"] == pl.String:
