@@ -1,4 +1,4 @@
-"""The `dunning` command's arguments: the public surface of SPEC section 4, kept stable."""
+"""The `dunning` command's arguments: the public surface that operators and outside tests drive, kept stable."""
 
 from __future__ import annotations
 

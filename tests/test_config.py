@@ -12,7 +12,7 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_defaults_match_the_spec():
+def test_defaults_are_the_documented_ones():
     config = load_config(None)
     assert [(s.name, s.days_overdue, s.min_remaining_ratio) for s in config.stages] == [
         ("day3", 3, 0.0), ("day7", 7, 0.0), ("day14", 14, 0.25)]

@@ -1,4 +1,4 @@
-"""Guarantees 6 and 11 with real processes: SIGKILL at each point of a send, then restart; two runs at once."""
+"""Ledger before send and single owner, with real processes: SIGKILL at each point of a send, then restart; two runs at once."""
 
 import shutil
 import socket

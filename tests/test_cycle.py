@@ -1,4 +1,4 @@
-"""Guarantees 1-5, 12 and 13 through the real `dunning` command, DuckDB file and outbox."""
+"""Idempotent polling, staged dunning, catch-up, balances, new cycles, bad input and the audit, through the real `dunning` command, DuckDB file and outbox."""
 
 import datetime as dt
 

@@ -1,4 +1,4 @@
-"""Guarantee 10: a webhook delivered many times produces one payment-failed notice."""
+"""Webhook retries: a webhook delivered many times produces one payment-failed notice."""
 
 import copy
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tests.conftest import invoice
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "stripe"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "stripe"
 
 
 def payment_failed_event(event_id="evt_pf_1", customer="cus_1", email="ada@example.com", remaining=4200):

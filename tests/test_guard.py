@@ -1,4 +1,4 @@
-"""Guarantees 8 and 9: the breaker, alerts, pause, resume with a proven guard, flood recovery."""
+"""The circuit breaker and pause/recover/resume: the breaker, alerts, pause, resume with a proven guard, flood recovery."""
 
 import datetime as dt
 import json

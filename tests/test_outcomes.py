@@ -1,4 +1,4 @@
-"""Guarantee 7 against a real SMTP server: sent, failed (retried after backoff), unknown (never resent blindly)."""
+"""Three outcomes against a real SMTP server: sent, failed (retried after backoff), unknown (never resent blindly)."""
 
 from tests.conftest import invoice
 from tests.smtp_server import ScriptedHandler, SmtpServer, free_port, smtp_config

@@ -12,7 +12,7 @@ from dunning.errors import SnapshotError
 from dunning.snapshot import read_snapshot
 from tests.conftest import invoice, write_snapshot
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "stripe"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "stripe"
 UTC = ZoneInfo("UTC")
 
 
