@@ -76,5 +76,9 @@ def evaluate_breaker(batch: pl.DataFrame, recent: pl.DataFrame, breaker: Breaker
     return BreakerVerdict(True, counts, counts.head(0), breaker)
 
 
-def window_start(as_of: dt.datetime, breaker: Breaker) -> dt.datetime:
-    return as_of - dt.timedelta(hours=breaker.window_hours)
+def breaker_window(as_of: dt.datetime, breaker: Breaker) -> tuple[dt.datetime, dt.datetime]:
+    """(as_of - window, as_of + window]: emails stamped after the clock count too, so a run whose clock is
+    earlier than sends already on record (a re-run with an older --as-of, a worker with a skewed clock)
+    still sees them and holds the cap."""
+    width = dt.timedelta(hours=breaker.window_hours)
+    return as_of - width, as_of + width

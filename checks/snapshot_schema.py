@@ -8,12 +8,25 @@ in words an operator can act on.
 
 from __future__ import annotations
 
+import datetime as dt
+
+import babel.core
 import babel.numbers
 import pandera.polars as pa
 import polars as pl
 
+from dunning.safe_text import CONTROL_CLASS
+
 STATUSES = ("draft", "open", "paid", "void", "uncollectible")
-CURRENCIES = tuple(sorted(babel.numbers.list_currencies()))
+# Currencies some territory uses as legal tender today (CLDR): not XXX/XAU/XTS (no-currency, gold, testing),
+# not historic codes such as DEM, which no customer can pay in
+CURRENCIES = tuple(sorted({
+    code for territory in babel.core.get_global("territory_currencies")
+    for code in babel.numbers.get_territory_currencies(territory, dt.date.today(), tender=True, non_tender=False)
+}))
+# longest accepted text per column: ids stay short enough for keys (<= 256) and SMTP lines (<= 998)
+MAX_LENGTH = {"invoice_id": 200, "customer_id": 200, "customer_email": 254, "customer_name": 256, "billing_period": 64}
+TEXT_COLUMNS = ("invoice_id", "customer_id", "customer_email", "customer_name", "billing_period", "currency", "status")
 
 # (column, pandera check name) -> the rule as the operator reads it
 RULES = {
@@ -30,6 +43,8 @@ RULES = {
     ("status", f"isin({list(STATUSES)})"): "status is not one of " + "|".join(STATUSES),
     ("currency", "not_nullable"): "currency is missing",
     ("currency", "known_currency"): "currency is not an ISO 4217 code",
+    **{(c, "no_control_characters"): f"{c} contains a line break or control character" for c in TEXT_COLUMNS},
+    **{(c, "within_length_limit"): f"{c} is longer than {n} characters" for c, n in MAX_LENGTH.items()},
     ("SnapshotRows", "paid_not_above_due"): "amount_paid is greater than amount_due",
     ("SnapshotRows", "unique_invoice_id"): "invoice_id is duplicated",
 }
@@ -46,6 +61,8 @@ class SnapshotRows(pa.DataFrameModel):
     amount_paid: pl.Int64 = pa.Field(nullable=False, ge=0)
     due_date: pl.Date = pa.Field(nullable=False)
     status: str = pa.Field(nullable=False, isin=list(STATUSES))
+    customer_name: str = pa.Field(nullable=True)
+    billing_period: str = pa.Field(nullable=True)
 
     class Config:
         strict = False  # optional and *_raw columns ride along
@@ -54,6 +71,14 @@ class SnapshotRows(pa.DataFrameModel):
     @pa.check("invoice_id", "customer_id", name="non_empty")
     def _non_empty(cls, data: pa.PolarsData) -> pl.LazyFrame:
         return data.lazyframe.select(pl.col(data.key).str.len_chars() > 0)
+
+    @pa.check(*TEXT_COLUMNS, name="no_control_characters")
+    def _no_control_characters(cls, data: pa.PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select(~pl.col(data.key).str.contains(f"[{CONTROL_CLASS}]").fill_null(False))
+
+    @pa.check(*MAX_LENGTH, name="within_length_limit")
+    def _within_length_limit(cls, data: pa.PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select((pl.col(data.key).str.len_chars() <= MAX_LENGTH[data.key]).fill_null(True))
 
     @pa.check("currency", name="known_currency")
     def _known_currency(cls, data: pa.PolarsData) -> pl.LazyFrame:

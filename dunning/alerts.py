@@ -3,8 +3,9 @@
 Backends: the log (always), a generic JSON webhook (`{"text": ...}` plus the
 details, which Slack's incoming webhooks accept), and PagerDuty's Events API v2
 (the documented `enqueue` payload; the routing key is read from the environment
-variable the config names, never from the file). A delivery failure is
-recorded on the alert and logged; it never stops the pipeline from halting.
+variable the config names, never from the file). A delivery failure of any
+kind is recorded on the alert and logged, with URLs cut to their host and the
+routing key masked; it never changes the halt or its exit code.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dunning.config import Alerts
+from dunning.safe_text import redact
 
 log = logging.getLogger("dunning.alerts")
 
@@ -62,28 +64,28 @@ def pagerduty_payload(alert: Alert, routing_key: str) -> dict:
     }
 
 
+def _attempt(backend: str, url: str, payload: dict, settings: Alerts, secrets: tuple[str, ...] = ()) -> str:
+    try:
+        _post_json(url, payload, settings.timeout_seconds)
+    except Exception as exc:  # noqa: BLE001 - paging must never turn a halt into a crash
+        reason = redact(f"{type(exc).__name__}: {exc}", secrets)
+        log.error("%s delivery failed: %s", backend, reason)
+        return f"{backend}: failed ({reason})"
+    return f"{backend}: ok"
+
+
 def deliver(alert: Alert, settings: Alerts, logger: logging.Logger | None = None) -> list[str]:
     """Send `alert` to every configured backend; returns what happened per backend, for the alerts table."""
     (logger or log).warning("ALERT %s: %s", alert.kind, alert.message)
     results = ["log: ok"]
     if settings.webhook_url:
-        try:
-            _post_json(settings.webhook_url, webhook_payload(alert), settings.timeout_seconds)
-            results.append("webhook: ok")
-        except (OSError, urllib.error.URLError) as exc:
-            log.error("alert webhook delivery failed: %s", exc)
-            results.append(f"webhook: failed ({exc})")
+        results.append(_attempt("webhook", settings.webhook_url, webhook_payload(alert), settings))
     if settings.pagerduty_routing_key_env:
         key = os.environ.get(settings.pagerduty_routing_key_env)
         if not key:
             results.append(f"pagerduty: not sent (environment variable {settings.pagerduty_routing_key_env} is not set)")
         else:
-            try:
-                _post_json(settings.pagerduty_url, pagerduty_payload(alert, key), settings.timeout_seconds)
-                results.append("pagerduty: ok")
-            except (OSError, urllib.error.URLError) as exc:
-                log.error("PagerDuty delivery failed: %s", exc)
-                results.append(f"pagerduty: failed ({exc})")
+            results.append(_attempt("pagerduty", settings.pagerduty_url, pagerduty_payload(alert, key), settings, (key,)))
     return results
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
-from checks.breaker_schema import BreakerVerdict, evaluate_breaker, window_start
+from checks.breaker_schema import BreakerVerdict, breaker_window, evaluate_breaker
 from checks.snapshot_schema import summarize_rejections, validate_snapshot
 from dunning.alerts import Alert, raise_alert
 from dunning.audit import build_audit, summarize
@@ -86,8 +86,8 @@ def skipped_rows(plan: pl.DataFrame) -> pl.DataFrame:
 
 
 def recent_emails(ledger: Ledger, as_of: dt.datetime, config: DunningConfig) -> pl.DataFrame:
-    """Emails per customer already on record in the breaker's window ending at `as_of`."""
-    return ledger.emails_in_window(window_start(as_of, config.breaker), as_of)
+    """Emails per customer already on record in the breaker's window around `as_of`."""
+    return ledger.emails_in_window(*breaker_window(as_of, config.breaker))
 
 
 def check_breaker(ledger: Ledger, plan: pl.DataFrame, as_of: dt.datetime, config: DunningConfig) -> BreakerVerdict:
@@ -96,7 +96,7 @@ def check_breaker(ledger: Ledger, plan: pl.DataFrame, as_of: dt.datetime, config
 
 
 def claim_cap(as_of: dt.datetime, config: DunningConfig) -> ClaimCap:
-    return ClaimCap(config.breaker.max_emails, window_start(as_of, config.breaker))
+    return ClaimCap(config.breaker.max_emails, *breaker_window(as_of, config.breaker))
 
 
 def audit_cycle(ledger: Ledger, snapshot: pl.DataFrame, plan: pl.DataFrame, outcomes: pl.DataFrame, *, run_id: str,

@@ -17,8 +17,8 @@ import polars as pl
 
 from dunning.config import DunningConfig
 from dunning.keys import reminder_key_expr
+from dunning.safe_text import ADDRESS_PATTERN, MAX_ADDRESS
 
-EMAIL_PATTERN = r"^[^@\s,;<>]+@[^@\s,;<>]+\.[^@\s,;<>]+$"
 CYCLE_ACTION = pl.Enum(["open", "close"])
 STATE_SCHEMA = {"invoice_id": pl.String, "cycle": pl.Int32, "cycle_open": pl.Boolean, "last_stage_days": pl.Int32}
 
@@ -52,8 +52,9 @@ def with_balances(snapshot: pl.DataFrame) -> pl.DataFrame:
 
 
 def sendable_expr() -> pl.Expr:
-    """Whether the row's `customer_email` is a usable address."""
-    return pl.col("customer_email").str.contains(EMAIL_PATTERN).fill_null(False)
+    """Whether the row's `customer_email` is a usable address: `safe_text.is_address`, vectorized."""
+    address = pl.col("customer_email")
+    return (address.str.contains(ADDRESS_PATTERN) & (address.str.len_bytes() <= MAX_ADDRESS)).fill_null(False)
 
 
 def assign_cycles(snapshot: pl.DataFrame, state: pl.DataFrame, as_of: dt.datetime, config: DunningConfig) -> pl.DataFrame:

@@ -20,6 +20,7 @@ from dunning.config import DunningConfig
 from dunning.errors import SnapshotError
 from dunning.keys import apology_key, email_id, message_id
 from dunning.ledger.duckdb_ledger import DuckDBLedger
+from dunning.policy import sendable_expr
 from dunning.providers.base import EmailProvider
 from dunning.render import apology_email
 from dunning.sending import SendReport, send_due
@@ -98,7 +99,7 @@ def flooded_customers(sends: pl.DataFrame, config: DunningConfig) -> pl.DataFram
 
 def apology_rows(flooded: pl.DataFrame, snapshot: pl.DataFrame, incident_id: str, domain: str) -> pl.DataFrame:
     """One ledger row per flooded customer we can reach, addressed to their current email."""
-    current = snapshot.filter(pl.col("customer_email").is_not_null()).group_by("customer_id").agg(
+    current = snapshot.filter(sendable_expr()).group_by("customer_id").agg(
         pl.col("customer_email").first().alias("snapshot_email"), pl.col("customer_name").drop_nulls().first())
     rows = flooded.join(current, on="customer_id", how="left").with_columns(
         pl.coalesce("snapshot_email", "address").alias("customer_email"))
@@ -124,7 +125,7 @@ def recover(ledger: DuckDBLedger, provider: EmailProvider, snapshot: pl.DataFram
         sends = pl.concat([sends, logged.filter((pl.col("sent_at") > since) & (pl.col("sent_at") <= as_of))])
     flooded = flooded_customers(sends, config)
     rows = apology_rows(flooded, snapshot, incident_id, config.provider.message_domain)
-    reachable = rows.filter(pl.col("customer_email").str.contains("@").fill_null(False))
+    reachable = rows.filter(sendable_expr())  # the one address rule of every email; the rest is unreachable
     owed = snapshot.filter(pl.col("owed")).sort("due_date", "invoice_id")
 
     def render(records: list[dict]):

@@ -22,7 +22,7 @@ from dunning.config import DunningConfig
 from dunning.ledger.base import Ledger
 from dunning.ledger.claims import ClaimCap
 from dunning.policy import email_groups
-from dunning.providers.base import EmailProvider
+from dunning.providers.base import EmailProvider, SendOutcome
 from dunning.render import render_for
 
 OUTCOME_SCHEMA = {"idempotency_key": pl.String, "status": pl.String, "message_id": pl.String, "error": pl.String}
@@ -87,6 +87,29 @@ def _chunks(due: pl.DataFrame, emails_per_chunk: int) -> Iterator[pl.DataFrame]:
         yield due.filter(pl.col("email_group").is_in(chunk_groups))
 
 
+def _send_groups(provider: EmailProvider, groups: list[list[dict]],
+                 render: Callable[[list[dict]], Message]) -> list[tuple[list[dict], SendOutcome]]:
+    """Each group with its outcome. An email that cannot be built (data no header may hold, a recipient
+    that is not one address) is `failed` with the reason, never handed over, and the others still go."""
+    built_errors: dict[int, SendOutcome] = {}
+    handed_over: list[int] = []
+
+    def built() -> Iterator[Message]:
+        for index, records in enumerate(groups):
+            try:
+                message = render(records)
+            except (ValueError, TypeError, LookupError, OSError) as exc:  # EmailBuildError, HeaderParseError, …
+                built_errors[index] = SendOutcome("failed", records[0].get("message_id"),
+                                                  f"email not built: {type(exc).__name__}: {exc}"[:500])
+                continue
+            handed_over.append(index)
+            yield message
+
+    handed_outcomes = provider.send_many(built())  # consumes `built()`, so `handed_over` is complete after it
+    outcomes = dict(zip(handed_over, handed_outcomes)) | built_errors
+    return [(records, outcomes[index]) for index, records in enumerate(groups)]
+
+
 def resolve_unknown(ledger: Ledger, provider: EmailProvider, wall: dt.datetime, backoff_minutes: float) -> int:
     """Ask the provider about `unknown` keys; record its definite answers, leave the rest held.
 
@@ -143,8 +166,7 @@ def send_due(
         grouped: dict[str, list[dict]] = {}
         for record in chunk.filter(pl.col("idempotency_key").is_in(list(won))).to_dicts():
             grouped.setdefault(record["email_group"], []).append(record)
-        groups = list(grouped.values())
-        for records, outcome in zip(groups, provider.send_many(render(records) for records in groups)):
+        for records, outcome in _send_groups(provider, list(grouped.values()), render):
             report.emails += 1
             setattr(report, outcome.status, getattr(report, outcome.status) + len(records))
             rows.extend((r["idempotency_key"], outcome.status, outcome.message_id or records[0]["message_id"], outcome.error) for r in records)

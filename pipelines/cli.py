@@ -19,6 +19,7 @@ from pathlib import Path
 import dagster as dg
 
 from dunning.clock import parse_as_of, utc_now
+from dunning.safe_text import for_terminal
 from dunning.config import load_config
 from dunning.errors import DunningError, GuardNotLive, UserInputError
 from dunning.guard import prove_guard
@@ -41,6 +42,11 @@ def flood_recovery() -> dg.JobDefinition:
     from pipelines.definitions import defs
 
     return defs.resolve_job_def("flood_recovery")
+
+
+def say(text: str, file=None) -> None:
+    """Print for an operator: control and escape characters that came from data are shown escaped."""
+    print(for_terminal(str(text)), file=file or sys.stdout)
 
 
 def _operator() -> str:
@@ -111,9 +117,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     with open_ledger(home / "dunning.duckdb") as ledger:
         text, code = report.run_report(result, ledger, as_of=as_of, dry_run=bool(args.dry_run))
     if code == 0:
-        print(text)
+        say(text)
     else:
-        print(text, file=sys.stderr)
+        say(text, file=sys.stderr)
     return code
 
 
@@ -136,10 +142,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         result = dg.execute_job(dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config, tags=tags,
                                 raise_on_error=False)
         if result.success:
-            print(f"{day}: rebuilt (policy {config.policy_id}); nothing sent")
+            say(f"{day}: rebuilt (policy {config.policy_id}); nothing sent")
         else:
             failures += 1
-            print(f"{day}: failed: {report.first_failure(result)}", file=sys.stderr)
+            say(f"{day}: failed: {report.first_failure(result)}", file=sys.stderr)
         day += dt.timedelta(days=1)
     prune_run_frames(home)
     return 0 if not failures else 1
@@ -156,7 +162,7 @@ def cmd_pause(args: argparse.Namespace) -> int:
     home = _home(args)
     with open_ledger(home / "dunning.duckdb") as ledger:
         ledger.set_pause(True, args.reason, _operator(), utc_now())
-    print(f"dunning paused: no reminders will be sent until `dunning resume` proves the guard is live"
+    say(f"dunning paused: no reminders will be sent until `dunning resume` proves the guard is live"
           f"{' (' + args.reason + ')' if args.reason else ''}")
     return 0
 
@@ -183,10 +189,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
             raise UserInputError(f"snapshot file not found: {snapshot}")
         report_ = prove_guard(ledger, snapshot, config, as_of, _breaker_wired())
         if not report_.passed:
-            print(f"dunning: resume refused, the guard is not live; still paused.\n{report_.describe()}", file=sys.stderr)
+            say(f"dunning: resume refused, the guard is not live; still paused.\n{report_.describe()}", file=sys.stderr)
             return GuardNotLive.exit_code
         ledger.set_pause(False, f"resumed: guard proven on {snapshot}", _operator(), utc_now())
-    print(f"dunning resumed: the guard is live.\n{report_.describe()}")
+    say(f"dunning resumed: the guard is live.\n{report_.describe()}")
     return 0
 
 
@@ -197,7 +203,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     snapshot = _existing(args.snapshot, "snapshot")
     sent_log = _existing(args.sent_log, "sent log") if args.sent_log else None
     as_of = parse_as_of(args.as_of)
-    since = parse_as_of(args.since).isoformat() if args.since else None
+    since = parse_as_of(args.since, "--since").isoformat() if args.since else None
     instance = _instance(home)
     run_config = {
         "ops": {"send_flood_apologies": {"config": {"incident_id": args.incident, "snapshot_path": snapshot,
@@ -209,7 +215,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
                         tags={"dunning/trigger": "cli", "dunning/incident": args.incident, **owner_tags()},
                         raise_on_error=False) as result:
         text, code = report.recovery_report(result)
-    print(text, file=sys.stdout if code == 0 else sys.stderr)
+    say(text, file=sys.stderr if code else sys.stdout)
     return code
 
 
@@ -220,7 +226,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         done = ledger.resolve_by_hand(args.keys, args.sent, note, utc_now())
     missing = sorted(set(args.keys) - set(done))
     if done:
-        print(f"{len(done)} key(s) marked {'sent' if args.sent else 'not sent (a later cycle retries them)'}: {', '.join(sorted(done))}")
+        say(f"{len(done)} key(s) marked {'sent' if args.sent else 'not sent (a later cycle retries them)'}: {', '.join(sorted(done))}")
     if missing:
         raise UserInputError(f"not in the ledger as unknown, left unchanged: {', '.join(missing)}")
     return 0
@@ -230,7 +236,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     home = _home(args)
     with open_ledger(home / "dunning.duckdb") as ledger:
         status = report.status(ledger)
-    print(json.dumps(status, default=str, indent=2) if args.json else report.status_text(status))
+    say(json.dumps(status, default=str, indent=2) if args.json else report.status_text(status))
     return 0
 
 
@@ -243,13 +249,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("dunning").addHandler(logging.NullHandler())  # the CLI prints what matters itself
     args.home = getattr(args, "home_sub", None) or args.home
     try:
-        return args.handler(args)
+        code = args.handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at interpreter exit
+        return code
     except DunningError as error:
-        print(f"dunning: {error}", file=sys.stderr)
+        say(f"dunning: {error}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
-        print("dunning: interrupted", file=sys.stderr)
+        say("dunning: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `dunning status --json | head`: the reader left; nothing is wrong with us
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # what a shell reports for a command ended by SIGPIPE
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def recovery_report(result: dg.ExecuteJobResult) -> tuple[str, int]:
     if s["unmapped_addresses"]:
         lines.append("send-log addresses matching no customer in the snapshot (no apology): " + ", ".join(s["unmapped_addresses"][:20]))
     if s["unreachable_customers"]:
-        lines.append("flooded customers without an email address (no apology): " + ", ".join(s["unreachable_customers"][:20]))
+        lines.append("flooded customers without a valid email address (apology held: no_email_address): " + ", ".join(s["unreachable_customers"][:20]))
     return "\n".join(lines), 0
 
 

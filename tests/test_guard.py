@@ -65,7 +65,7 @@ def _due(n, customer, start=0):
 
 def test_two_concurrent_claimers_cannot_exceed_the_cap_together(tmp_path):
     as_of = dt.datetime(2026, 11, 5, 9, tzinfo=dt.timezone.utc)
-    cap = ClaimCap(max_emails=2, window_start=as_of - dt.timedelta(hours=24))
+    cap = ClaimCap(max_emails=2, window_start=as_of - dt.timedelta(hours=24), window_end=as_of + dt.timedelta(hours=24))
     with open_ledger(tmp_path / "d.duckdb") as ledger:
         ledger.claim(_due(1, "cus"), _due(1, "cus").head(0), "earlier", as_of - dt.timedelta(hours=1), cap)
         claimers = [DuckDBLedger(ledger.con.cursor()), DuckDBLedger(ledger.con.cursor())]

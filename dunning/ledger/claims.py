@@ -26,6 +26,7 @@ LOST_CLAIM_ERRORS = (duckdb.TransactionException, duckdb.ConstraintException)
 class ClaimCap:
     max_emails: int
     window_start: dt.datetime
+    window_end: dt.datetime
 
 
 @dataclass
@@ -70,7 +71,7 @@ class ClaimStore:
                     "ON CONFLICT (customer_id) DO UPDATE SET touched_at = excluded.touched_at",
                     [claimed_at],
                 )
-                recent = self.emails_in_window(cap.window_start, claimed_at, only_customers=customers) if cap else None
+                recent = self.emails_in_window(cap.window_start, cap.window_end, only_customers=customers) if cap else None
                 allowed = _within_cap(due, recent, cap) if cap else due
                 result.throttled = set(due.get_column("idempotency_key")) - set(allowed.get_column("idempotency_key"))
                 is_retry = pl.col("role") == "retry" if "role" in allowed.columns else pl.lit(False)

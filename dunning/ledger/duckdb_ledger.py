@@ -27,6 +27,16 @@ def open_ledger(path: str | Path, timeout_seconds: float = 120.0) -> Iterator["D
         con.close()
 
 
+QUARANTINE_MAX_CHARS = 1000
+
+
+def _kept(column: str) -> pl.Expr:
+    """A rejected value as given, cut to QUARANTINE_MAX_CHARS: a 50 MB name is evidence enough at 1,000 characters."""
+    text = pl.col(column).cast(pl.String)
+    return pl.when(text.str.len_chars() > QUARANTINE_MAX_CHARS).then(
+        text.str.slice(0, QUARANTINE_MAX_CHARS) + pl.lit("…")).otherwise(text).alias(column)
+
+
 class DuckDBLedger(LedgerConnection, ClaimStore, Operations):
     """Everything the pipeline stores, behind methods a PostgreSQL backend could implement too."""
 
@@ -64,8 +74,8 @@ class DuckDBLedger(LedgerConnection, ClaimStore, Operations):
         raw_columns = [c for c in rejected.columns if c not in ("rule", "source_row")]
         rows = rejected.select(
             pl.lit(run_id).alias("run_id"), pl.lit(at).alias("quarantined_at"), pl.lit(source).alias("source"),
-            "source_row", "invoice_id", "rule",
-            pl.struct([pl.col(c).cast(pl.String) for c in raw_columns]).struct.json_encode().alias("raw_row"),
+            "source_row", _kept("invoice_id"), "rule",
+            pl.struct([_kept(c) for c in raw_columns]).struct.json_encode().alias("raw_row"),
         )
         with self.registered("rejected_rows", rows):
             self.con.execute("INSERT INTO snapshot_quarantine SELECT * FROM rejected_rows")

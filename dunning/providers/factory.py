@@ -13,4 +13,5 @@ from dunning.providers.smtp import SmtpProvider
 def build_provider(settings: Provider, home: Path) -> EmailProvider:
     if settings.kind == "smtp":
         return SmtpProvider(settings)
-    return FileOutbox(Path(settings.outbox_dir) if settings.outbox_dir else home / "outbox")
+    # a relative outbox_dir is under the home, whatever directory the command was started from
+    return FileOutbox(home / Path(settings.outbox_dir).expanduser() if settings.outbox_dir else home / "outbox")

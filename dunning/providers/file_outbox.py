@@ -8,6 +8,7 @@ crash, and a repeated write of the same message replaces rather than adds.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -19,8 +20,14 @@ from dunning.providers.base import EmailProvider, SendOutcome, Status
 from dunning.render import WIRE_POLICY
 
 
+MAX_STEM = 200  # file systems allow 255 bytes per name; the Message-ID's domain comes from config
+
+
 def _file_name(message_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", message_id.strip("<>")) + ".eml"
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", message_id.strip("<>"))
+    if len(stem) > MAX_STEM:
+        stem = stem[:MAX_STEM - 17] + "_" + hashlib.sha256(stem.encode()).hexdigest()[:16]
+    return stem + ".eml"
 
 
 class FileOutbox(EmailProvider):

@@ -1,0 +1,69 @@
+"""Text from data is hostile: one place that decides what may reach a header, a recipient or a terminal.
+
+Snapshot rows, Stripe objects, events, send logs and config all end up in
+emails and operator output. Each rule here exists once, so every kind of email
+(reminder, payment-failed notice, apology) and every printed line obeys the
+same one:
+
+- `is_address` / `ADDRESS_PATTERN`: the only recipient rule. A bare ASCII
+  `local@domain.tld` (RFC 5321 dot-atom, labels of letters, digits and hyphens),
+  at most 254 characters: no display name, no list, no comments, no line breaks.
+  The polars expression (`policy.sendable_expr`) uses the same pattern.
+- `header_value`: a header value built from data, refused (ValueError) when it
+  holds any line break or control character, RFC 2047-encoded when not ASCII.
+- `has_control`: whether text holds a control character (validation quarantines
+  such ids and names before anything is computed).
+- `for_terminal` and `redact`: what operators see, with control characters
+  escaped and URLs and secrets cut out.
+"""
+
+from __future__ import annotations
+
+import re
+from email.header import Header
+from typing import Iterable
+
+# C0 and C1 controls, DEL, and the Unicode line and paragraph separators: everything a mail parser or a
+# terminal may take as a line break or an escape sequence
+CONTROL_CLASS = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
+CONTROL = re.compile(f"[{CONTROL_CLASS}]")
+MAX_ADDRESS = 254
+_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+ADDRESS_PATTERN = rf"^{_ATEXT}{{1,64}}(?:\.{_ATEXT}{{1,64}})*@(?:{_LABEL}\.)+[A-Za-z]{{2,63}}$"
+_ADDRESS = re.compile(ADDRESS_PATTERN)
+_URL = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^/\s?#@]*@)?([^/\s?#]*)(\S*)")
+
+
+def has_control(text: str) -> bool:
+    return CONTROL.search(text) is not None
+
+
+def is_address(value: object) -> bool:
+    """The one recipient rule for every kind of email (see the module docstring)."""
+    return isinstance(value, str) and len(value) <= MAX_ADDRESS and _ADDRESS.fullmatch(value) is not None
+
+
+def header_value(name: str, value: str) -> str | Header:
+    """`value` for header `name`, or ValueError naming the header when data put a line break or control in it."""
+    if has_control(value):
+        raise ValueError(f"header {name} would contain a line break or control character")
+    return value if value.isascii() else Header(value, "utf-8", header_name=name)
+
+
+def for_terminal(text: str) -> str:
+    """Control and escape characters from data shown as `\\xNN`; the newlines and tabs of our own output kept."""
+    return CONTROL.sub(lambda m: m.group() if m.group() in "\n\t" else m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _cut_url(match: re.Match[str]) -> str:
+    scheme, userinfo, host, rest = match.groups()
+    return f"{scheme}{host}/…" if userinfo or rest else match.group(0)
+
+
+def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """`text` with every URL cut to scheme and host (paths, queries and user info carry tokens), each secret masked."""
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return _URL.sub(_cut_url, text)
