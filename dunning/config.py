@@ -9,7 +9,8 @@ a default is how customers get the wrong email.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import babel
@@ -17,18 +18,37 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dunning.errors import ConfigError
+from dunning.safe_text import is_address
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# Strict scalars: YAML `true` is not the number 1, "5" is not 5, and every number has a bound that keeps the
+# arithmetic built on it (dates, backoff timestamps) in range; a value past a bound fails here, not mid-run
+Count = Annotated[int, Field(strict=True)]
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Flag = Annotated[bool, Field(strict=True)]
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"  # the name of an environment variable, never a secret itself
+
+
+def http_url(value: str | None, key: str) -> str | None:
+    """An absolute http(s) URL with a host, or ValueError naming `key` (the value is not echoed: it may hold a token)."""
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or len(value) > 2048 or any(c.isspace() for c in value):
+        raise ValueError(f"{key} must be an http:// or https:// URL with a host (the value is not shown: it may hold a token)")
+    return value
+
+
 class Stage(_Strict):
     """One reminder stage: reached at `days_overdue`, allowed while enough is still owed."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_-]+$")
-    days_overdue: int = Field(ge=0)
-    min_remaining_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    days_overdue: Count = Field(ge=0, le=3650)
+    min_remaining_ratio: Number = Field(default=0.0, ge=0.0, le=1.0)
 
 
 DEFAULT_STAGES = (
@@ -39,8 +59,8 @@ DEFAULT_STAGES = (
 
 
 class Breaker(_Strict):
-    max_emails: int = Field(default=2, ge=1)
-    window_hours: int = Field(default=24, ge=1)
+    max_emails: Count = Field(default=2, ge=1, le=1000)
+    window_hours: Count = Field(default=24, ge=1, le=24 * 366)
 
 
 class Provider(_Strict):
@@ -50,14 +70,39 @@ class Provider(_Strict):
 
     kind: Literal["file", "smtp"] = "file"
     host: str = "127.0.0.1"
-    port: int = Field(default=25, ge=1, le=65535)
-    timeout_seconds: float = Field(default=10.0, gt=0)
-    starttls: bool = False
-    username_env: str | None = None
-    password_env: str | None = None
+    port: Count = Field(default=25, ge=1, le=65535)
+    timeout_seconds: Number = Field(default=10.0, gt=0, le=600)
+    starttls: Flag = False
+    # `implicit`: TLS from the first byte (SMTPS, usually port 465); `none`: plain, or STARTTLS when `starttls`
+    tls: Literal["none", "implicit"] = "none"
+    # a PEM CA bundle to verify the server against instead of the system store (a private CA)
+    ca_file: str | None = None
+    # names of environment variables, never the secrets themselves (the pattern refuses a pasted password
+    # without echoing it: pydantic's pattern message does not include the input)
+    username_env: str | None = Field(default=None, pattern=ENV_NAME)
+    password_env: str | None = Field(default=None, pattern=ENV_NAME)
+    allow_insecure_auth: Flag = False
     from_address: str = Field(default="billing@example.com", alias="from")
-    connections: int = Field(default=4, ge=1, le=32)
-    outbox_dir: str | None = None
+    connections: Count = Field(default=4, ge=1, le=32)
+    outbox_dir: str | None = Field(default=None, min_length=1, max_length=4096)
+
+    @field_validator("from_address")
+    @classmethod
+    def _one_address(cls, value: str) -> str:
+        if not is_address(value):  # the rule every recipient follows; the domain names our Message-IDs
+            raise ValueError("provider.from must be one plain address such as billing@example.com")
+        return value
+
+    @model_validator(mode="after")
+    def _transport_is_coherent(self) -> "Provider":
+        if self.starttls and self.tls == "implicit":
+            raise ValueError("provider.starttls and provider.tls: implicit cannot both be set")
+        if (self.kind == "smtp" and (self.username_env or self.password_env) and not self.starttls
+                and self.tls == "none" and not self.allow_insecure_auth):
+            raise ValueError("provider.username_env/password_env: credentials would be sent unencrypted; "
+                             "set provider.starttls: true or provider.tls: implicit, "
+                             "or provider.allow_insecure_auth: true to accept that")
+        return self
 
     @property
     def message_domain(self) -> str:
@@ -69,16 +114,21 @@ class Alerts(_Strict):
     """Where alerts go besides the `alerts` table and the log: a JSON webhook and/or PagerDuty."""
 
     webhook_url: str | None = None
-    pagerduty_routing_key_env: str | None = None
+    pagerduty_routing_key_env: str | None = Field(default=None, pattern=ENV_NAME)
     pagerduty_url: str = "https://events.pagerduty.com/v2/enqueue"
-    timeout_seconds: float = Field(default=5.0, gt=0)
+    timeout_seconds: Number = Field(default=5.0, gt=0, le=60)
+
+    @field_validator("webhook_url", "pagerduty_url")
+    @classmethod
+    def _http_only(cls, value: str | None, info) -> str | None:
+        return http_url(value, f"alerts.{info.field_name}")
 
 
 class Retry(_Strict):
     """Backoff for `failed` sends: a later cycle may retry them, never an `unknown`."""
 
-    max_attempts: int = Field(default=5, ge=1)
-    backoff_minutes: float = Field(default=30.0, ge=0)
+    max_attempts: Count = Field(default=5, ge=1, le=100)
+    backoff_minutes: Number = Field(default=30.0, ge=0, le=60 * 24 * 366)
 
 
 class DunningConfig(_Strict):
@@ -91,7 +141,7 @@ class DunningConfig(_Strict):
     alerts: Alerts = Alerts()
     retry: Retry = Retry()
     locale: str = "en_US"
-    claim_chunk_size: int = Field(default=2000, ge=1)
+    claim_chunk_size: Count = Field(default=2000, ge=1, le=100_000)
 
     @field_validator("timezone")
     @classmethod

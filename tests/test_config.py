@@ -44,7 +44,8 @@ provider:
   host: 127.0.0.1
   port: 25
   timeout_seconds: 10
-  starttls: false
+  starttls: true
+  tls: none
   username_env: SMTP_USERNAME
   password_env: SMTP_PASSWORD
   from: billing@example.com

@@ -7,6 +7,17 @@ before that is a definite `failed`; an explicit 4xx/5xx reply to the data is
 is `unknown`, because the server may have accepted it. Each worker thread of a
 small bounded pool keeps one connection open across messages and reopens it
 after any error.
+
+Transport security: with `starttls` the session is upgraded right after EHLO,
+before any AUTH or MAIL, and a server that does not offer STARTTLS is a `failed` send,
+never a fall back to plain text; with `tls: implicit` the connection is TLS
+from the first byte (SMTPS). Either way the server's certificate chain is
+verified against the system trust store, or only against `ca_file` when that is
+set, and its name must match `host` (certificate and hostname are checked); a
+verification failure is a `failed` send ("rejected before data"). Credentials
+go out only after the handshake, and no error text carries their values; the
+configuration refuses credentials over a plain connection unless
+`allow_insecure_auth` says so.
 """
 
 from __future__ import annotations
@@ -14,9 +25,11 @@ from __future__ import annotations
 import os
 import smtplib
 import socket
+import ssl
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from email.message import Message
+from pathlib import Path
 from typing import Iterable
 
 from dunning.config import Provider
@@ -28,18 +41,24 @@ from dunning.render import WIRE_POLICY
 class _Connection:
     """One SMTP session, reused for many messages by one thread."""
 
-    def __init__(self, settings: Provider, credentials: tuple[str, str] | None):
+    def __init__(self, settings: Provider, credentials: tuple[str, str] | None, tls_context: ssl.SSLContext):
         self.settings = settings
         self.credentials = credentials
+        self.tls_context = tls_context
         self.client: smtplib.SMTP | None = None
 
     def open(self) -> smtplib.SMTP:
         if self.client is None:
-            client = smtplib.SMTP(self.settings.host, self.settings.port, timeout=self.settings.timeout_seconds)
+            host, port, timeout = self.settings.host, self.settings.port, self.settings.timeout_seconds
+            if self.settings.tls == "implicit":
+                client = smtplib.SMTP_SSL(host, port, timeout=timeout, context=self.tls_context)
+            else:
+                client = smtplib.SMTP(host, port, timeout=timeout)
             try:
                 client.ehlo()
                 if self.settings.starttls:
-                    client.starttls()
+                    # raises SMTPNotSupportedError when STARTTLS is not offered: no plain-text fallback
+                    client.starttls(context=self.tls_context)
                     client.ehlo()
                 if self.credentials:
                     client.login(*self.credentials)
@@ -103,6 +122,7 @@ class SmtpProvider(EmailProvider):
     def __init__(self, settings: Provider):
         self.settings = settings
         self._credentials = self._read_credentials()
+        self._tls_context = self._make_tls_context()
         self._local = threading.local()
         self._connections: list[_Connection] = []
         self._lock = threading.Lock()
@@ -112,16 +132,28 @@ class SmtpProvider(EmailProvider):
         names = (self.settings.username_env, self.settings.password_env)
         if not any(names):
             return None
-        values = tuple(os.environ.get(n or "") for n in names)
-        missing = [n for n, v in zip(names, values) if not v]
+        values = tuple(os.environ.get(n) if n else None for n in names)
+        missing = [f"provider.{key}: environment variable {name} is not set or empty" if name else
+                   f"provider.{key}: not configured (username_env and password_env go together)"
+                   for key, name, value in zip(("username_env", "password_env"), names, values) if not value]
         if missing:
-            raise ConfigError(f"provider: environment variable(s) {', '.join(str(m) for m in missing)} not set")
+            raise ConfigError("; ".join(missing))  # names only: a value never goes into an error
         return values  # type: ignore[return-value]
+
+    def _make_tls_context(self) -> ssl.SSLContext:
+        """One verifying context for every connection: certificate chain and hostname (check_hostname stays on)."""
+        ca_file = self.settings.ca_file
+        if ca_file is not None and not Path(ca_file).is_file():
+            raise ConfigError(f"provider.ca_file: file not found: {ca_file}")
+        try:
+            return ssl.create_default_context(cafile=ca_file)
+        except OSError as exc:  # ssl.SSLError for a file that holds no PEM certificate
+            raise ConfigError(f"provider.ca_file: not a usable PEM CA bundle: {ca_file} ({exc})") from None
 
     def _connection(self) -> _Connection:
         connection = getattr(self._local, "connection", None)
         if connection is None:
-            connection = self._local.connection = _Connection(self.settings, self._credentials)
+            connection = self._local.connection = _Connection(self.settings, self._credentials, self._tls_context)
             with self._lock:
                 self._connections.append(connection)
         return connection
