@@ -7,7 +7,7 @@ from assets.common import ASSET_DEFAULTS, LEDGER_POOL, fail, frame_metadata, run
 from dunning import cycle
 from dunning.clock import utc_now
 from dunning.errors import DunningError, InvalidRowsHalt, SnapshotError
-from dunning.events import EVENTS_SCHEMA, PAYMENT_FAILED, events_frame
+from dunning.events import EVENTS_SCHEMA, PAYMENT_FAILED, load_events
 from dunning.landing import latest_for_day
 from dunning.policy import assign_cycles, stages_frame
 from pipelines.resources import CycleRequest, DunningHome
@@ -66,20 +66,32 @@ def invoice_snapshot(context: dg.AssetExecutionContext, dunning_home: DunningHom
 
 @dg.asset(**ASSET_DEFAULTS, kinds={"stripe", "duckdb"}, pool=LEDGER_POOL)
 def billing_events(context: dg.AssetExecutionContext, dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
-    """One row per distinct billing event (Stripe) delivered to this run, stored once in `billing_events`."""
+    """One row per distinct accepted billing event (Stripe) delivered to this run, stored once in `billing_events`.
+
+    An `invoice.payment_failed` event that cannot be a sound notice (see
+    `dunning.events.rejection_reasons`) is left out and, on a live run, kept in
+    `event_quarantine` with its reasons; the other events proceed.
+    """
     if not cycle_request.events_path:
-        return dg.Output(pl.DataFrame(schema=EVENTS_SCHEMA), metadata={"events": 0})
+        return dg.Output(pl.DataFrame(schema=EVENTS_SCHEMA), metadata={"events": 0, "rejected_events": 0})
     try:
-        events = events_frame(cycle_request.events_path)
+        loaded = load_events(cycle_request.events_path)
+        events = loaded.accepted
         new = 0
         if not cycle_request.dry_run:
-            with dunning_home.ledger() as ledger:
-                new = ledger.store_events(events, context.run_id, utc_now())
+            received_at = utc_now()
+            with dunning_home.ledger() as ledger, ledger.transaction():
+                new = ledger.store_events(events, context.run_id, received_at)
+                if loaded.rejected.height:
+                    ledger.quarantine_events(loaded.rejected, context.run_id, received_at)
     except DunningError as error:
         raise fail(error) from None
+    if loaded.rejected.height:
+        context.log.warning(loaded.summary())
     by_type = dict(events.group_by("type").len().iter_rows())
     ignored = sum(n for t, n in by_type.items() if t != PAYMENT_FAILED)
     if ignored:
         context.log.info(f"{ignored} event(s) of other types counted and ignored: {by_type}")
     return dg.Output(events, metadata={**frame_metadata(events), "new_events": new, "ignored_events": ignored,
+                                       "rejected_events": loaded.rejected.height, "rejections": loaded.summary(),
                                        "by_type": dg.MetadataValue.json(by_type)})

@@ -89,18 +89,36 @@ def load_stripe_invoices(path: Path, zone: ZoneInfo) -> list[dict[str, Any]]:
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """Stripe event objects from a JSON object, a JSON array, or JSON Lines."""
-    text = path.read_text(encoding="utf-8")
+    """Stripe event objects from a JSON object, a JSON array, or JSON Lines.
+
+    Only whole-file problems raise (SnapshotError, one line naming the file): a
+    file that cannot be read, is not UTF-8, is not JSON, is nested too deeply
+    for the parser, or holds an entry that is not an object with a string `id`
+    and `type`. What is inside an event is for `dunning.events` to validate.
+    """
     try:
-        payload = json.loads(text)
-        events: Iterable[Any] = payload if isinstance(payload, list) else [payload]
-    except json.JSONDecodeError:
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark from a Windows export is not an error
+    except UnicodeDecodeError as exc:
+        raise SnapshotError(f"{path}: not UTF-8 text (byte {exc.start} is invalid); Stripe sends JSON as UTF-8") from None
+    except OSError as exc:
+        raise SnapshotError(f"{path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    try:
         try:
-            events = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as exc:
-            raise SnapshotError(f"{path}: neither JSON nor JSON Lines ({exc})") from None
+            payload = json.loads(text)
+            events: Iterable[Any] = payload if isinstance(payload, list) else [payload]
+        except json.JSONDecodeError:
+            try:
+                events = [json.loads(line) for line in text.splitlines() if line.strip()]
+            except json.JSONDecodeError as exc:
+                raise SnapshotError(f"{path}: neither JSON nor JSON Lines ({exc})") from None
+    except RecursionError:
+        raise SnapshotError(f"{path}: JSON nested too deeply to read") from None
+    except ValueError as exc:  # not a JSONDecodeError: e.g. an integer longer than Python's digit limit
+        raise SnapshotError(f"{path}: not valid JSON ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
     events = list(events)
-    bad = [i for i, e in enumerate(events) if not (isinstance(e, dict) and e.get("id") and e.get("type"))]
+    bad = [i for i, e in enumerate(events)
+           if not (isinstance(e, dict) and all(isinstance(e.get(k), str) and e.get(k) for k in ("id", "type")))]
     if bad:
-        raise SnapshotError(f"{path}: entries {bad[:10]} are not Stripe events (need 'id' and 'type')")
+        raise SnapshotError(f"{path}: entries {bad[:10]}{' and more' if len(bad) > 10 else ''} are not Stripe events "
+                            "(need an object with a string 'id' and 'type'; entries counted from 0)")
     return events

@@ -20,6 +20,7 @@ import dagster as dg
 
 from dunning.clock import parse_as_of, utc_now
 from dunning.safe_text import for_terminal
+from dunning.stripe import read_events
 from dunning.config import load_config
 from dunning.errors import DunningError, GuardNotLive, UserInputError
 from dunning.guard import prove_guard
@@ -102,6 +103,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     snapshot = _existing(args.snapshot, "snapshot")
     as_of = parse_as_of(args.as_of)
     events = _existing(args.events, "events") if args.events else None
+    if events:
+        read_events(Path(events))  # a bad events file: one line, exit 2, before Dagster starts or anything is written
     instance = _instance(home)
     run_config = _cycle_run_config(home, config_path, snapshot_path=snapshot, as_of=as_of.isoformat(),
                                    dry_run=bool(args.dry_run), events_path=events, verbose=args.verbose)

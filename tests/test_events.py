@@ -1,12 +1,16 @@
 """Webhook retries: a webhook delivered many times produces one payment-failed notice."""
 
 import copy
+import datetime as dt
 import json
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import invoice
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "stripe"
+PAYMENT_FAILED_TYPE = "invoice.payment_failed"
 
 
 def payment_failed_event(event_id="evt_pf_1", customer="cus_1", email="ada@example.com", remaining=4200):
@@ -68,3 +72,183 @@ def test_an_unreadable_events_file_is_a_clear_error(deployment, tmp_path):
     code, _, err = deployment.run([invoice()], "2026-11-05T09:00:00Z", "--events", str(bad))
     assert code == 2 and "neither JSON nor JSON Lines" in err and "Traceback" not in err
     assert deployment.outbox() == []
+
+
+# Hostile events: one bad event is quarantined, never a halt for everyone; a bad file is one line, never a traceback.
+
+def quarantined(deployment):
+    return deployment.query("SELECT event_id, type, reason, run_id IS NOT NULL AND received_at IS NOT NULL AND payload IS NOT NULL "
+                            "FROM event_quarantine ORDER BY event_id")
+
+
+def test_bad_payment_failed_events_are_quarantined_and_the_good_one_is_sent(deployment, tmp_path):
+    no_data = payment_failed_event("evt_no_data")
+    no_data["data"] = None
+    not_invoice = payment_failed_event("evt_not_invoice")
+    not_invoice["data"] = {"object": "nope"}
+    events = write(tmp_path / "e.json", [payment_failed_event("evt_good"), no_data,
+                                         payment_failed_event("evt_nothing_owed", remaining=0), not_invoice])
+    snapshot = [invoice(due_date="2026-12-01")]
+    code, out, err = deployment.run(snapshot, "2026-11-05T09:00:00Z", "--events", events, "--dry-run")
+    assert code == 0, err
+    assert deployment.outbox() == [] and quarantined(deployment) == []  # a dry run writes no quarantine
+    code, out, err = deployment.run(snapshot, "2026-11-05T09:00:00Z", "--events", events)
+    assert code == 0, err
+    [notice] = deployment.outbox()
+    assert notice["X-Dunning-Keys"] == "event:evt_good"
+    assert quarantined(deployment) == [
+        ("evt_no_data", "invoice.payment_failed", "data is not an object", True),
+        ("evt_not_invoice", "invoice.payment_failed", "data.object is not an invoice", True),
+        ("evt_nothing_owed", "invoice.payment_failed", "amount_remaining is not positive", True),
+    ]
+    assert deployment.query("SELECT event_id FROM billing_events") == [("evt_good",)]
+
+
+def test_an_unparsable_created_quarantines_a_payment_failed_event_and_is_null_on_others(deployment, tmp_path):
+    bad = payment_failed_event("evt_yesterday")
+    other = json.loads((FIXTURES / "event.json").read_text())
+    bad["created"] = other["created"] = "yesterday"
+    events = write(tmp_path / "e.json", [bad, other, payment_failed_event("evt_good")])
+    code, _, err = deployment.run([invoice(due_date="2026-12-01")], "2026-11-05T09:00:00Z", "--events", events)
+    assert code == 0, err
+    assert [m["X-Dunning-Keys"] for m in deployment.outbox()] == ["event:evt_good"]
+    assert quarantined(deployment) == [("evt_yesterday", "invoice.payment_failed", "created is not a Unix timestamp", True)]
+    assert deployment.query("SELECT type, created_at FROM billing_events WHERE event_id = ?", [other["id"]]) == [("plan.created", None)]
+
+
+def test_a_header_injection_in_the_invoice_id_is_quarantined_and_the_good_one_still_sent(deployment, tmp_path):
+    injected = payment_failed_event("evt_injected")
+    injected["data"]["object"]["id"] = "in_1\r\nBcc: x@evil.test"
+    events = write(tmp_path / "e.jsonl", [injected, payment_failed_event("evt_good")], lines=True)
+    code, _, err = deployment.run([invoice(due_date="2026-12-01")], "2026-11-05T09:00:00Z", "--events", events)
+    assert code == 0, err
+    [notice] = deployment.outbox()
+    assert notice["X-Dunning-Keys"] == "event:evt_good" and notice["Bcc"] is None
+    assert quarantined(deployment) == [("evt_injected", "invoice.payment_failed", "invoice id contains a control character", True)]
+
+
+def test_a_latin1_events_file_is_a_clear_error(deployment, tmp_path):
+    path = tmp_path / "latin1.json"
+    path.write_bytes(json.dumps(payment_failed_event(customer="cus_Müller"), ensure_ascii=False).encode("latin-1"))
+    code, _, err = deployment.run([invoice()], "2026-11-05T09:00:00Z", "--events", str(path))
+    assert code == 2, err
+    assert "Traceback" not in err and "latin1.json" in err and "not UTF-8" in err
+    assert len(err.strip().splitlines()) == 1
+    assert deployment.outbox() == []
+
+
+def test_deeply_nested_json_is_a_clear_error(deployment, tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 200000 + "]" * 200000)
+    code, _, err = deployment.run([invoice()], "2026-11-05T09:00:00Z", "--events", str(path))
+    assert code == 2, err
+    assert "Traceback" not in err and "deep.json" in err and "nested too deeply" in err
+    assert deployment.outbox() == []
+
+
+def test_an_entry_that_is_not_an_event_is_a_clear_error(deployment, tmp_path):
+    path = write(tmp_path / "e.json", [payment_failed_event(), {"id": "evt_x", "type": 5}, 7])
+    code, _, err = deployment.run([invoice()], "2026-11-05T09:00:00Z", "--events", path)
+    assert code == 2, err
+    assert "Traceback" not in err and "entries [1, 2] are not Stripe events" in err
+    assert deployment.outbox() == []
+
+
+def test_validation_names_every_broken_rule():
+    from dunning.events import split_events
+
+    good = payment_failed_event("evt_good", customer={"id": "cus_1", "object": "customer"})
+    bad = payment_failed_event("evt_bad\u2028", customer="")
+    bad.update(created=True)
+    bad["data"]["object"].update(currency="€", amount_remaining=True)
+    loaded = split_events([good, bad, copy.deepcopy(good)])
+    assert loaded.accepted.select("event_id", "customer_id", "amount_remaining").rows() == [("evt_good", "cus_1", 4200)]
+    assert loaded.rejected.select("event_id", "reason").rows() == [(
+        "evt_bad\u2028", "event id contains a control character; created is not a Unix timestamp; customer is empty; "
+        "currency is not a three-letter code; amount_remaining is not an integer")]
+
+
+try:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+except ImportError:  # hypothesis comes with the test extra
+    st = None
+
+if st is None:
+    @pytest.mark.skip(reason="hypothesis is not installed")
+    def test_validation_never_raises_and_accepts_only_sound_events():
+        pass
+else:
+    def _json_values():
+        scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
+        return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+                            max_leaves=5)
+
+    MISSING = object()  # the key is left out
+    _texts = st.text(min_size=1, max_size=40)  # arbitrary unicode: control characters and line separators included
+    _hostile_ids = st.text() | st.sampled_from(["", "a" * 200, "a" * 201, "x\u0085", "x\u2029", "in\r\nBcc: x@evil.test", "x\ud800"])
+    _hostile = {  # field -> what it may become instead of a sound value
+        "id": _hostile_ids | _json_values(),
+        "created": st.integers() | st.integers(946684800 - 2, 946684800 + 2) | st.integers(4102444800 - 2, 4102444800 + 2)
+        | st.sampled_from(["yesterday", 1.7e9, True]) | _json_values(),
+        "data": _json_values(),
+        "data.object": _json_values(),
+        "object": st.sampled_from(["plan", None, "Invoice"]) | _json_values(),
+        "invoice id": _hostile_ids | _json_values(),
+        "customer": _hostile_ids | st.fixed_dictionaries({}, optional={"id": _hostile_ids | _json_values()}) | _json_values(),
+        "customer_email": _json_values(),
+        "currency": st.text(max_size=4) | _json_values(),
+        "amount_remaining": st.integers() | st.integers(-2, 2) | st.integers(2**63 - 2, 2**64) | st.sampled_from([True, 4.2]) | _json_values(),
+        "amount_due": st.integers() | _json_values(),
+        "amount_paid": st.integers() | _json_values(),
+    }
+
+    @st.composite
+    def _payment_failed_events(draw):
+        """A sound payment_failed event with any number of its fields (none to all) made hostile or left out."""
+        invoice_ = {"object": "invoice", "id": draw(_texts), "customer": draw(_texts | st.fixed_dictionaries({"id": _texts})),
+                    "customer_email": draw(st.text() | st.just("ada@example.com")), "currency": draw(st.sampled_from(["eur", "usd", "jpy"])),
+                    "amount_remaining": draw(st.integers(1, 10**9)), "amount_due": 0, "amount_paid": 0}
+        event = {"id": draw(_texts), "type": draw(st.sampled_from([PAYMENT_FAILED_TYPE] * 3 + ["invoice.paid", "plan.created"])),
+                 "created": draw(st.integers(946684800, 4102444800 - 1)), "data": {"object": invoice_}}
+        for field in draw(st.lists(st.sampled_from(sorted(_hostile)), unique=True)):
+            value = draw(st.just(MISSING) | _hostile[field])
+            if field in ("id", "created", "data"):
+                target, key = event, field
+            elif field == "data.object":
+                target, key = event.get("data"), "object"
+            else:
+                target, key = invoice_, "id" if field == "invoice id" else field
+            if isinstance(target, dict):
+                if value is MISSING:
+                    target.pop(key, None)
+                else:
+                    target[key] = value
+        return event
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(_payment_failed_events(), max_size=4))
+    def test_validation_never_raises_and_accepts_only_sound_events(events):
+        import unicodedata
+
+        from dunning.events import split_events
+
+        loaded = split_events(events)  # never raises, whatever the events hold
+
+        def sound(text):
+            return (isinstance(text, str) and 0 < len(text) <= 200 and text.encode("utf-8", "surrogatepass").decode("utf-8") == text
+                    and not any(unicodedata.category(c) in ("Cc", "Cs") or c in "\u2028\u2029\u0085" for c in text))
+
+        accepted = loaded.accepted.to_dicts()
+        assert len(accepted) + loaded.rejected.height <= len(events)
+        assert loaded.rejected.get_column("reason").is_not_null().all()
+        ids = [e["event_id"] for e in accepted]
+        assert len(ids) == len(set(ids)) and not set(ids) & set(loaded.rejected.get_column("event_id").drop_nulls())
+        for row in accepted:
+            assert isinstance(row["event_id"], str) and isinstance(row["type"], str)
+            if row["type"] != PAYMENT_FAILED_TYPE:
+                continue
+            assert sound(row["event_id"]) and sound(row["invoice_id"]) and sound(row["customer_id"])
+            assert isinstance(row["amount_remaining"], int) and row["amount_remaining"] > 0
+            assert isinstance(row["currency"], str)
+            assert dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc) <= row["created_at"] < dt.datetime(2100, 1, 1, tzinfo=dt.timezone.utc)

@@ -64,6 +64,14 @@ class Operations:
                 "INSERT INTO billing_events BY NAME SELECT * FROM event_rows ON CONFLICT DO NOTHING RETURNING event_id"
             ).fetchall())
 
+    def quarantine_events(self, frame: pl.DataFrame, run_id: str, received_at: dt.datetime) -> int:
+        """Keep the billing events validation rejected (`event_id`, `type`, `reason`, `payload`), once per run that received them."""
+        rows = frame.select("event_id", "type", "reason", "payload").with_columns(
+            pl.lit(run_id).alias("run_id"), pl.lit(received_at).alias("received_at"))
+        with self.registered("rejected_events", rows):
+            self.con.execute("INSERT INTO event_quarantine BY NAME SELECT * FROM rejected_events")
+        return rows.height
+
     def recorded_keys(self, keys: list[str]) -> set[str]:
         with self.registered("asked_keys", pl.DataFrame({"k": keys}, schema={"k": pl.String})):
             return {k for (k,) in self.con.execute(

@@ -151,6 +151,16 @@ DDL = (
     )
     """,
     """
+    CREATE TABLE IF NOT EXISTS event_quarantine (
+        event_id VARCHAR,
+        type VARCHAR,
+        reason VARCHAR NOT NULL,
+        run_id VARCHAR NOT NULL,
+        received_at TIMESTAMPTZ NOT NULL,
+        payload VARCHAR
+    )
+    """,
+    """
     CREATE TABLE IF NOT EXISTS invoice_history_daily (
         business_date DATE NOT NULL,
         run_id VARCHAR NOT NULL,
