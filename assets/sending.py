@@ -5,12 +5,27 @@ import polars as pl
 
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, fail, frame_metadata
 from dunning import cycle
+from dunning.alerts import Alert, raise_alert
 from dunning.clock import utc_now
 from dunning.errors import DunningError
 from dunning.progress import report_send_progress
 from dunning.sending import held_outcomes, resolve_unknown, send_due
 from pipelines.resources import CycleRequest, DunningHome
 
+PROVIDER_UNHEALTHY = "provider_unhealthy"
+LIVE_RUN_STATUSES = (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
+                     dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING)
+
+
+def dead_runs(instance: dg.DagsterInstance, run_ids: list[str]) -> list[str]:
+    """The runs among `run_ids` that this instance knows have ended; a run it does not know (another
+    worker's instance) is not known dead, and only its claims' lease can free them."""
+    dead = []
+    for run_id in run_ids:
+        run = instance.get_run_by_id(run_id)
+        if run is not None and run.status not in LIVE_RUN_STATUSES:
+            dead.append(run_id)
+    return dead
 SIMULATED_COLUMNS = ("idempotency_key", "kind", "invoice_id", "customer_id", "customer_email", "cycle", "stage",
                      "amount_minor", "currency", "email_id")
 
@@ -50,7 +65,8 @@ def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, d
                 context.log.warning(f"paused ({pause.reason}): {due.height} key(s) held, nothing sent")
                 return dg.Output(held_outcomes(due, "paused"), metadata={"paused": True, "pause_reason": pause.reason or "", "held": due.height})
             with dunning_home.provider(config) as provider:
-                stale = ledger.expire_stale_claims(context.run_id, utc_now())
+                owners = ledger.claim_owners(context.run_id)
+                stale = ledger.expire_stale_claims(context.run_id, utc_now(), dead_runs(context.instance, owners))
                 resolved = resolve_unknown(ledger, provider, utc_now(), config.retry.backoff_minutes)
                 report, outcomes = send_due(
                     ledger, provider, due, cycle.skipped_rows(reminders_due), config=config, run_id=context.run_id,
@@ -58,11 +74,21 @@ def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, d
                 )
     except DunningError as error:
         raise fail(error) from None
+    if report.provider_stopped:
+        with dunning_home.ledger() as ledger:
+            alert_id = raise_alert(ledger, config.alerts, Alert(
+                kind=PROVIDER_UNHEALTHY, message=f"{report.provider_stopped}; {report.released} claimed key(s) released as "
+                f"failed (never handed over), the next cycle retries them after the backoff",
+                created_at=clock.as_of, run_id=context.run_id, details={"provider": config.provider.kind,
+                                                                        "released_keys": report.released},
+                dedup_key=f"dunning-provider-{config.provider.kind}"), context.log)
+        context.log.error(f"provider stopped as unhealthy (alert {alert_id}): {report.provider_stopped}")
     if report.failed or report.unknown:
         context.log.warning(f"{report.failed} key(s) failed and {report.unknown} ended unknown; see the audit")
     return dg.Output(outcomes, metadata={
         **frame_metadata(outcomes),
         "emails": report.emails, "sent": report.sent, "failed": report.failed, "unknown": report.unknown,
-        "throttled": report.throttled, "claimed_elsewhere": report.lost,
+        "throttled": report.throttled, "claimed_elsewhere": report.lost, "released": report.released,
+        "provider_stopped": report.provider_stopped or "",
         "stale_claims_marked_unknown": stale, "unknown_resolved_by_lookup": resolved,
     })

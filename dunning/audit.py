@@ -19,6 +19,7 @@ OUTCOMES = {
     "sent": ("sent", None),
     "failed": ("failed", "provider_failure"),
     "unknown": ("unknown", "unknown_outcome"),
+    "released": ("failed", "provider_stopped"),
     "throttled": ("held", "throttled"),
     "lost": ("held", "claimed_by_another_run"),
     "paused": ("held", "paused"),

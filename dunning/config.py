@@ -84,6 +84,8 @@ class Provider(_Strict):
     allow_insecure_auth: Flag = False
     from_address: str = Field(default="billing@example.com", alias="from")
     connections: Count = Field(default=4, ge=1, le=32)
+    # consecutive transport errors (connect, TLS, login, timeout, 421, dropped connection) before the send stops
+    max_consecutive_errors: Count = Field(default=5, ge=1, le=10_000)
     outbox_dir: str | None = Field(default=None, min_length=1, max_length=4096)
 
     @field_validator("from_address")
@@ -117,6 +119,10 @@ class Alerts(_Strict):
     pagerduty_routing_key_env: str | None = Field(default=None, pattern=ENV_NAME)
     pagerduty_url: str = "https://events.pagerduty.com/v2/enqueue"
     timeout_seconds: Number = Field(default=5.0, gt=0, le=60)
+    # the dead man's switch: page when no live run has completed for this long (a fresh deployment that never
+    # ran one is not paged), and when an `unknown` outcome has waited this long for a human
+    stale_after_hours: Number = Field(default=3.0, gt=0, le=24 * 366)
+    unknown_after_hours: Number = Field(default=24.0, gt=0, le=24 * 366)
 
     @field_validator("webhook_url", "pagerduty_url")
     @classmethod
@@ -142,6 +148,8 @@ class DunningConfig(_Strict):
     retry: Retry = Retry()
     locale: str = "en_US"
     claim_chunk_size: Count = Field(default=2000, ge=1, le=100_000)
+    # how long (wall clock) a claim stays ours without renewal; renewed while its chunk is being sent
+    claim_lease_minutes: Number = Field(default=30.0, gt=0, le=24 * 60)
 
     @field_validator("timezone")
     @classmethod

@@ -39,3 +39,15 @@ class LedgerBusy(DunningError):
 
 class GuardNotLive(DunningError):
     exit_code = 5
+
+
+class ProviderUnhealthy(DunningError):
+    """The provider failed at the transport level too many times in a row; the send stopped early."""
+
+    exit_code = 6
+
+
+class BillingSourceFailed(DunningError):
+    """The billing system (API error, wrong key) could not give us the invoices."""
+
+    exit_code = 7

@@ -36,7 +36,9 @@ class SendReport:
     sent: int = 0
     failed: int = 0
     unknown: int = 0
+    released: int = 0  # claimed, never handed over: the provider was stopped as unhealthy
     emails: int = 0
+    provider_stopped: str | None = None
 
 
 def held_outcomes(due: pl.DataFrame, status: str) -> pl.DataFrame:
@@ -87,10 +89,27 @@ def _chunks(due: pl.DataFrame, emails_per_chunk: int) -> Iterator[pl.DataFrame]:
         yield due.filter(pl.col("email_group").is_in(chunk_groups))
 
 
-def _send_groups(provider: EmailProvider, groups: list[list[dict]],
-                 render: Callable[[list[dict]], Message]) -> list[tuple[list[dict], SendOutcome]]:
-    """Each group with its outcome. An email that cannot be built (data no header may hold, a recipient
-    that is not one address) is `failed` with the reason, never handed over, and the others still go."""
+RENEW_EVERY_GROUPS = 200  # emails handed over between two looks at the claims' lease
+
+
+def _send_groups(provider: EmailProvider, groups: list[list[dict]], render: Callable[[list[dict]], Message],
+                 renew: Callable[[], None] = lambda: None) -> list[tuple[list[dict], SendOutcome]]:
+    """Each group with its outcome, in batches with a lease renewal between them.
+
+    An email that cannot be built (data no header may hold, a recipient that
+    is not one address) is `failed` with the reason, never handed over, and the
+    others still go.
+    """
+    results: list[tuple[list[dict], SendOutcome]] = []
+    for start in range(0, len(groups), RENEW_EVERY_GROUPS):
+        if start:
+            renew()
+        results += _send_batch(provider, groups[start:start + RENEW_EVERY_GROUPS], render)
+    return results
+
+
+def _send_batch(provider: EmailProvider, groups: list[list[dict]],
+                render: Callable[[list[dict]], Message]) -> list[tuple[list[dict], SendOutcome]]:
     built_errors: dict[int, SendOutcome] = {}
     handed_over: list[int] = []
 
@@ -123,7 +142,7 @@ def resolve_unknown(ledger: Ledger, provider: EmailProvider, wall: dt.datetime, 
             answers.append((key, status, mid, f"resolved by provider lookup: {status}"))
     if answers:
         frame = pl.DataFrame(answers, schema=OUTCOME_SCHEMA, orient="row")
-        ledger.record_outcomes(frame, None, wall, backoff_minutes)
+        ledger.record_outcomes(frame, None, wall, backoff_minutes, expected_status="unknown")
     return len(answers)
 
 
@@ -143,19 +162,31 @@ def send_due(
 ) -> tuple[SendReport, pl.DataFrame]:
     """Claim and send `due` (rows with email ids); returns the report and one outcome per due key.
 
-    Outcome statuses: sent, failed, unknown (recorded in the ledger), and
-    throttled (over the cap at claim time) or lost (claimed by another run).
+    Outcome statuses: sent, failed, unknown (recorded in the ledger), released
+    (claimed but never handed over because the provider stopped as unhealthy:
+    `failed` in the ledger, no attempt counted), and throttled (over the cap at
+    claim time) or lost (claimed by another run). After a health stop no
+    further chunk is claimed; `report.provider_stopped` says why.
     """
     if render is None:
         def render(records: list[dict]) -> Message:
             return render_for(records, sender=config.provider.from_address, as_of=as_of, locale=config.locale)
     report = SendReport()
     outcomes: list[pl.DataFrame] = []
+    lease = dt.timedelta(minutes=config.claim_lease_minutes)
+    renewed_at = [now()]
+
+    def renew() -> None:  # only when a third of the lease has passed: a renewal is one UPDATE of the chunk's keys
+        if now() - renewed_at[0] >= lease / 3:
+            renewed_at[0] = now()
+            ledger.renew_leases(run_id, renewed_at[0] + lease)
+
     total_emails = due.select(pl.col("email_group").n_unique()).item() if due.height else 0
     for chunk in _chunks(due, config.claim_chunk_size):
         chunk = with_email_ids(chunk, config)
         chunk_skipped = skipped.filter(pl.col("invoice_id").is_in(chunk.select("invoice_id").to_series().implode()))
-        claim = ledger.claim(chunk, chunk_skipped, run_id, as_of, cap)
+        renewed_at[0] = now()
+        claim = ledger.claim(chunk, chunk_skipped, run_id, as_of, cap, lease_until=renewed_at[0] + lease)
         won = claim.won
         report.claimed += len(won)
         report.throttled += len(claim.throttled)
@@ -166,13 +197,16 @@ def send_due(
         grouped: dict[str, list[dict]] = {}
         for record in chunk.filter(pl.col("idempotency_key").is_in(list(won))).to_dicts():
             grouped.setdefault(record["email_group"], []).append(record)
-        for records, outcome in _send_groups(provider, list(grouped.values()), render):
-            report.emails += 1
+        for records, outcome in _send_groups(provider, list(grouped.values()), render, renew):
+            report.emails += outcome.status != "released"
             setattr(report, outcome.status, getattr(report, outcome.status) + len(records))
             rows.extend((r["idempotency_key"], outcome.status, outcome.message_id or records[0]["message_id"], outcome.error) for r in records)
         chunk_outcomes = pl.DataFrame(rows, schema=OUTCOME_SCHEMA, orient="row")
-        ledger.record_outcomes(chunk_outcomes, as_of, now(), config.retry.backoff_minutes)
+        ledger.record_outcomes(chunk_outcomes, as_of, now(), config.retry.backoff_minutes, run_id=run_id)
         outcomes.append(chunk_outcomes)
         if progress:
             progress(report, total_emails)
+        if provider.stopped_reason is not None:  # claim nothing more for a provider that is down
+            report.provider_stopped = provider.stopped_reason
+            break
     return report, pl.concat(outcomes) if outcomes else pl.DataFrame(schema=OUTCOME_SCHEMA)

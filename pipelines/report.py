@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import dagster as dg
 
+from dunning.errors import ProviderUnhealthy
+from dunning import liveness
+from dunning.clock import utc_now
+from dunning.config import Alerts, load_config
+from dunning.errors import ConfigError
 from dunning.ledger.duckdb_ledger import DuckDBLedger
+from pipelines.resources import CONFIG_FILE_NAME
 
 EXIT_BY_ERROR_CLASS = {
     "SnapshotError": 2, "ConfigError": 2, "UserInputError": 2, "InvalidRowsHalt": 2,
-    "BreakerTripped": 3, "LedgerBusy": 4,
+    "BreakerTripped": 3, "LedgerBusy": 4, "GuardNotLive": 5, "ProviderUnhealthy": 6, "BillingSourceFailed": 7,
 }
 
 
@@ -81,6 +88,10 @@ def run_report(result: dg.ExecuteJobResult, ledger: DuckDBLedger, *, as_of: dt.d
     lines.append(f"reminders for invoices not owed: {not_owed}")
     if failed or unknown:
         lines.append(f"warning: {failed} failed (retried by a later cycle) and {unknown} unknown (never resent blindly)")
+    stopped = ledger.con.execute("SELECT message FROM alerts WHERE run_id = ? AND kind = 'provider_unhealthy'", [run_id]).fetchone()
+    if stopped:
+        lines.append(f"dunning: {stopped[0]}")
+        return "\n".join(lines), ProviderUnhealthy.exit_code
     return "\n".join(lines), 0
 
 
@@ -101,34 +112,98 @@ def recovery_report(result: dg.ExecuteJobResult) -> tuple[str, int]:
     return "\n".join(lines), 0
 
 
-def status(ledger: DuckDBLedger) -> dict:
+def _alert_settings(ledger: DuckDBLedger) -> tuple[Alerts, str | None]:
+    """The `alerts` thresholds from HOME/config.yaml beside the ledger file (defaults when there is none);
+    a broken file gives the defaults and its error, so `status` still answers."""
+    rows = ledger.con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()
+    path = Path(rows[0][0]).parent / CONFIG_FILE_NAME if rows and rows[0][0] else None
+    if path is None or not path.is_file():
+        return Alerts(), None
+    try:
+        return load_config(path).alerts, None
+    except ConfigError as error:
+        return Alerts(), str(error)
+
+
+def _run_fields(run: dict | None, *names: str) -> dict | None:
+    return {name: run[name] for name in names} if run else None
+
+
+def status(ledger: DuckDBLedger, now: dt.datetime | None = None, settings: Alerts | None = None) -> dict:
+    """Pause, the last live run (not dry, not backfill) and the last backfill apart, counts, alerts, liveness.
+
+    `settings`: the `alerts` section; None reads HOME/config.yaml beside the ledger. `now`: the wall clock."""
     con = ledger.con
+    config_error = None
+    if settings is None:
+        settings, config_error = _alert_settings(ledger)
+    live = liveness.assess(ledger, settings, now or utc_now())
     paused = con.execute("SELECT paused, reason, changed_by, changed_at FROM pause_state WHERE id = 1").fetchone()
-    last = con.execute(
-        "SELECT run_id, as_of, dry_run, due, sent, failed, unknown, held FROM dunning_runs ORDER BY finished_wall_at DESC LIMIT 1").fetchone()
+    last = ledger.last_live_run()
     counts = dict(con.execute("SELECT status, count(*) FROM reminder_ledger GROUP BY status").fetchall())
     alerts = con.execute(
         "SELECT created_at, kind, message FROM alerts WHERE resolved_at IS NULL ORDER BY created_at DESC LIMIT 20").fetchall()
     unknown = con.execute(
         "SELECT idempotency_key FROM reminder_ledger WHERE status = 'unknown' ORDER BY idempotency_key LIMIT 50").fetchall()
+    hours = live.hours_since_last_live_run
     return {
         "paused": bool(paused and paused[0]),
         "pause_reason": paused[1] if paused and paused[0] else None,
-        "last_run": dict(zip(("run_id", "as_of", "dry_run", "due", "sent", "failed", "unknown", "held"), last)) if last else None,
+        "last_run": {**last, "dry_run": False} if last else None,
+        "last_live_run": _run_fields(live.last_live_run, "run_id", "as_of", "finished_wall_at"),
+        "hours_since_last_live_run": round(hours, 2) if hours is not None else None,
+        "stale_runs": live.stale_runs,
+        "stale_after_hours": live.stale_after_hours,
+        "last_dry_run": _run_fields(ledger.last_dry_run(), "run_id", "as_of", "finished_wall_at"),
+        "last_backfill": _run_fields(ledger.last_backfill(), "run_id", "as_of", "finished_wall_at"),
         "ledger_counts": counts,
         "open_alerts": [dict(zip(("created_at", "kind", "message"), a)) for a in alerts],
         "unknown_keys": [k for (k,) in unknown],
+        "unknown_overdue": live.unknown_overdue,
+        "unknown_after_hours": live.unknown_after_hours,
+        "oldest_unknown_overdue": ({"idempotency_key": live.oldest_unknown_key, "since": live.oldest_unknown_since}
+                                   if live.unknown_overdue else None),
+        "now": live.now,
+        "config_error": config_error,
     }
 
 
+def _finished(run: dict, now: dt.datetime) -> str:
+    return f"finished {liveness.wall(run['finished_wall_at'])} ({liveness.hours_between(run['finished_wall_at'], now):.1f} h ago)"
+
+
+def _threshold(hours: float) -> str:
+    return f"{hours:g}" if float(hours).is_integer() else f"{hours:.1f}"
+
+
 def status_text(s: dict) -> str:
+    now = s["now"]
     lines = [f"paused: {'yes (' + str(s['pause_reason']) + ')' if s['paused'] else 'no'}"]
-    last = s["last_run"]
-    lines.append(f"last run: {last['run_id'][:8]} as of {last['as_of']}, sent {last['sent']}, failed {last['failed']}, "
-                 f"unknown {last['unknown']}, held {last['held']}" if last else "last run: none")
+    last, completed = s["last_run"], s["last_live_run"]
+    if last:
+        halted = f" ({last['outcome']})" if last.get("outcome") not in (None, "completed") else ""
+        lines.append(f"last live run: {last['run_id'][:8]} {_finished(last, now)}{halted}; as of {last['as_of']}, "
+                     f"sent {last['sent']}, failed {last['failed']}, unknown {last['unknown']}, held {last['held']}")
+        if completed and completed["run_id"] != last["run_id"]:
+            lines.append(f"last completed live run: {completed['run_id'][:8]} {_finished(completed, now)}")
+    else:
+        lines.append("last live run: never")
+    if s["stale_runs"]:
+        lines.append(f"WARNING: no live run has completed for {s['hours_since_last_live_run']:.1f} h "
+                     f"(alerts.stale_after_hours: {_threshold(s['stale_after_hours'])})"
+                     + ("; paused, so the dead man's switch does not page" if s["paused"] else ""))
+    if s["last_dry_run"] and (not last or s["last_dry_run"]["finished_wall_at"] > last["finished_wall_at"]):
+        lines.append(f"last dry run: {s['last_dry_run']['run_id'][:8]} {_finished(s['last_dry_run'], now)}")
+    backfill = s["last_backfill"]
+    lines.append(f"last backfill: {backfill['run_id']} {_finished(backfill, now)}" if backfill else "last backfill: none")
     lines.append("ledger: " + (", ".join(f"{k} {v}" for k, v in sorted(s["ledger_counts"].items())) or "empty"))
     lines.append(f"open alerts: {len(s['open_alerts'])}")
     lines += [f"  {a['created_at']} {a['kind']}: {a['message']}" for a in s["open_alerts"]]
     if s["unknown_keys"]:
         lines.append("unknown outcomes held for a human: " + ", ".join(s["unknown_keys"]))
+    oldest = s["oldest_unknown_overdue"]
+    lines.append(f"unknown keys waiting over {_threshold(s['unknown_after_hours'])} h: {s['unknown_overdue']}"
+                 + (f" (oldest {oldest['idempotency_key']} since {liveness.wall(oldest['since'])})" if oldest else ""))
+    if s["config_error"]:
+        lines.append(f"config: {s['config_error']} (default thresholds used above)")
     return "\n".join(lines)

@@ -70,3 +70,90 @@ def smtp_config(path, port: int, timeout: float = 1.0, extra: str = "") -> str:
         f"retry: {{max_attempts: 3, backoff_minutes: 30}}\n{extra}"
     )
     return str(path)
+
+
+class RawSmtpServer:
+    """A hand-written SMTP server on a raw socket that misbehaves on purpose, one way per `mode`.
+
+    Modes: `drop_on_data` (hangs up when it reads DATA), `stall_on_data` (never
+    answers DATA), `stall_after_dot` (reads the whole message, never answers),
+    `421_then_drop` (answers the first message's final dot with 421 and closes;
+    later connections hang up on DATA). `messages` counts complete messages
+    received (each would have been accepted by a real server).
+    """
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.messages = 0
+        self.data_commands = 0
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.port = self._listener.getsockname()[1]
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+
+    def __enter__(self) -> "RawSmtpServer":
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._listener.close()
+        with self._lock:
+            for conn in self._open:
+                conn.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._open.append(conn)
+            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+
+    def _session(self, conn: socket.socket) -> None:
+        reader = conn.makefile("rb")
+        try:
+            conn.sendall(b"220 raw.test ESMTP\r\n")
+            while True:
+                line = reader.readline()
+                if not line:
+                    return
+                verb = line.strip().split(b" ")[0].upper()
+                if verb in (b"EHLO", b"HELO"):
+                    conn.sendall(b"250 raw.test\r\n")
+                elif verb in (b"MAIL", b"RCPT", b"RSET", b"NOOP"):
+                    conn.sendall(b"250 OK\r\n")
+                elif verb == b"QUIT":
+                    conn.sendall(b"221 bye\r\n")
+                    return
+                elif verb == b"DATA":
+                    with self._lock:
+                        self.data_commands += 1
+                        first = self.data_commands == 1
+                    if self.mode == "drop_on_data" or (self.mode == "421_then_drop" and not first):
+                        return
+                    if self.mode == "stall_on_data":
+                        self._stop.wait()
+                        return
+                    conn.sendall(b"354 go ahead\r\n")
+                    while reader.readline() not in (b".\r\n", b""):
+                        pass
+                    with self._lock:
+                        self.messages += 1
+                    if self.mode == "stall_after_dot":
+                        self._stop.wait()
+                        return
+                    conn.sendall(b"421 4.3.2 closing\r\n")
+                    return
+                else:
+                    conn.sendall(b"502 no\r\n")
+        except OSError:
+            return
+        finally:
+            conn.close()

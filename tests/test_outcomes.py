@@ -48,13 +48,13 @@ def test_rejections_are_failed_then_retried_after_the_backoff_and_delivered_once
             code, out, err = home.run([invoice()], "2026-11-05T09:00:00Z", "--config", config)
             assert code == 0, err
             assert statuses(home) == {KEY: ("failed", 1)}
-            assert "data rejected: " + reply in home.ledger()[0]["last_error"] or reply in home.ledger()[0]["last_error"]
-            home.run([invoice()], "2026-11-05T09:10:00Z", "--config", config)  # inside the 30 min backoff
+            assert home.ledger()[0]["last_error"].startswith(f"data rejected: {reply} ")
+            assert home.run([invoice()], "2026-11-05T09:10:00Z", "--config", config)[0] == 0  # inside the 30 min backoff
             assert handler.received == [] and handler.attempts == 1
-            home.run([invoice()], "2026-11-05T09:31:00Z", "--config", config)
+            assert home.run([invoice()], "2026-11-05T09:31:00Z", "--config", config)[0] == 0
             assert handler.keys() == [KEY]
             assert statuses(home) == {KEY: ("sent", 2)}
-            home.run([invoice()], "2026-11-05T11:00:00Z", "--config", config)
+            assert home.run([invoice()], "2026-11-05T11:00:00Z", "--config", config)[0] == 0
             assert handler.keys() == [KEY]
 
 
@@ -68,7 +68,7 @@ def test_a_server_that_is_down_fails_and_delivers_when_back(deployment, tmp_path
     assert row["status"] == "failed" and "rejected before data" in row["last_error"]
     handler = ScriptedHandler()
     with SmtpServer(handler, port=port):
-        deployment.run([invoice()], "2026-11-05T10:00:00Z", "--config", config)
+        assert deployment.run([invoice()], "2026-11-05T10:00:00Z", "--config", config)[0] == 0
     assert handler.keys() == [KEY]
     assert statuses(deployment) == {KEY: ("sent", 2)}
 
@@ -77,7 +77,8 @@ def test_failures_stop_after_max_attempts(deployment, tmp_path):
     port = free_port()
     config = smtp_config(tmp_path / "down.yaml", port)
     for hour in range(9, 20):  # 11 cycles, server never up: 3 attempts at most (30, 60 min backoff)
-        deployment.run([invoice()], f"2026-11-05T{hour:02d}:00:00Z", "--config", config)
+        code, _, err = deployment.run([invoice()], f"2026-11-05T{hour:02d}:00:00Z", "--config", config)
+        assert code == 0, err
     assert statuses(deployment) == {KEY: ("failed", 3)}
 
 
@@ -85,7 +86,7 @@ def test_smtp_messages_carry_the_headers_and_a_stable_message_id(deployment, tmp
     handler = ScriptedHandler()
     rows = [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com") for i in range(12)]
     with SmtpServer(handler) as server:
-        deployment.run(rows, "2026-11-05T09:00:00Z", "--config", smtp_config(tmp_path / "ok.yaml", server.port))
+        assert deployment.run(rows, "2026-11-05T09:00:00Z", "--config", smtp_config(tmp_path / "ok.yaml", server.port))[0] == 0
     assert len(handler.received) == 12
     ledger = {r["idempotency_key"]: r["message_id"] for r in deployment.ledger("status = 'sent'")}
     for message in handler.received:

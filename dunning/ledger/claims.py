@@ -46,20 +46,40 @@ def _within_cap(due: pl.DataFrame, recent: pl.DataFrame, cap: ClaimCap) -> pl.Da
 
 
 class ClaimStore:
-    def expire_stale_claims(self, run_id: str, now: dt.datetime) -> int:
-        """Claims left by a run that ended without recording an outcome become `unknown`, never unsent."""
-        rows = self.con.execute(
-            """
-            UPDATE reminder_ledger SET status = 'unknown', last_error = 'no outcome recorded (run ended after claim)',
-                outcome_wall_at = ?
-            WHERE status = 'claimed' AND run_id <> ? RETURNING idempotency_key
-            """,
-            [now, run_id],
-        ).fetchall()
+    def claim_owners(self, run_id: str) -> list[str]:
+        """Runs other than `run_id` that hold claims (the caller knows which of them are dead)."""
+        return [r for (r,) in self.con.execute(
+            "SELECT DISTINCT run_id FROM reminder_ledger WHERE status = 'claimed' AND run_id IS DISTINCT FROM ?",
+            [run_id]).fetchall()]
+
+    def expire_stale_claims(self, run_id: str, now: dt.datetime, dead_runs: list[str] | tuple[str, ...] = ()) -> int:
+        """Claims whose owner is gone become `unknown`, never unsent; a live run's claims are left alone.
+
+        A claim is stale when its lease (wall clock) ran out, when its run is
+        known dead (`dead_runs`, e.g. failed in the Dagster instance), or when
+        it has no lease at all (written by a release before leases).
+        """
+        with self.registered("dead_runs", pl.DataFrame({"run_id": list(dead_runs)}, schema={"run_id": pl.String})):
+            rows = self.con.execute(
+                """
+                UPDATE reminder_ledger SET status = 'unknown', last_error = 'no outcome recorded (run ended after claim)',
+                    outcome_wall_at = ?
+                WHERE status = 'claimed' AND run_id IS DISTINCT FROM ?
+                  AND (lease_expires_at IS NULL OR lease_expires_at <= ? OR run_id IN (SELECT run_id FROM dead_runs))
+                RETURNING idempotency_key
+                """,
+                [now, run_id, now],
+            ).fetchall()
         return len(rows)
 
+    def renew_leases(self, run_id: str, lease_until: dt.datetime) -> int:
+        """Extend this run's claims while it is still sending them."""
+        return len(self.con.execute(
+            "UPDATE reminder_ledger SET lease_expires_at = ? WHERE status = 'claimed' AND run_id = ? RETURNING 1",
+            [lease_until, run_id]).fetchall())
+
     def claim(self, due: pl.DataFrame, skipped: pl.DataFrame, run_id: str, claimed_at: dt.datetime,
-              cap: ClaimCap | None = None) -> ClaimResult:
+              cap: ClaimCap | None = None, lease_until: dt.datetime | None = None) -> ClaimResult:
         """Insert `due` as `claimed` and, for invoices whose claim we won, `skipped` stages; one transaction."""
         stamp = [pl.lit(run_id).alias("run_id"), pl.lit(claimed_at).alias("claimed_at")]
         customers = due.select("customer_id").unique()
@@ -75,13 +95,15 @@ class ClaimStore:
                 allowed = _within_cap(due, recent, cap) if cap else due
                 result.throttled = set(due.get_column("idempotency_key")) - set(allowed.get_column("idempotency_key"))
                 is_retry = pl.col("role") == "retry" if "role" in allowed.columns else pl.lit(False)
-                rows = allowed.filter(~is_retry).with_columns(pl.lit("claimed").alias("status"), *stamp).select(LEDGER_COLUMNS)
+                lease = pl.lit(lease_until, dtype=pl.Datetime("us", "UTC")).alias("lease_expires_at")
+                rows = allowed.filter(~is_retry).with_columns(pl.lit("claimed").alias("status"), *stamp).select(
+                    *LEDGER_COLUMNS, lease)
                 retries = allowed.filter(is_retry).select("idempotency_key", "amount_minor", "customer_email")
                 with self.registered("due_rows", rows), self.registered("retry_rows", retries):
                     result.won = {k for (k,) in con.execute(
-                        f"INSERT INTO reminder_ledger ({', '.join(LEDGER_COLUMNS)}) SELECT * FROM due_rows "
+                        f"INSERT INTO reminder_ledger ({', '.join(LEDGER_COLUMNS)}, lease_expires_at) SELECT * FROM due_rows "
                         "ON CONFLICT DO NOTHING RETURNING idempotency_key").fetchall()}
-                    result.won |= self._retake_failed(con, run_id, claimed_at)
+                    result.won |= self._retake_failed(con, run_id, claimed_at, lease_until)
                 won = allowed.filter(pl.col("idempotency_key").is_in(list(result.won)))
                 self._record_skipped_and_advance(con, won, skipped, stamp)
         except LOST_CLAIM_ERRORS:
@@ -89,17 +111,17 @@ class ClaimStore:
         return result
 
     @staticmethod
-    def _retake_failed(con, run_id: str, claimed_at: dt.datetime) -> set[str]:
+    def _retake_failed(con, run_id: str, claimed_at: dt.datetime, lease_until: dt.datetime | None) -> set[str]:
         """Re-claim failed keys for a retry: the UPDATE only matches rows still `failed`, so a retry is taken once."""
         return {k for (k,) in con.execute(
             """
             UPDATE reminder_ledger SET status = 'claimed', run_id = ?, claimed_at = ?, amount_minor = r.amount_minor,
-                customer_email = r.customer_email
+                customer_email = r.customer_email, lease_expires_at = ?
             FROM retry_rows r
             WHERE reminder_ledger.idempotency_key = r.idempotency_key AND reminder_ledger.status = 'failed'
             RETURNING reminder_ledger.idempotency_key
             """,
-            [run_id, claimed_at],
+            [run_id, claimed_at, lease_until],
         ).fetchall()}
 
     def resolve_by_hand(self, keys: list[str], sent: bool, note: str, wall: dt.datetime) -> list[str]:
@@ -145,25 +167,37 @@ class ClaimStore:
             )
 
     def record_outcomes(self, outcomes: pl.DataFrame, sent_at: dt.datetime | None, wall: dt.datetime,
-                        backoff_minutes: float) -> None:
-        """Columns: idempotency_key, status, message_id, error. One UPDATE for the chunk.
+                        backoff_minutes: float, *, expected_status: str = "claimed", run_id: str | None = None) -> int:
+        """Columns: idempotency_key, status, message_id, error. One UPDATE for the chunk; returns rows updated.
 
-        `sent_at` None means "when it was claimed" (an outcome learned later, by
-        lookup). A `failed` key may be retried after `backoff_minutes * 2^(attempts-1)`.
+        Every update is guarded by the status it expects: a send's outcome
+        only moves `claimed` keys (of `run_id`, when given) and a lookup's only
+        `unknown` ones, so a late or repeated outcome can never turn a `sent`
+        into a `failed` that would be resent. `released` (never handed over)
+        is written as `failed` without counting an attempt. `sent_at` None
+        means "when it was claimed" (an outcome learned later, by lookup). A
+        `failed` key may be retried after `backoff_minutes * 2^(attempts-1)`.
         """
-        recorded = outcomes.filter(pl.col("status").is_in(["sent", "failed", "unknown"]))
+        recorded = outcomes.filter(pl.col("status").is_in(["sent", "failed", "unknown", "released"]))
         with self.registered("outcomes", recorded):
-            self.con.execute(
+            return len(self.con.execute(
                 """
-                UPDATE reminder_ledger SET status = o.status, message_id = coalesce(o.message_id, reminder_ledger.message_id),
+                UPDATE reminder_ledger SET
+                    status = CASE WHEN o.status = 'released' THEN 'failed' ELSE o.status END,
+                    message_id = coalesce(o.message_id, reminder_ledger.message_id),
                     sent_at = CASE WHEN o.status = 'sent' THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at) END,
-                    attempts = reminder_ledger.attempts + 1, last_error = o.error, outcome_wall_at = ?,
-                    next_attempt_at = CASE WHEN o.status = 'failed' THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at)
-                        + to_microseconds(CAST(? * 60000000 * pow(2, reminder_ledger.attempts) AS BIGINT)) END
-                FROM outcomes o WHERE reminder_ledger.idempotency_key = o.idempotency_key
+                    attempts = reminder_ledger.attempts + CASE WHEN o.status = 'released' THEN 0 ELSE 1 END,
+                    last_error = o.error, outcome_wall_at = ?,
+                    next_attempt_at = CASE WHEN o.status IN ('failed', 'released') THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at)
+                        + to_microseconds(CAST(? * 60000000 * pow(2, greatest(reminder_ledger.attempts
+                            - CASE WHEN o.status = 'released' THEN 1 ELSE 0 END, 0)) AS BIGINT)) END
+                FROM outcomes o
+                WHERE reminder_ledger.idempotency_key = o.idempotency_key AND reminder_ledger.status = ?
+                  AND (? IS NULL OR reminder_ledger.run_id = ?)
+                RETURNING reminder_ledger.idempotency_key
                 """,
-                [sent_at, wall, sent_at, backoff_minutes],
-            )
+                [sent_at, wall, sent_at, backoff_minutes, expected_status, run_id, run_id],
+            ).fetchall())
 
     def emails_in_window(self, since: dt.datetime, until: dt.datetime,
                          only_customers: pl.DataFrame | None = None) -> pl.DataFrame:

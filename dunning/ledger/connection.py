@@ -18,7 +18,7 @@ import duckdb
 import polars as pl
 
 from dunning.errors import LedgerBusy
-from dunning.ledger.schema import DDL
+from dunning.ledger.migrations import migrate
 
 
 def connect(path: Path, timeout_seconds: float, read_only: bool = False) -> duckdb.DuckDBPyConnection:
@@ -47,12 +47,12 @@ class LedgerConnection:
         self._depth = 0
 
     @staticmethod
-    def prepare(con: duckdb.DuckDBPyConnection, memory_limit: str = "2GB") -> None:
+    def prepare(con: duckdb.DuckDBPyConnection, path: str = ":memory:", memory_limit: str = "2GB") -> None:
+        """Session settings, then the schema brought up to date (`migrations`)."""
         con.execute("SET TimeZone = 'UTC'")
         # DuckDB would otherwise cache up to 80% of RAM next to the polars frames; past this it spills to disk
         con.execute("SET memory_limit = ?", [memory_limit])
-        for statement in DDL:
-            con.execute(statement)
+        migrate(con, path)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:

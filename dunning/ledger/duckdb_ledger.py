@@ -21,7 +21,7 @@ def open_ledger(path: str | Path, timeout_seconds: float = 120.0) -> Iterator["D
     path.parent.mkdir(parents=True, exist_ok=True)
     con = connect(path, timeout_seconds)
     try:
-        LedgerConnection.prepare(con)
+        LedgerConnection.prepare(con, str(path))
         yield DuckDBLedger(con)
     finally:
         con.close()

@@ -3,7 +3,13 @@
 `failed` means the provider definitely did not accept the message (safe to
 retry later); `unknown` means it may have (a timeout after the data was handed
 over, a lost connection): never resent blindly, resolved with `lookup` where
-the provider can answer, otherwise held for a human.
+the provider can answer, otherwise held for a human. `released` is not a
+provider call at all: a provider stopped as unhealthy hands nothing more over,
+and the message's keys go back to `failed` without counting an attempt.
+
+`transport_error` marks failures of the transport itself (connect, TLS, login,
+timeout, 421, a dropped connection), which count toward the health stop; a
+per-recipient rejection does not.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from dataclasses import dataclass
 from email.message import Message
 from typing import Iterable, Literal
 
-Status = Literal["sent", "failed", "unknown"]
+Status = Literal["sent", "failed", "unknown", "released"]
 
 
 @dataclass(frozen=True)
@@ -21,12 +27,14 @@ class SendOutcome:
     status: Status
     message_id: str | None = None
     error: str | None = None
+    transport_error: bool = False
 
 
 class EmailProvider(abc.ABC):
     """Sends RFC 5322 messages. Use as a context manager so connections are closed."""
 
     name = "provider"
+    stopped_reason: str | None = None  # set once the provider stops handing messages over (health stop)
 
     @abc.abstractmethod
     def send(self, message: Message) -> SendOutcome: ...

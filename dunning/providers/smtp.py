@@ -1,12 +1,15 @@
 """SMTP with the standard library, classifying every ending as sent, failed or unknown.
 
 The envelope (MAIL, RCPT) and the DATA exchange are driven step by step so we
-know whether the message content was handed over: anything that goes wrong
-before that is a definite `failed`; an explicit 4xx/5xx reply to the data is
-`failed` too; a timeout or a dropped connection once the data is on its way
-is `unknown`, because the server may have accepted it. Each worker thread of a
+know what the server can have received: anything that goes wrong before the
+server's `354` to DATA, or before the final `CRLF.CRLF` has left in full, is a
+definite `failed` (an unterminated message is discarded); an explicit 4xx/5xx
+reply is `failed` too; only a timeout or a dropped connection after the final
+dot is `unknown`, because the server may have accepted it. Each worker thread of a
 small bounded pool keeps one connection open across messages and reopens it
-after any error.
+after any error. After `max_consecutive_errors` transport errors in a row the
+provider stops handing messages over (`released`): a dead server is not fed
+every message of the run.
 
 Transport security: with `starttls` the session is upgraded right after EHLO,
 before any AUTH or MAIL, and a server that does not offer STARTTLS is a `failed` send,
@@ -23,8 +26,8 @@ configuration refuses credentials over a plain connection unless
 from __future__ import annotations
 
 import os
+import re
 import smtplib
-import socket
 import ssl
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -100,20 +103,76 @@ class _Connection:
             code, reply = client.rcpt(message["To"])
             if code not in (250, 251):
                 raise smtplib.SMTPRecipientsRefused({message["To"]: (code, reply)})
+        except (smtplib.SMTPSenderRefused, smtplib.SMTPRecipientsRefused) as exc:
+            self.reset()
+            return SendOutcome("failed", message_id, f"rejected before data: {exc!r}"[:500],
+                               transport_error=_code_of(exc) == 421)
+        except (smtplib.SMTPException, OSError) as exc:  # connect, TLS, login, timeout, dropped connection
+            self.drop()
+            return SendOutcome("failed", message_id, f"rejected before data: {exc!r}"[:500], transport_error=True)
+        return self._data(client, message_id, message.as_bytes(policy=WIRE_POLICY))
+
+    def _data(self, client: smtplib.SMTP, message_id: str, data: bytes) -> SendOutcome:
+        """DATA in three steps, so each failure is classified by what the server can have received.
+
+        Until the server's `354` nothing of the message has left; until the
+        final `CRLF.CRLF` has been written in full the server cannot accept
+        it (an unterminated message is discarded): both are `failed`. Only a
+        failure after the final dot leaves the server's answer unknown.
+        """
+        try:
+            client.putcmd("data")
+            code, reply = client.getreply()
         except (smtplib.SMTPException, OSError) as exc:
             self.drop()
-            return SendOutcome("failed", message_id, f"rejected before data: {exc!r}"[:500])
+            return SendOutcome("failed", message_id, f"no 354 to DATA, nothing handed over: {exc!r}"[:500],
+                               transport_error=True)
+        if code != 354:
+            return self._refused(message_id, code, reply, "DATA refused")
         try:
-            code, reply = client.data(message.as_bytes(policy=WIRE_POLICY))
-            if code != 250:  # smtplib returns the final reply to the data instead of raising
-                raise smtplib.SMTPDataError(code, reply)
-        except smtplib.SMTPDataError as exc:
-            self.reset()
-            return SendOutcome("failed", message_id, f"data rejected: {exc.smtp_code} {exc.smtp_error!r}"[:500])
-        except (socket.timeout, smtplib.SMTPServerDisconnected, OSError, smtplib.SMTPException) as exc:
+            client.send(_dot_terminated(data))  # sendall: raises unless every byte, the final dot included, left
+        except (smtplib.SMTPException, OSError) as exc:
             self.drop()
-            return SendOutcome("unknown", message_id, f"no answer after data was handed over: {exc!r}"[:500])
+            return SendOutcome("failed", message_id, f"connection lost before the final dot: {exc!r}"[:500],
+                               transport_error=True)
+        try:
+            code, reply = client.getreply()
+        except (smtplib.SMTPException, OSError) as exc:
+            self.drop()
+            return SendOutcome("unknown", message_id, f"no answer after the final dot: {exc!r}"[:500],
+                               transport_error=True)
+        if code != 250:
+            return self._refused(message_id, code, reply, "data rejected")
         return SendOutcome("sent", message_id)
+
+    def _refused(self, message_id: str, code: int, reply: bytes, what: str) -> SendOutcome:
+        if code == 421:  # the server is closing the session: a transport problem, and the connection is gone
+            self.drop()
+        else:
+            self.reset()
+        return SendOutcome("failed", message_id, f"{what}: {code} {reply!r}"[:500], transport_error=code == 421)
+
+
+def _code_of(exc: smtplib.SMTPException) -> int | None:
+    if isinstance(exc, smtplib.SMTPRecipientsRefused):
+        return next(iter(exc.recipients.values()))[0]
+    return getattr(exc, "smtp_code", None)
+
+
+def _dot_terminated(data: bytes) -> bytes:
+    """The message as the DATA phase carries it: CRLF line ends only, leading dots doubled, `CRLF.CRLF` after.
+
+    Bare CR or LF never reach the wire (no SMTP smuggling of an early end of data).
+    """
+    lines = _EOL.sub(b"\r\n", data)
+    quoted = _LEADING_DOT.sub(b"..", lines)
+    if not quoted.endswith(b"\r\n"):
+        quoted += b"\r\n"
+    return quoted + b".\r\n"
+
+
+_EOL = re.compile(rb"\r\n|\n|\r")
+_LEADING_DOT = re.compile(rb"(?m)^\.")
 
 
 class SmtpProvider(EmailProvider):
@@ -127,6 +186,8 @@ class SmtpProvider(EmailProvider):
         self._connections: list[_Connection] = []
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self._consecutive_errors = 0
+        self._last_errors: list[str] = []
 
     def _read_credentials(self) -> tuple[str, str] | None:
         names = (self.settings.username_env, self.settings.password_env)
@@ -159,7 +220,24 @@ class SmtpProvider(EmailProvider):
         return connection
 
     def send(self, message: Message) -> SendOutcome:
-        return self._connection().send(message)
+        if self.stopped_reason is not None:
+            return SendOutcome("released", message["Message-ID"], f"not handed over: {self.stopped_reason}"[:500])
+        outcome = self._connection().send(message)
+        self._count(outcome)
+        return outcome
+
+    def _count(self, outcome: SendOutcome) -> None:
+        """The health stop: after `max_consecutive_errors` transport errors in a row, hand nothing more over."""
+        with self._lock:
+            if not outcome.transport_error:
+                self._consecutive_errors = 0
+                return
+            self._consecutive_errors += 1
+            self._last_errors = (self._last_errors + [outcome.error or "transport error"])[-3:]
+            limit = self.settings.max_consecutive_errors
+            if self._consecutive_errors >= limit and self.stopped_reason is None:
+                self.stopped_reason = (f"provider smtp {self.settings.host}:{self.settings.port} stopped as unhealthy after "
+                                       f"{limit} consecutive transport errors; last: " + " | ".join(self._last_errors))
 
     def send_many(self, messages: Iterable[Message]) -> list[SendOutcome]:
         if self.settings.connections == 1:

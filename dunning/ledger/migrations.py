@@ -1,0 +1,97 @@
+"""Ordered schema migrations, so a ledger made by any earlier release opens, upgraded, with nothing lost.
+
+`schema_version` holds one row per migration applied. A ledger from before
+versioning (release 0.1, which only ran `CREATE TABLE IF NOT EXISTS`) has no
+such table but has `reminder_ledger`: it is taken as version 1. Migrations run
+at open, each in its own transaction, while this process holds DuckDB's
+single-writer file lock, so two processes never migrate one file at once. A
+ledger newer than this code is refused: an older release must not write
+columns and rules it does not know.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import duckdb
+
+from dunning.errors import UserInputError
+from dunning.ledger.schema import DDL
+
+
+class LedgerTooNew(UserInputError):
+    """The ledger was written by a newer release than the one running."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS = (
+    Migration(1, "baseline: the tables of release 0.1", DDL),
+    Migration(2, "claim leases: a claim names its owner run and expires, so no worker expires another's live claims",
+              ("ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS lease_expires_at TIMESTAMPTZ",)),
+)
+LATEST = MIGRATIONS[-1].version
+
+_VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_version (
+    version INTEGER PRIMARY KEY,
+    description VARCHAR NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL
+)
+"""
+
+
+def _exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchone()
+    return bool(row and row[0])
+
+
+def current_version(con: duckdb.DuckDBPyConnection) -> int:
+    """0 for an empty file, 1 for a release-0.1 ledger, else the highest version applied."""
+    if _exists(con, "schema_version"):
+        row = con.execute("SELECT max(version) FROM schema_version").fetchone()
+        if row and row[0] is not None:
+            return int(row[0])
+    return 1 if _exists(con, "reminder_ledger") else 0
+
+
+def check_not_newer(con: duckdb.DuckDBPyConnection, path: str) -> int:
+    version = current_version(con)
+    if version > LATEST:
+        raise LedgerTooNew(f"ledger {path} has schema version {version}, newer than this release knows ({LATEST}); "
+                           "upgrade dunning-pipeline before running it on this ledger")
+    return version
+
+
+def migrate(con: duckdb.DuckDBPyConnection, path: str) -> list[int]:
+    """Apply every pending migration in order; returns the versions applied now."""
+    version = check_not_newer(con, path)
+    applied = []
+    con.execute(_VERSION_TABLE)
+    if version == 1 and not con.execute("SELECT count(*) FROM schema_version").fetchone()[0]:
+        con.execute("INSERT INTO schema_version VALUES (1, ?, ?)",
+                    [MIGRATIONS[0].description + " (found unversioned)", dt.datetime.now(dt.timezone.utc)])
+    for migration in MIGRATIONS:
+        if migration.version <= version:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for statement in migration.statements:
+                con.execute(statement)
+            con.execute("INSERT INTO schema_version VALUES (?, ?, ?)",
+                        [migration.version, migration.description, dt.datetime.now(dt.timezone.utc)])
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+        applied.append(migration.version)
+    # tables added in place by later releases of version 1 (CREATE IF NOT EXISTS) reach every ledger
+    for statement in DDL:
+        con.execute(statement)
+    return applied

@@ -1,0 +1,59 @@
+"""Upgrades keep the ledger: a ledger made by release 0.1 opens, migrated, and the next cycle sends nothing twice."""
+
+import gzip
+import shutil
+from pathlib import Path
+
+import duckdb
+
+from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.ledger.migrations import LATEST, MIGRATIONS
+from tests.conftest import invoice
+
+RELEASE_0_1 = Path(__file__).parent / "fixtures" / "ledger_release_0_1.duckdb.gz"
+# the snapshot release 0.1 ran twice (2026-11-04 and 2026-11-09) to make the fixture
+ROWS = [invoice(invoice_id="in_1"), invoice(invoice_id="in_2", customer_id="cus_2", customer_email="bob@example.com",
+                                             amount_paid=10000, status="paid"),
+        invoice(invoice_id="in_3", customer_id="cus_3", customer_email=None),
+        invoice(invoice_id="in_4", customer_id="cus_4", due_date="2026-10-20", customer_email="d@example.com")]
+
+
+def unpack(target: Path) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(RELEASE_0_1) as source, open(target, "wb") as out:
+        shutil.copyfileobj(source, out)
+    return target
+
+
+def test_a_release_0_1_ledger_is_migrated_in_order_with_nothing_lost(tmp_path):
+    path = unpack(tmp_path / "dunning.duckdb")
+    con = duckdb.connect(str(path), read_only=True)
+    before = con.execute("SELECT * FROM reminder_ledger ORDER BY idempotency_key").fetchall()
+    assert "lease_expires_at" not in [c[0] for c in con.execute("DESCRIBE reminder_ledger").fetchall()]
+    con.close()
+    with open_ledger(path) as ledger:
+        versions = [v for (v,) in ledger.con.execute("SELECT version FROM schema_version ORDER BY version").fetchall()]
+        after = ledger.con.execute(f"SELECT * EXCLUDE (lease_expires_at) FROM reminder_ledger ORDER BY idempotency_key").fetchall()
+    assert versions == [m.version for m in MIGRATIONS] == list(range(1, LATEST + 1))
+    assert after == before and len(after) == 6
+    with open_ledger(path) as ledger:  # opening again applies nothing more
+        assert ledger.con.execute("SELECT count(*) FROM schema_version").fetchone()[0] == LATEST
+
+
+def test_the_next_cycle_on_an_upgraded_home_sends_nothing_twice(deployment):
+    unpack(deployment.home / "dunning.duckdb")
+    code, out, err = deployment.run(ROWS, "2026-11-09T10:00:00Z")
+    assert code == 0, err
+    assert deployment.outbox() == [], "everything due was sent by release 0.1"
+    code, _, err = deployment.run(ROWS, "2026-11-18T10:00:00Z")  # in_1 crosses day14 now
+    assert code == 0, err
+    assert [m["X-Dunning-Keys"] for m in deployment.outbox()] == ["dunning:in_1:1:day14"]
+
+
+def test_a_ledger_newer_than_the_code_is_refused(deployment):
+    path = unpack(deployment.home / "dunning.duckdb")
+    with open_ledger(path) as ledger:
+        ledger.con.execute("INSERT INTO schema_version VALUES (?, 'from the future', now())", [LATEST + 1])
+    code, _, err = deployment.run(ROWS, "2026-11-09T10:00:00Z")
+    assert code == 2 and f"schema version {LATEST + 1}, newer than this release knows ({LATEST})" in err
+    assert "Traceback" not in err
