@@ -40,15 +40,19 @@ def invoice_snapshot(context: dg.AssetExecutionContext, dunning_home: DunningHom
         clock = cycle_request.cycle_clock(context, config)
         path = _snapshot_path(dunning_home, cycle_request, clock.partition_date)
         loaded = cycle.load_snapshot(path, config)
+        taken_at = cycle.snapshot_taken_at(loaded.valid, clock.as_of)
         with dunning_home.ledger() as ledger:
+            if clock.live:  # before anything is written
+                cycle.refuse_stale(ledger, taken_at, cycle_request.allow_stale)
             if loaded.rejected.height and not cycle_request.dry_run:
                 ledger.quarantine(context.run_id, path, loaded.rejected, utc_now())
             if loaded.rejected.height and config.on_invalid_rows == "halt":
                 raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {loaded.summary}")
             state = ledger.invoice_state() if clock.live or cycle_request.dry_run else ledger.state_as_of(clock.as_of, stages_frame(config))
-            cycled = assign_cycles(loaded.valid, state, clock.as_of, config)
+            cycled = assign_cycles(loaded.valid, state, clock.as_of, config, taken_at)
             if clock.live:
-                ledger.record_cycle_changes(clock.as_of, cycled)
+                ledger.record_cycle_changes(clock.as_of, cycled, taken_at)
+                ledger.record_applied_snapshot(context.run_id, taken_at, clock.as_of, path, cycle_request.allow_stale, utc_now())
             if not cycle_request.dry_run:
                 ledger.replace_partition("invoice_history_daily", clock.partition_date, cycled.select(
                     pl.lit(clock.partition_date).alias("business_date"), pl.lit(context.run_id).alias("run_id"),

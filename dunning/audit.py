@@ -78,10 +78,19 @@ def amount_mismatches(audit: pl.DataFrame) -> pl.DataFrame:
     return sent.filter(pl.col("amount_stated_minor") != pl.col("remaining_minor"))
 
 
+EARLIER_REASONS = ("provider_failure", "unknown_outcome")
+
+
+def still_held_expr() -> pl.Expr:
+    """Rows for keys held from earlier cycles (failed or unknown then), listed so they stay in sight."""
+    return (pl.col("outcome") == "held") & pl.col("reason").is_in(EARLIER_REASONS)
+
+
 def summarize(audit: pl.DataFrame) -> dict[str, int]:
     counts = dict(audit.group_by("outcome").len().iter_rows())
     return {
-        "due": int(audit.filter(pl.col("kind") == "reminder").height),
+        "due": int(audit.filter((pl.col("kind") == "reminder") & ~still_held_expr()).height),
+        "still_held": int(audit.filter(still_held_expr()).height),
         "sent": int(counts.get("sent", 0)),
         "failed": int(counts.get("failed", 0)),
         "unknown": int(counts.get("unknown", 0)),

@@ -18,6 +18,7 @@ from checks.snapshot_schema import summarize_rejections, validate_snapshot
 from dunning.alerts import Alert, raise_alert
 from dunning.audit import build_audit, summarize
 from dunning.config import DunningConfig
+from dunning.errors import SnapshotError
 from dunning.ledger.base import Ledger
 from dunning.ledger.claims import ClaimCap
 from dunning.policy import assign_cycles, plan_reminders, plan_retries
@@ -42,9 +43,24 @@ def load_snapshot(path: str | Path, config: DunningConfig) -> ValidatedSnapshot:
     return ValidatedSnapshot(valid.drop("amount_due_raw", "amount_paid_raw", "due_date_raw", strict=False).rechunk(), rejected)
 
 
+def snapshot_taken_at(valid: pl.DataFrame, as_of: dt.datetime) -> dt.datetime:
+    """When the snapshot was taken: its newest `snapshot_at`, else the cycle's clock."""
+    taken = valid.get_column("snapshot_at").max() if valid.height else None
+    return taken if isinstance(taken, dt.datetime) else as_of
+
+
+def refuse_stale(ledger: Ledger, taken_at: dt.datetime, allow_stale: bool) -> None:
+    """A whole snapshot older than the last one a live run applied is refused unless explicitly allowed."""
+    latest = ledger.latest_applied_snapshot()
+    if latest and taken_at < latest[0] and not allow_stale:
+        raise SnapshotError(f"snapshot taken at {taken_at.isoformat()} is older than the last applied one "
+                            f"(taken at {latest[0].isoformat()}, run {latest[1][:8]}); pass --allow-stale to apply it "
+                            "anyway (it still reopens no cycle a newer snapshot closed)")
+
+
 def cycle_snapshot(ledger: Ledger, valid: pl.DataFrame, config: DunningConfig, as_of: dt.datetime) -> pl.DataFrame:
     """The valid snapshot with each invoice's cycle, days overdue and whether it is owed and sendable."""
-    return assign_cycles(valid, ledger.invoice_state(), as_of, config)
+    return assign_cycles(valid, ledger.invoice_state(), as_of, config, snapshot_taken_at(valid, as_of))
 
 
 def _aligned(part: pl.DataFrame, schema: pl.Schema) -> pl.DataFrame:

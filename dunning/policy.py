@@ -21,6 +21,9 @@ from dunning.safe_text import ADDRESS_PATTERN, MAX_ADDRESS
 
 CYCLE_ACTION = pl.Enum(["open", "close"])
 STATE_SCHEMA = {"invoice_id": pl.String, "cycle": pl.Int32, "cycle_open": pl.Boolean, "last_stage_days": pl.Int32}
+# optional in a state frame: when the snapshot that last opened or closed the invoice's cycle was taken
+CHANGED_AT = "changed_snapshot_at"
+CHANGED_AT_TYPE = pl.Datetime("us", "UTC")
 
 
 def business_date(as_of: dt.datetime, config: DunningConfig) -> dt.date:
@@ -57,13 +60,18 @@ def sendable_expr() -> pl.Expr:
     return (address.str.contains(ADDRESS_PATTERN) & (address.str.len_bytes() <= MAX_ADDRESS)).fill_null(False)
 
 
-def assign_cycles(snapshot: pl.DataFrame, state: pl.DataFrame, as_of: dt.datetime, config: DunningConfig) -> pl.DataFrame:
+def assign_cycles(snapshot: pl.DataFrame, state: pl.DataFrame, as_of: dt.datetime, config: DunningConfig,
+                  snapshot_taken_at: dt.datetime | None = None) -> pl.DataFrame:
     """The snapshot with `remaining_minor`, `days_overdue`, `owed`, and the dunning `cycle`.
 
     A cycle opens when an invoice is first seen open, unpaid and past due; it
     closes when the invoice is seen paid, void, or with nothing remaining. An
     invoice seen past due again after its cycle closed starts the next cycle.
     `cycle_action` says what the ledger must record: open, close, or nothing.
+    A snapshot taken (`snapshot_taken_at`, default `as_of`) before the one that
+    last opened or closed an invoice's cycle changes nothing for that invoice:
+    a stale export never reopens what a newer one saw paid, nor closes what a
+    newer one reopened.
     """
     # plain comparisons, each flag computed once: at 1M invoices `is_in` on the status strings and a
     # string-valued when/then were half of this function's time
@@ -72,22 +80,30 @@ def assign_cycles(snapshot: pl.DataFrame, state: pl.DataFrame, as_of: dt.datetim
     status = pl.col("status")
     joined = with_balances(snapshot).with_columns(
         (pl.lit(today) - pl.col("due_date")).dt.total_days().cast(pl.Int32).alias("days_overdue"),
-    ).join(state.cast(STATE_SCHEMA), on="invoice_id", how="left")
+    ).join(_state(state), on="invoice_id", how="left")
     settled = (status == "paid") | (status == "void") | ((status == "open") & (pl.col("remaining_minor") <= 0))
     flags = joined.select(
         (pl.col("owed") & (pl.col("days_overdue") >= first_stage_days)).alias("past_due"),
         settled.alias("settled"),
         pl.col("cycle_open").fill_null(False).alias("was_open"),
+        (pl.col(CHANGED_AT) > pl.lit(snapshot_taken_at or as_of, dtype=CHANGED_AT_TYPE)).fill_null(False).alias("stale"),
     )
     past_due, settled, was_open = flags.get_column("past_due"), flags.get_column("settled"), flags.get_column("was_open")
-    opens, closes = past_due & ~was_open, settled & was_open
+    fresh = ~flags.get_column("stale")
+    opens, closes = past_due & ~was_open & fresh, settled & was_open & fresh
     return joined.with_columns(
         pl.when(opens).then(pl.col("cycle").fill_null(0) + 1).otherwise(pl.col("cycle")).cast(pl.Int32).alias("cycle"),
         pl.when(opens).then(pl.lit("open", dtype=CYCLE_ACTION)).when(closes).then(pl.lit("close", dtype=CYCLE_ACTION))
         .otherwise(None).alias("cycle_action"),
         pl.when(opens).then(None).otherwise(pl.col("last_stage_days")).cast(pl.Int32).alias("last_stage_days"),
-        (past_due | (was_open & ~settled)).alias("in_cycle"),
-    ).drop("cycle_open")
+        ((past_due & (was_open | fresh)) | (was_open & ~settled)).alias("in_cycle"),
+    ).drop("cycle_open", CHANGED_AT)
+
+
+def _state(state: pl.DataFrame) -> pl.DataFrame:
+    if CHANGED_AT not in state.columns:
+        state = state.with_columns(pl.lit(None, dtype=CHANGED_AT_TYPE).alias(CHANGED_AT))
+    return state.select(*STATE_SCHEMA, CHANGED_AT).cast(STATE_SCHEMA | {CHANGED_AT: CHANGED_AT_TYPE})
 
 
 def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:

@@ -18,6 +18,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     run.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present, else built-in defaults)")
     run.add_argument("--events", help="Stripe events (JSON, JSON array or JSON Lines)")
     run.add_argument("--dry-run", action="store_true", help="compute and audit everything; claim and send nothing")
+    run.add_argument("--allow-stale", action="store_true",
+                     help="apply a snapshot taken before the last applied one (it still reopens no closed cycle)")
     run.add_argument("-v", "--verbose", action="store_true", help="show Dagster's step logs")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="progress bar for the sends on stderr (default: when stderr is a terminal)")

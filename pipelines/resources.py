@@ -71,6 +71,7 @@ class CycleRequest(dg.ConfigurableResource):
     as_of: str | None = None
     dry_run: bool = False
     events_path: str | None = None
+    allow_stale: bool = False  # apply a snapshot older than the last applied one (it still reopens no cycle)
 
     def cycle_clock(self, context, config: DunningConfig) -> CycleClock:
         """The run's clock and mode. A run for a past day's partition (a backfill) is evaluated at the

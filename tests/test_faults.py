@@ -135,3 +135,12 @@ def test_a_live_runs_claims_are_never_expired_by_another_writer(tmp_path):
         assert writer_a.record_outcomes(late, now, now, 30, run_id="run_a") == 0
         status = dict(writer_a.con.execute("SELECT idempotency_key, status FROM reminder_ledger").fetchall())
         assert status == {"k1": "sent", "k2": "unknown", "k3": "unknown"}
+
+
+def test_the_summary_tells_newly_due_from_still_held(deployment, tmp_path):
+    with RawSmtpServer("stall_after_dot") as server:
+        cfg = smtp(tmp_path, server.port)
+        assert deployment.run(customers(1), "2026-11-05T09:00:00Z", "--config", cfg)[0] == 0
+        code, out, err = deployment.run(customers(2), "2026-11-05T10:00:00Z", "--config", cfg)
+    assert code == 0, err
+    assert "reminders newly due: 1 " in out and "still held from earlier cycles: 1 (unknown 1, failed awaiting retry 0)" in out

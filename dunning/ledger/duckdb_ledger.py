@@ -41,33 +41,47 @@ class DuckDBLedger(LedgerConnection, ClaimStore, Operations):
     """Everything the pipeline stores, behind methods a PostgreSQL backend could implement too."""
 
     def invoice_state(self) -> pl.DataFrame:
-        return self.frame("SELECT invoice_id, cycle, cycle_open, last_stage_days FROM invoice_cycles")
+        return self.frame("SELECT invoice_id, cycle, cycle_open, last_stage_days, changed_snapshot_at FROM invoice_cycles")
 
-    def record_cycle_changes(self, as_of: dt.datetime, cycled: pl.DataFrame) -> None:
+    def latest_applied_snapshot(self) -> tuple[dt.datetime, str] | None:
+        """When the newest snapshot a live run applied was taken, and by which run."""
+        row = self.con.execute("SELECT snapshot_taken_at, run_id FROM applied_snapshots "
+                               "ORDER BY snapshot_taken_at DESC LIMIT 1").fetchall()
+        return (row[0][0], row[0][1]) if row else None
+
+    def record_applied_snapshot(self, run_id: str, taken_at: dt.datetime, as_of: dt.datetime, path: str | None,
+                                stale_allowed: bool, wall: dt.datetime) -> None:
+        self.con.execute("INSERT INTO applied_snapshots VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                         [run_id, taken_at, as_of, path, stale_allowed, wall])
+
+    def record_cycle_changes(self, as_of: dt.datetime, cycled: pl.DataFrame, snapshot_taken_at: dt.datetime | None = None) -> None:
         """Open and close the cycles this snapshot changes, in one transaction.
 
         Only the changed invoices are written; the snapshot itself is kept once
-        per business day in `invoice_history_daily`, not once per run.
+        per business day in `invoice_history_daily`, not once per run. Each
+        change records when its snapshot was taken, so an older one cannot undo it.
         """
+        taken = snapshot_taken_at or as_of
         changes = cycled.filter(pl.col("cycle_action").is_not_null()).select(
             "invoice_id", "cycle", pl.col("cycle_action").cast(pl.String))
         with self.transaction() as con, self.registered("cycle_changes", changes):
             con.execute(
                 """
-                INSERT INTO invoice_cycles (invoice_id, cycle, cycle_open, opened_at)
-                SELECT invoice_id, cycle, true, ? FROM cycle_changes WHERE cycle_action = 'open'
+                INSERT INTO invoice_cycles (invoice_id, cycle, cycle_open, opened_at, changed_snapshot_at)
+                SELECT invoice_id, cycle, true, ?, ? FROM cycle_changes WHERE cycle_action = 'open'
                 ON CONFLICT (invoice_id) DO UPDATE SET cycle = excluded.cycle, cycle_open = true,
-                    opened_at = excluded.opened_at, closed_at = NULL, last_stage = NULL, last_stage_days = NULL
+                    opened_at = excluded.opened_at, closed_at = NULL, last_stage = NULL, last_stage_days = NULL,
+                    changed_snapshot_at = excluded.changed_snapshot_at
                 """,
-                [as_of],
+                [as_of, taken],
             )
             con.execute(
                 """
-                UPDATE invoice_cycles SET cycle_open = false, closed_at = ?
+                UPDATE invoice_cycles SET cycle_open = false, closed_at = ?, changed_snapshot_at = ?
                 FROM cycle_changes c
                 WHERE c.cycle_action = 'close' AND invoice_cycles.invoice_id = c.invoice_id
                 """,
-                [as_of],
+                [as_of, taken],
             )
 
     def quarantine(self, run_id: str, source: str, rejected: pl.DataFrame, at: dt.datetime) -> None:

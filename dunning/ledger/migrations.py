@@ -35,6 +35,16 @@ MIGRATIONS = (
     Migration(1, "baseline: the tables of release 0.1", DDL),
     Migration(2, "claim leases: a claim names its owner run and expires, so no worker expires another's live claims",
               ("ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS lease_expires_at TIMESTAMPTZ",)),
+    Migration(3, "snapshot times: a stale snapshot never reopens what a newer one closed",
+              ("ALTER TABLE invoice_cycles ADD COLUMN IF NOT EXISTS changed_snapshot_at TIMESTAMPTZ",
+               """CREATE TABLE IF NOT EXISTS applied_snapshots (
+                      run_id VARCHAR PRIMARY KEY,
+                      snapshot_taken_at TIMESTAMPTZ NOT NULL,
+                      as_of TIMESTAMPTZ NOT NULL,
+                      snapshot_path VARCHAR,
+                      stale_allowed BOOLEAN NOT NULL,
+                      applied_wall_at TIMESTAMPTZ NOT NULL
+                  )""")),
 )
 LATEST = MIGRATIONS[-1].version
 
