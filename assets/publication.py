@@ -11,7 +11,7 @@ from pipelines.resources import CycleRequest, DunningHome
 def analyst_history(context: dg.AssetExecutionContext, dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.MaterializeResult:
     """One Parquet file per history table under DIR/analytics, and DIR/analytics.duckdb with views over them.
 
-    Analysts open `analytics.duckdb` (read-only or not): it never locks the
+    Analysts open `analytics.duckdb` read-only (their own tables go in their own file that ATTACHes it): it never locks the
     pipeline's `dunning.duckdb`, and each publication replaces files atomically.
     """
     with dunning_home.ledger() as ledger:

@@ -12,16 +12,33 @@ The tables that grow by the day (`PARTITIONED_TABLES`) are published one file
 per day, and a run rewrites only the days whose rows changed since the last
 publication (found by a fingerprint per day: its row count and the XOR of its
 rows' hashes), so publishing costs the changed days, not the whole history.
+
+`analytics.duckdb` is not a place to keep anything: its contents are replaced
+by every publication. Analysts keep their own tables in their own DuckDB file
+and `ATTACH` this one `(READ_ONLY)`; the views name their Parquet files by
+absolute path, so that works from any working directory. Publication makes
+sure the file always opens, whatever an analyst did to the file it replaces
+(see `_publish_view_file`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
 
 import duckdb
+
+log = logging.getLogger("dunning.analytics")
+
+VIEW_FILE = "analytics.duckdb"
+# Where the analysts' file keeps its write-ahead log: a dangling symbolic link, always. DuckDB (2.0) treats
+# it as "no WAL" when it opens the file (read-only or not), and a commit into the file fails loudly
+# ("Cannot open file .../analytics.duckdb.wal"), instead of leaving a log of an older file at this path that
+# breaks every open of the new one ("WAL does not match database file"). The target names the way out.
+WAL_GUARD_TARGET = ".analytics.duckdb.is-replaced-by-each-publication/keep-your-tables-in-your-own-file-and-ATTACH-this-one-READ_ONLY"
 
 # table -> the expression naming a row's day; these are published as DIR/analytics/<table>/<day>.parquet
 # (rows without a day, if any, as `undated.parquet`)
@@ -98,6 +115,7 @@ def _replace_atomically(target: Path, write) -> None:
 
 def publish(con: duckdb.DuckDBPyConnection, home: Path) -> dict[str, int]:
     """Publish the history tables as Parquet and rebuild the analysts' view file. Returns rows per table."""
+    home = Path(os.path.abspath(home))  # the views name their files by absolute path: ATTACH works from anywhere
     directory = home / "analytics"
     directory.mkdir(parents=True, exist_ok=True)
     counts = {}
@@ -109,7 +127,7 @@ def publish(con: duckdb.DuckDBPyConnection, home: Path) -> dict[str, int]:
         _replace_atomically(directory / f"{table}.parquet",
                             lambda path, t=table: con.execute(f"COPY {t} TO {_literal(path)} (FORMAT parquet)"))
         counts[table] = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-    _replace_atomically(home / "analytics.duckdb", lambda path: _write_views(path, directory))
+    _publish_view_file(home / VIEW_FILE, directory)
     return counts
 
 
@@ -159,6 +177,106 @@ def _write_days(con: duckdb.DuckDBPyConnection, table: str, day: str, target: Pa
                 f"COPY (SELECT * FROM {table} WHERE {day} IS NOT DISTINCT FROM ?::DATE) TO {_literal(path)} (FORMAT parquet)",
                 [None if name == UNDATED else name]))
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish_view_file(target: Path, directory: Path) -> None:
+    """Rebuild `analytics.duckdb`, rename it into place and make sure it opens; raise if it still does not after one rebuild.
+
+    An analyst may have opened the old file read-write and written to it, leaving `analytics.duckdb.wal`
+    (if their process died, or while it lives). That log belongs to the old file: after the rename DuckDB
+    refuses to open the new file with it ("WAL does not match database file"), read-only or not. So any such
+    log is removed before and after the rename, and the WAL path is left holding a dangling link
+    (`WAL_GUARD_TARGET`): an analyst's process still holding the old (now unlinked) file, which would otherwise
+    re-create the log by name on its next write and break every reader of the new file until the next
+    publication, gets an error on commit instead. Their own tables in the old file are lost (by design; a
+    warning names them).
+    """
+    _warn_about_analyst_tables(target)
+    try:
+        _build_view_file(target, directory, guard=True)
+        _check_opens(target)
+    except (duckdb.Error, OSError) as first:
+        log.warning("%s did not open after publication (%s); rebuilding it once more, without the WAL guard", target, first)
+        try:
+            _build_view_file(target, directory, guard=False)
+            _check_opens(target)
+        except (duckdb.Error, OSError) as second:
+            raise RuntimeError(f"the analysts' file {target} does not open after publication: {second}") from second
+
+
+def _build_view_file(target: Path, directory: Path, guard: bool) -> None:
+    temporary = target.with_name(f".{target.name}.tmp")
+    _remove_wal(temporary, guard=False)  # the log of a build that died half-way would break this one
+    temporary.unlink(missing_ok=True)
+    _write_views(temporary, directory)
+    _remove_wal(target, guard=guard)  # before the rename: no moment where the new file meets an old log
+    os.replace(temporary, target)
+    _remove_wal(target, guard=guard)  # after it: a live analyst's process may have written one in between
+
+
+def _wal(path: Path) -> Path:
+    return path.with_name(path.name + ".wal")
+
+
+def _remove_wal(database: Path, guard: bool) -> None:
+    """Remove whatever sits at the database's WAL path (unless it is the guard, and a guard is wanted); then place the guard."""
+    wal = _wal(database)
+    if guard and wal.is_symlink() and os.readlink(wal) == WAL_GUARD_TARGET and not wal.exists():
+        return
+    if wal.is_dir() and not wal.is_symlink():
+        shutil.rmtree(wal)
+    else:
+        wal.unlink(missing_ok=True)
+    if not guard:
+        return
+    try:
+        os.symlink(WAL_GUARD_TARGET, wal)
+    except OSError as error:  # a file system without symbolic links: the file still opens, unguarded
+        log.warning("could not place the guard at %s (%s): a live analyst's write may break it until the next publication", wal, error)
+        return
+    if wal.exists():  # someone made its target: a log written there would be read, so no guard at all
+        wal.unlink()
+        log.warning("the target of the guard at %s exists; the file is published unguarded", wal)
+
+
+def _check_opens(path: Path) -> None:
+    """Open the published file read-only, as an analyst would, and ask it something; raise if it cannot answer."""
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.IOException as error:
+        if "Could not set lock" in str(error):  # an analyst opened it read-write already: it opens
+            return
+        raise
+    try:
+        views = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_type = 'VIEW'").fetchone()[0]
+    finally:
+        con.close()
+    if views != len(PUBLISHED_TABLES) + len(ANALYST_VIEWS):
+        raise duckdb.InvalidInputException(f"{path} holds {views} views, not {len(PUBLISHED_TABLES) + len(ANALYST_VIEWS)}")
+
+
+def _warn_about_analyst_tables(path: Path) -> None:
+    """Warn, naming them, when the file about to be replaced holds tables (not views) an analyst wrote: they will be gone.
+
+    Read-only, before any log is removed (so tables still only in a dead analyst's log count too); a file that
+    does not open, or is held read-write by an analyst, is skipped: it never stops publication.
+    """
+    if not path.exists():
+        return
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+        try:
+            tables = [f"{schema}.{name}" if schema != "main" else name for schema, name in con.execute(
+                "SELECT table_schema, table_name FROM information_schema.tables "
+                "WHERE table_type = 'BASE TABLE' AND table_catalog = current_database() ORDER BY ALL").fetchall()]
+        finally:
+            con.close()
+    except (duckdb.Error, OSError) as error:  # a broken or locked old file must never stop publication
+        log.debug("could not look inside %s before replacing it: %s", path, error)
+        return
+    if tables:
+        log.warning("%s holds table(s) the pipeline did not create: %s. Publication replaces the file and they are lost; "
+                    "keep your own tables in your own DuckDB file and ATTACH this one READ_ONLY", path, ", ".join(tables))
 
 
 def _write_views(path: Path, directory: Path) -> None:

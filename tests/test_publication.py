@@ -1,10 +1,24 @@
-"""Publication for analysts costs the new day, not the history: only changed days are rewritten."""
+"""Publication for analysts costs the new day, not the history: only changed days are rewritten.
+
+And whatever an analyst did to `analytics.duckdb` (wrote to it, died holding it, holds it still), the file
+that publication leaves always opens; analysts' own tables live in their own file, which ATTACHes it.
+"""
 
 import datetime as dt
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import duckdb
 import polars as pl
+import pytest
 
+from dunning import analytics
 from dunning.analytics import publish
 from dunning.ledger.duckdb_ledger import open_ledger
 
@@ -90,3 +104,179 @@ def test_a_status_change_on_an_old_reminder_republishes_only_its_day(tmp_path):
     assert view_count(tmp_path, "SELECT count(*) FROM reminder_ledger WHERE status = 'sent'") == 1
     assert view_count(tmp_path, "SELECT count(*) FROM reminder_ledger") == 4
     assert not (day_files / ".staging").exists()
+
+
+# A second process, as an analyst's session: it opens one DuckDB file and runs the SQL it reads, one statement a line.
+ANALYST = r"""
+import duckdb, json, sys
+con = duckdb.connect(sys.argv[1], read_only=sys.argv[2] == "ro")
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    try:
+        print(json.dumps({"rows": con.execute(line).fetchall()}, default=str), flush=True)
+    except duckdb.Error as error:
+        print(json.dumps({"error": str(error)}), flush=True)
+con.close()
+"""
+
+
+class Analyst:
+    def __init__(self, database: str, cwd: Path, read_only: bool = False):
+        self.process = subprocess.Popen([sys.executable, "-c", ANALYST, database, "ro" if read_only else "rw"], cwd=cwd,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self._answer() == {"ready": True}
+
+    def _answer(self) -> dict:
+        timer = threading.Timer(60, self.process.kill)  # a hung analyst fails the test instead of hanging it
+        timer.start()
+        try:
+            line = self.process.stdout.readline()
+        finally:
+            timer.cancel()
+        assert line, f"the analyst's process ended (exit {self.process.poll()})"
+        return json.loads(line)
+
+    def run(self, sql: str) -> dict:
+        self.process.stdin.write(sql + "\n")
+        self.process.stdin.flush()
+        return self._answer()
+
+    def rows(self, sql: str) -> list:
+        answer = self.run(sql)
+        assert "rows" in answer, answer
+        return answer["rows"]
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        assert self.process.wait(timeout=60) == 0
+
+
+@pytest.fixture
+def analysts():
+    started = []
+    yield lambda *args, **kwargs: started.append(Analyst(*args, **kwargs)) or started[-1]
+    for analyst in started:
+        if analyst.process.poll() is None:
+            analyst.process.kill()
+            analyst.process.wait()
+
+
+def assert_opens_and_answers(home, invoices: int) -> None:
+    """A fresh connection, read-only and then read-write, opens the published file and its views answer."""
+    for read_only in (True, False):
+        con = duckdb.connect(str(home / "analytics.duckdb"), read_only=read_only)
+        try:
+            assert con.execute("SELECT count(*) FROM invoice_history_daily").fetchone()[0] == invoices
+            assert con.execute("SELECT count(*) FROM owed_vs_reminded").fetchone()[0] >= 1
+            assert con.execute("SELECT count(*) FROM information_schema.tables WHERE table_type = 'BASE TABLE'").fetchone()[0] == 0
+        finally:
+            con.close()
+
+
+def test_a_table_written_by_an_analyst_who_was_killed_does_not_break_the_next_publication(tmp_path, analysts, caplog):
+    wal = tmp_path / "analytics.duckdb.wal"
+    with open_ledger(tmp_path / "dunning.duckdb") as ledger:
+        ledger.replace_partition("invoice_history_daily", dt.date(2026, 11, 1), day_rows(dt.date(2026, 11, 1), "r1", 3))
+        publish(ledger.con, tmp_path)
+        # as in a home published before publication guarded the WAL path, or after someone removed the guard
+        wal.unlink(missing_ok=True)
+        analyst = analysts(str(tmp_path / "analytics.duckdb"), tmp_path)
+        analyst.rows("CREATE TABLE notes AS SELECT 1 AS n")
+        analyst.kill()  # before closing: its table lives only in the log it leaves behind
+        assert wal.is_file() and not wal.is_symlink()
+
+        ledger.replace_partition("invoice_history_daily", dt.date(2026, 11, 2), day_rows(dt.date(2026, 11, 2), "r2", 5))
+        with caplog.at_level(logging.WARNING, logger="dunning.analytics"):
+            publish(ledger.con, tmp_path)
+
+    assert any("notes" in r.getMessage() and "lost" in r.getMessage() for r in caplog.records), caplog.text
+    assert not wal.is_file()  # the old file's log is gone (at most the guard, a dangling link, is left)
+    assert_opens_and_answers(tmp_path, 8)
+
+
+def test_an_analyst_still_holding_the_replaced_file_cannot_break_readers_of_the_new_one(tmp_path, analysts):
+    """Their session opened before a publication writes by name to analytics.duckdb.wal: that commit is refused."""
+    wal = tmp_path / "analytics.duckdb.wal"
+    with open_ledger(tmp_path / "dunning.duckdb") as ledger:
+        ledger.replace_partition("invoice_history_daily", dt.date(2026, 11, 1), day_rows(dt.date(2026, 11, 1), "r1", 3))
+        publish(ledger.con, tmp_path)
+        analyst = analysts(str(tmp_path / "analytics.duckdb"), tmp_path)
+        assert analyst.rows("SELECT count(*) FROM invoice_history_daily") == [[3]]
+        ledger.replace_partition("invoice_history_daily", dt.date(2026, 11, 2), day_rows(dt.date(2026, 11, 2), "r2", 5))
+        publish(ledger.con, tmp_path)  # replaces the file the analyst holds
+
+        refused = analyst.run("CREATE TABLE notes AS SELECT 1 AS n")
+        assert "analytics.duckdb.wal" in refused.get("error", ""), refused
+        assert not wal.is_file()
+        assert_opens_and_answers(tmp_path, 8)
+        assert analyst.rows("SELECT count(*) FROM invoice_history_daily") == [[8]]  # their session reads the new data
+        analyst.close()
+        assert_opens_and_answers(tmp_path, 8)
+
+        publish(ledger.con, tmp_path)  # and the next publication finds the path as it left it
+    assert_opens_and_answers(tmp_path, 8)
+
+
+def test_own_tables_in_own_file_attaching_the_published_one_from_elsewhere_survive_publication(tmp_path, analysts, monkeypatch):
+    """The supported way to keep tables: your own DuckDB file, with analytics.duckdb ATTACHed READ_ONLY."""
+    (tmp_path / "home").mkdir()
+    (tmp_path / "desk").mkdir()
+    monkeypatch.chdir(tmp_path)
+    home = Path("home")  # published through a relative path: the views must still work from another directory
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        ledger.replace_partition("invoice_history_daily", dt.date(2026, 11, 1), day_rows(dt.date(2026, 11, 1), "r1", 3))
+        publish(ledger.con, home)
+        analyst = analysts("notes.duckdb", tmp_path / "desk")
+        analyst.rows("ATTACH '../home/analytics.duckdb' AS dunning (READ_ONLY)")
+        analyst.rows("CREATE TABLE my_notes AS SELECT invoice_id, remaining_minor FROM dunning.invoice_history_daily")
+        assert analyst.rows("SELECT count(*) FROM dunning.owed_vs_reminded") == [[1]]
+
+        ledger.replace_partition("invoice_history_daily", dt.date(2026, 11, 2), day_rows(dt.date(2026, 11, 2), "r2", 5))
+        publish(ledger.con, home)
+        assert analyst.rows("SELECT count(*) FROM my_notes") == [[3]]
+        assert analyst.rows("SELECT count(*) FROM dunning.invoice_history_daily") == [[8]]  # old views, new Parquet
+        analyst.rows("DETACH dunning")
+        analyst.rows("ATTACH '../home/analytics.duckdb' AS dunning (READ_ONLY)")
+        assert analyst.rows("SELECT count(*) FROM dunning.invoice_history_daily") == [[8]]
+        analyst.close()
+
+        publish(ledger.con, home)
+    later = analysts("notes.duckdb", tmp_path / "desk")  # a new session on their own file, another day
+    assert later.rows("SELECT count(*) FROM my_notes") == [[3]]
+    later.rows(f"ATTACH '{tmp_path / 'home' / 'analytics.duckdb'}' AS dunning (READ_ONLY)")
+    assert later.rows("SELECT count(*) FROM dunning.invoice_history_daily") == [[8]]
+    later.close()
+    assert_opens_and_answers(tmp_path / "home", 8)
+
+
+def test_a_file_that_does_not_open_is_rebuilt_once_and_then_named_in_the_error(tmp_path, monkeypatch):
+    checks = []
+
+    def failing_once(path):
+        checks.append(path)
+        if len(checks) == 1:
+            raise duckdb.IOException("Failure while replaying WAL file: WAL does not match database file")
+
+    with open_ledger(tmp_path / "dunning.duckdb") as ledger:
+        monkeypatch.setattr(analytics, "_check_opens", failing_once)
+        publish(ledger.con, tmp_path)
+        assert len(checks) == 2
+        monkeypatch.setattr(analytics, "_check_opens", lambda path: (_ for _ in ()).throw(duckdb.IOException("broken")))
+        with pytest.raises(RuntimeError, match=r"analytics\.duckdb does not open"):
+            publish(ledger.con, tmp_path)
+
+
+def test_a_broken_old_file_and_another_database_s_log_never_stop_publication(tmp_path):
+    (tmp_path / "analytics.duckdb").write_bytes(b"not a database" * 500)
+    (tmp_path / "other").mkdir()
+    dies_mid_session = "import duckdb, os; con = duckdb.connect('other.duckdb'); con.execute('CREATE TABLE t AS SELECT 1'); os._exit(9)"
+    subprocess.run([sys.executable, "-c", dies_mid_session], cwd=tmp_path / "other", check=False)
+    (tmp_path / "analytics.duckdb.wal").write_bytes((tmp_path / "other" / "other.duckdb.wal").read_bytes())
+    with open_ledger(tmp_path / "dunning.duckdb") as ledger:
+        ledger.replace_partition("invoice_history_daily", dt.date(2026, 11, 1), day_rows(dt.date(2026, 11, 1), "r1", 3))
+        publish(ledger.con, tmp_path)
+    assert_opens_and_answers(tmp_path, 3)
