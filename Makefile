@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 HOME_DIR ?= .dunning
 UV := $(shell command -v uv 2>/dev/null)
 
-.PHONY: run test setup bench clean ui
+.PHONY: run test test-fast lint setup bench clean ui
 
 $(BIN)/dunning: pyproject.toml
 ifdef UV
@@ -25,8 +25,17 @@ run: setup
 	$(BIN)/python -m dunning.demo --out $(HOME_DIR)/demo/snapshot.csv
 	$(BIN)/dunning --home $(HOME_DIR) run --snapshot $(HOME_DIR)/demo/snapshot.csv
 
+# the whole suite on every core (each test has its own home); `make test-fast` is the dev loop
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -n auto -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy dunning
 
 TIERS ?= 100k,1m
 REPEAT ?= 3

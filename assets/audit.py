@@ -11,7 +11,7 @@ from pipelines.resources import CycleRequest, DunningHome
 
 def audit_run_id(context: dg.AssetExecutionContext, live: bool, dry_run: bool, partition_date, policy_id: str) -> str:
     """Live and dry runs are audited under their run id; a backfill under its day and policy, so a re-run replaces it."""
-    return context.run_id if live or dry_run else f"backfill:{partition_date}:{policy_id}"
+    return context.run.run_id if live or dry_run else f"backfill:{partition_date}:{policy_id}"
 
 
 @dg.asset(**ASSET_DEFAULTS, kinds={"polars", "duckdb"}, pool=LEDGER_POOL, ins={"invoice_snapshot": SNAPSHOT_FOR_AUDIT})

@@ -48,7 +48,7 @@ def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, d
         return dg.Output(held_outcomes(due, "dry_run"), metadata={"dry_run": True, "would_send": due.height})
     if not clock.live:
         simulated = due.select(pl.lit(clock.partition_date).alias("business_date"), pl.lit(config.policy_id).alias("policy_id"),
-                               pl.lit(context.run_id).alias("run_id"), pl.lit(clock.as_of).alias("as_of"), *SIMULATED_COLUMNS)
+                               pl.lit(context.run.run_id).alias("run_id"), pl.lit(clock.as_of).alias("as_of"), *SIMULATED_COLUMNS)
         with dunning_home.ledger() as ledger:
             ledger.replace_partition("simulated_sends", clock.partition_date, simulated, policy_id=config.policy_id)
         context.log.info(f"backfill of {clock.partition_date}: {due.height} key(s) recorded in simulated_sends, nothing sent")
@@ -65,11 +65,11 @@ def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, d
                 context.log.warning(f"paused ({pause.reason}): {due.height} key(s) held, nothing sent")
                 return dg.Output(held_outcomes(due, "paused"), metadata={"paused": True, "pause_reason": pause.reason or "", "held": due.height})
             with dunning_home.provider(config) as provider:
-                owners = ledger.claim_owners(context.run_id)
-                stale = ledger.expire_stale_claims(context.run_id, utc_now(), dead_runs(context.instance, owners))
+                owners = ledger.claim_owners(context.run.run_id)
+                stale = ledger.expire_stale_claims(context.run.run_id, utc_now(), dead_runs(context.instance, owners))
                 resolved = resolve_unknown(ledger, provider, utc_now(), config.retry.backoff_minutes)
                 report, outcomes = send_due(
-                    ledger, provider, due, cycle.skipped_rows(reminders_due), config=config, run_id=context.run_id,
+                    ledger, provider, due, cycle.skipped_rows(reminders_due), config=config, run_id=context.run.run_id,
                     as_of=clock.as_of, now=utc_now, cap=cycle.claim_cap(clock.as_of, config), progress=progress,
                 )
     except DunningError as error:
@@ -79,7 +79,7 @@ def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, d
             alert_id = raise_alert(ledger, config.alerts, Alert(
                 kind=PROVIDER_UNHEALTHY, message=f"{report.provider_stopped}; {report.released} claimed key(s) released as "
                 f"failed (never handed over), the next cycle retries them after the backoff",
-                created_at=clock.as_of, run_id=context.run_id, details={"provider": config.provider.kind,
+                created_at=clock.as_of, run_id=context.run.run_id, details={"provider": config.provider.kind,
                                                                         "released_keys": report.released},
                 dedup_key=f"dunning-provider-{config.provider.kind}"), context.log)
         context.log.error(f"provider stopped as unhealthy (alert {alert_id}): {report.provider_stopped}")

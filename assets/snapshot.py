@@ -45,17 +45,17 @@ def invoice_snapshot(context: dg.AssetExecutionContext, dunning_home: DunningHom
             if clock.live:  # before anything is written
                 cycle.refuse_stale(ledger, taken_at, cycle_request.allow_stale)
             if loaded.rejected.height and not cycle_request.dry_run:
-                ledger.quarantine(context.run_id, path, loaded.rejected, utc_now())
+                ledger.quarantine(context.run.run_id, path, loaded.rejected, utc_now())
             if loaded.rejected.height and config.on_invalid_rows == "halt":
                 raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {loaded.summary}")
             state = ledger.invoice_state() if clock.live or cycle_request.dry_run else ledger.state_as_of(clock.as_of, stages_frame(config))
             cycled = assign_cycles(loaded.valid, state, clock.as_of, config, taken_at)
             if clock.live:
                 ledger.record_cycle_changes(clock.as_of, cycled, taken_at)
-                ledger.record_applied_snapshot(context.run_id, taken_at, clock.as_of, path, cycle_request.allow_stale, utc_now())
+                ledger.record_applied_snapshot(context.run.run_id, taken_at, clock.as_of, path, cycle_request.allow_stale, utc_now())
             if not cycle_request.dry_run:
                 ledger.replace_partition("invoice_history_daily", clock.partition_date, cycled.select(
-                    pl.lit(clock.partition_date).alias("business_date"), pl.lit(context.run_id).alias("run_id"),
+                    pl.lit(clock.partition_date).alias("business_date"), pl.lit(context.run.run_id).alias("run_id"),
                     pl.lit(clock.as_of).alias("as_of"), *HISTORY_COLUMNS))
     except DunningError as error:
         raise fail(error) from None
@@ -85,9 +85,9 @@ def billing_events(context: dg.AssetExecutionContext, dunning_home: DunningHome,
         if not cycle_request.dry_run:
             received_at = utc_now()
             with dunning_home.ledger() as ledger, ledger.transaction():
-                new = ledger.store_events(events, context.run_id, received_at)
+                new = ledger.store_events(events, context.run.run_id, received_at)
                 if loaded.rejected.height:
-                    ledger.quarantine_events(loaded.rejected, context.run_id, received_at)
+                    ledger.quarantine_events(loaded.rejected, context.run.run_id, received_at)
     except DunningError as error:
         raise fail(error) from None
     if loaded.rejected.height:

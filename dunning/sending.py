@@ -86,7 +86,7 @@ def _chunks(due: pl.DataFrame, emails_per_chunk: int) -> Iterator[pl.DataFrame]:
     groups = due.select("email_group").unique(maintain_order=True).to_series()
     for start in range(0, len(groups), emails_per_chunk):
         chunk_groups = groups.slice(start, emails_per_chunk)
-        yield due.filter(pl.col("email_group").is_in(chunk_groups))
+        yield due.filter(pl.col("email_group").is_in(chunk_groups.implode()))
 
 
 RENEW_EVERY_GROUPS = 200  # emails handed over between two looks at the claims' lease
