@@ -6,12 +6,13 @@ import polars as pl
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, SNAPSHOT_FOR_AUDIT, frame_metadata
 from dunning import audit as audit_rules
 from dunning import cycle
+from dunning.clock import CycleClock
 from pipelines.resources import CycleRequest, DunningHome
 
 
-def audit_run_id(context: dg.AssetExecutionContext, live: bool, dry_run: bool, partition_date, policy_id: str) -> str:
+def audit_run_id(context: dg.AssetExecutionContext, clock: CycleClock, policy_id: str) -> str:
     """Live and dry runs are audited under their run id; a backfill under its day and policy, so a re-run replaces it."""
-    return context.run.run_id if live or dry_run else f"backfill:{partition_date}:{policy_id}"
+    return context.run.run_id if clock.reads_live_state else f"backfill:{clock.partition_date}:{policy_id}"
 
 
 @dg.asset(**ASSET_DEFAULTS, kinds={"polars", "duckdb"}, pool=LEDGER_POOL, ins={"invoice_snapshot": SNAPSHOT_FOR_AUDIT})
@@ -20,7 +21,7 @@ def dunning_audit(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFr
     """One row per key this cycle considered: outcome, reason if not sent, amount stated vs owed."""
     config = dunning_home.settings()
     clock = cycle_request.cycle_clock(context, config)
-    run_id = audit_run_id(context, clock.live, cycle_request.dry_run, clock.partition_date, config.policy_id)
+    run_id = audit_run_id(context, clock, config.policy_id)
     with dunning_home.ledger() as ledger:
         audit = cycle.audit_cycle(
             ledger, invoice_snapshot, reminders_due, send_batch, run_id=run_id, as_of=clock.as_of,

@@ -3,6 +3,7 @@
 import dagster as dg
 import polars as pl
 
+from dunning.clock import RunMode
 from dunning.errors import DunningError
 from pipelines.partitions import daily_partitions
 
@@ -25,8 +26,7 @@ def frame_metadata(frame: pl.DataFrame) -> dict:
     return {"dagster/row_count": frame.height, "dagster/column_schema": dg.TableSchema(columns=columns)}
 
 
-def run_mode_tags(context: dg.AssetExecutionContext, live: bool, dry_run: bool) -> str:
+def log_run_mode(context: dg.AssetExecutionContext, mode: RunMode) -> str:
     """Says in the logs what kind of run this is; the CLI also tags runs."""
-    mode = "live" if live else ("dry run" if dry_run else "backfill (simulated, nothing sent)")
     context.log.info(f"partition {context.partition_key if context.has_partition_key else '-'}: {mode}")
-    return mode
+    return str(mode)

@@ -21,7 +21,7 @@ def reminders_due(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFr
     config = dunning_home.settings()
     clock = cycle_request.cycle_clock(context, config)
     failed, notices = None, None
-    if clock.live or cycle_request.dry_run:
+    if clock.reads_live_state:
         with dunning_home.ledger() as ledger:
             failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts)
             recorded = ledger.recorded_keys(event_keys(billing_events))

@@ -6,7 +6,7 @@ import polars as pl
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, fail, frame_metadata
 from dunning import cycle
 from dunning.alerts import Alert, raise_alert
-from dunning.clock import utc_now
+from dunning.clock import RunMode, utc_now
 from dunning.errors import DunningError
 from dunning.progress import report_send_progress
 from dunning.sending import held_outcomes, resolve_unknown, send_due
@@ -43,10 +43,10 @@ def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, d
     config = dunning_home.settings()
     clock = cycle_request.cycle_clock(context, config)
     due = cycle.sendable_due(reminders_due)
-    if cycle_request.dry_run:
+    if clock.mode is RunMode.DRY_RUN:
         context.log.info(f"dry run: {due.height} key(s) would be claimed and sent; nothing claimed")
         return dg.Output(held_outcomes(due, "dry_run"), metadata={"dry_run": True, "would_send": due.height})
-    if not clock.live:
+    if clock.mode is RunMode.BACKFILL:
         simulated = due.select(pl.lit(clock.partition_date).alias("business_date"), pl.lit(config.policy_id).alias("policy_id"),
                                pl.lit(context.run.run_id).alias("run_id"), pl.lit(clock.as_of).alias("as_of"), *SIMULATED_COLUMNS)
         with dunning_home.ledger() as ledger:

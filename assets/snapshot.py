@@ -3,9 +3,9 @@
 import dagster as dg
 import polars as pl
 
-from assets.common import ASSET_DEFAULTS, LEDGER_POOL, fail, frame_metadata, run_mode_tags
+from assets.common import ASSET_DEFAULTS, LEDGER_POOL, fail, frame_metadata, log_run_mode
 from dunning import cycle
-from dunning.clock import utc_now
+from dunning.clock import RunMode, utc_now
 from dunning.errors import DunningError, InvalidRowsHalt, SnapshotError
 from dunning.events import EVENTS_SCHEMA, PAYMENT_FAILED, load_events
 from dunning.landing import latest_for_day
@@ -44,16 +44,16 @@ def invoice_snapshot(context: dg.AssetExecutionContext, dunning_home: DunningHom
         with dunning_home.ledger() as ledger:
             if clock.live:  # before anything is written
                 cycle.refuse_stale(ledger, taken_at, cycle_request.allow_stale)
-            if loaded.rejected.height and not cycle_request.dry_run:
+            if loaded.rejected.height and clock.mode is not RunMode.DRY_RUN:
                 ledger.quarantine(context.run.run_id, path, loaded.rejected, utc_now())
             if loaded.rejected.height and config.on_invalid_rows == "halt":
                 raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {loaded.summary}")
-            state = ledger.invoice_state() if clock.live or cycle_request.dry_run else ledger.state_as_of(clock.as_of, stages_frame(config))
+            state = ledger.invoice_state() if clock.reads_live_state else ledger.state_as_of(clock.as_of, stages_frame(config))
             cycled = assign_cycles(loaded.valid, state, clock.as_of, config, taken_at)
             if clock.live:
                 ledger.record_cycle_changes(clock.as_of, cycled, taken_at)
                 ledger.record_applied_snapshot(context.run.run_id, taken_at, clock.as_of, path, cycle_request.allow_stale, utc_now())
-            if not cycle_request.dry_run:
+            if clock.mode is not RunMode.DRY_RUN:
                 ledger.replace_partition("invoice_history_daily", clock.partition_date, cycled.select(
                     pl.lit(clock.partition_date).alias("business_date"), pl.lit(context.run.run_id).alias("run_id"),
                     pl.lit(clock.as_of).alias("as_of"), *HISTORY_COLUMNS))
@@ -61,7 +61,7 @@ def invoice_snapshot(context: dg.AssetExecutionContext, dunning_home: DunningHom
         raise fail(error) from None
     if loaded.rejected.height:
         context.log.warning(loaded.summary)
-    mode = run_mode_tags(context, clock.live, cycle_request.dry_run)
+    mode = log_run_mode(context, clock.mode)
     return dg.Output(cycled, metadata={
         **frame_metadata(cycled), "mode": mode, "snapshot": path, "rejected_rows": loaded.rejected.height,
         "rejections": loaded.summary, "owed_invoices": int(cycled.get_column("owed").sum()), "as_of": clock.as_of.isoformat(),

@@ -10,9 +10,10 @@ import dagster as dg
 import polars as pl
 
 from assets.common import SNAPSHOT_FOR_AUDIT
-from checks.breaker_schema import BREAKER_CHECK
+from dunning.breaker import BREAKER_CHECK
 from dunning import audit as audit_rules
 from dunning import cycle
+from dunning.clock import RunMode
 from pipelines.resources import CycleRequest, DunningHome
 
 REMINDERS_SOUND = "reminders_due_are_sound"
@@ -54,12 +55,12 @@ def circuit_breaker(context: dg.AssetCheckExecutionContext, reminders_due: pl.Da
     with dunning_home.ledger() as ledger:
         verdict = cycle.check_breaker(ledger, reminders_due, clock.as_of, config)
         paused = ledger.pause_state().paused
-        backfill = not clock.live and not cycle_request.dry_run
+        backfill = clock.mode is RunMode.BACKFILL
         alert_id = None
         if not verdict.passed and not paused and not backfill:
             alert_id = cycle.record_breaker_trip(
                 ledger, verdict, invoice_snapshot, reminders_due, config, run_id=context.run.run_id, as_of=clock.as_of,
-                dry_run=cycle_request.dry_run, snapshot_path=cycle_request.snapshot_path, logger=context.log)
+                dry_run=clock.mode is RunMode.DRY_RUN, snapshot_path=cycle_request.snapshot_path, logger=context.log)
     offenders = verdict.offenders.head(50).select("customer_id", "emails_in_window").rows()
     return dg.AssetCheckResult(
         # paused or a backfill: nothing will be sent; the metadata still says who would have tripped it

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
+from enum import StrEnum
+from zoneinfo import ZoneInfo
 
-from dunning.errors import UserInputError
+from dunning.errors import SnapshotError, UserInputError
 
 # The clocks a cycle accepts: wide enough for any real billing history, narrow enough that every date
 # arithmetic built on it (windows, backoff, partitions) stays in range
@@ -34,3 +37,42 @@ def parse_as_of(text: str | None, flag: str = "--as-of") -> dt.datetime:
 
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
+
+
+class RunMode(StrEnum):
+    """What a run may touch, decided once per run (`cycle_clock`)."""
+
+    LIVE = "live"  # claims, sends, opens and closes cycles
+    DRY_RUN = "dry_run"  # computes and audits today's cycle; claims and sends nothing
+    BACKFILL = "backfill"  # re-evaluates a past day; sends nothing, changes no live state
+
+
+@dataclass(frozen=True)
+class CycleClock:
+    """When a run evaluates, and in which mode."""
+
+    as_of: dt.datetime
+    mode: RunMode
+    partition_date: dt.date
+
+    @property
+    def live(self) -> bool:
+        return self.mode is RunMode.LIVE
+
+    @property
+    def reads_live_state(self) -> bool:
+        """Live and dry runs look at the ledger as it is now; a backfill at how it stood that day."""
+        return self.mode is not RunMode.BACKFILL
+
+
+def cycle_clock(run_clock: dt.datetime, partition: dt.date | None, zone: ZoneInfo, *, dry_run: bool,
+                as_of_given: bool) -> CycleClock:
+    """The run's clock and mode. A run for a past day's partition (a backfill) is evaluated at the end of
+    that business day (unless a clock was given) and is never live; a future partition is refused."""
+    today = run_clock.astimezone(zone).date()
+    if partition is None or partition == today:
+        return CycleClock(run_clock, RunMode.DRY_RUN if dry_run else RunMode.LIVE, partition or today)
+    if partition > today:
+        raise SnapshotError(f"partition {partition} is in the future of the cycle's clock ({run_clock.isoformat()})")
+    end_of_day = dt.datetime.combine(partition, dt.time(23, 59, 59), tzinfo=zone).astimezone(dt.timezone.utc)
+    return CycleClock(run_clock if as_of_given else end_of_day, RunMode.BACKFILL, partition)

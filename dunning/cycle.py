@@ -13,8 +13,8 @@ from pathlib import Path
 
 import polars as pl
 
-from checks.breaker_schema import BreakerVerdict, breaker_window, evaluate_breaker
-from checks.snapshot_schema import summarize_rejections, validate_snapshot
+from dunning.breaker import BreakerVerdict, breaker_window, evaluate_breaker
+from dunning.snapshot_rules import summarize_rejections, validate_snapshot
 from dunning.alerts import Alert, raise_alert
 from dunning.audit import build_audit, summarize
 from dunning.config import DunningConfig

@@ -20,14 +20,14 @@ from pipelines.jobs import dunning_cycle_job
 from pipelines.recovery_job import flood_recovery
 from pipelines.resources import CycleRequest, DunningHome
 from pipelines.schedules import hourly_dunning
-from pipelines.sensors import landing_snapshots, page_on_run_failure
+from pipelines.sensors import dead_mans_switch, landing_snapshots, page_on_run_failure
 
 defs = dg.Definitions(
     assets=[invoice_snapshot, billing_events, reminders_due, send_batch, dunning_audit, analyst_history],
     asset_checks=[reminders_due_are_sound, circuit_breaker, no_reminders_for_unowed_invoices],
     jobs=[dunning_cycle_job, flood_recovery],
     schedules=[hourly_dunning],
-    sensors=[page_on_run_failure, landing_snapshots],
+    sensors=[page_on_run_failure, landing_snapshots, dead_mans_switch],
     resources={
         "dunning_home": DunningHome(home=dg.EnvVar("DUNNING_HOME")),
         "cycle_request": CycleRequest(),

@@ -9,15 +9,13 @@ the launchpad.
 
 import contextlib
 import datetime as dt
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import dagster as dg
 
-from dunning.clock import parse_as_of
+from dunning.clock import CycleClock, cycle_clock, parse_as_of
 from dunning.config import DunningConfig, load_config
-from dunning.errors import SnapshotError
 from dunning.ledger.duckdb_ledger import DuckDBLedger, open_ledger
 from dunning.providers.base import EmailProvider
 from dunning.providers.factory import build_provider
@@ -55,15 +53,6 @@ class DunningHome(dg.ConfigurableResource):
         return build_provider(config.provider, self.root)
 
 
-@dataclass(frozen=True)
-class CycleClock:
-    """When a run evaluates, and whether it may touch live state (send, claim, open cycles)."""
-
-    as_of: dt.datetime
-    live: bool
-    partition_date: dt.date | None
-
-
 class CycleRequest(dg.ConfigurableResource):
     """What this run does: the snapshot, the clock (`as_of`, ISO 8601), and whether it may send."""
 
@@ -74,17 +63,9 @@ class CycleRequest(dg.ConfigurableResource):
     allow_stale: bool = False  # apply a snapshot older than the last applied one (it still reopens no cycle)
 
     def cycle_clock(self, context, config: DunningConfig) -> CycleClock:
-        """The run's clock and mode. A run for a past day's partition (a backfill) is evaluated at the
-        end of that business day and is never live: it sends nothing and changes no live state."""
+        """The run's clock and mode (`dunning.clock.cycle_clock`), from the partition and `as_of`."""
         partition = dt.date.fromisoformat(context.partition_key) if context.has_partition_key else None
-        as_of = self.clock(context)
-        today = as_of.astimezone(config.zone).date()
-        if partition is None or partition == today:
-            return CycleClock(as_of, live=not self.dry_run, partition_date=partition or today)
-        if partition > today:
-            raise SnapshotError(f"partition {partition} is in the future of the cycle's clock ({as_of.isoformat()})")
-        end_of_day = dt.datetime.combine(partition, dt.time(23, 59, 59), tzinfo=config.zone).astimezone(dt.timezone.utc)
-        return CycleClock(end_of_day if not self.as_of else as_of, live=False, partition_date=partition)
+        return cycle_clock(self.clock(context), partition, config.zone, dry_run=self.dry_run, as_of_given=bool(self.as_of))
 
     def clock(self, context) -> dt.datetime:
         """`as_of` if given, else the moment the run was created: one clock for every step of a run."""

@@ -1,16 +1,20 @@
-"""Sensors: snapshots landing in DIR/landing start runs; a failed run pages a human.
+"""Sensors: snapshots landing in DIR/landing start runs; a failed run pages a human; so does silence.
 
 The landing sensor asks for one run per new file, keyed by the file's content
 hash (`run_key`), so the same file dropped twice, or renamed, never starts a
-second run; its cursor remembers the hashes it has seen.
+second run; its cursor remembers the hashes it has seen. The dead man's switch starts no runs: it pages when no
+live run has completed for a while or `unknown` keys wait too long (see dunning/liveness.py).
 """
 
+import datetime as dt
 import json
 
 import dagster as dg
 
-from dunning.alerts import Alert, raise_alert
+from dunning import liveness
+from dunning.alerts import Alert, deliver, raise_alert
 from dunning.clock import utc_now
+from dunning.errors import LedgerBusy
 from dunning.landing import content_hash, landing_files
 from pipelines.jobs import dunning_cycle_job
 from pipelines.recovery_job import flood_recovery
@@ -47,3 +51,36 @@ def landing_snapshots(context: dg.SensorEvaluationContext, dunning_home: Dunning
         ))
     context.update_cursor(json.dumps(sorted(seen)))
     return requests or dg.SkipReason("no new snapshot in the landing folder")
+
+
+@dg.sensor(minimum_interval_seconds=300, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Dead man's switch: pages (kinds stale_runs, stale_unknown) when no live run has completed for "
+                       "alerts.stale_after_hours or unknown keys wait over alerts.unknown_after_hours; once per episode.")
+def dead_mans_switch(context: dg.SensorEvaluationContext, dunning_home: DunningHome):
+    settings = dunning_home.settings().alerts
+    now = utc_now()
+    try:
+        # a short wait: a tick must end well inside the daemon's timeout, and the next tick comes soon
+        with dunning_home.ledger(timeout_seconds=20) as ledger:
+            state, actions = liveness.watch(ledger, settings, now)
+    except LedgerBusy:
+        return _ledger_held(context, settings, now)
+    context.update_cursor(None)
+    return dg.SkipReason(liveness.describe(state, actions))
+
+
+def _ledger_held(context: dg.SensorEvaluationContext, settings, now) -> dg.SkipReason:
+    """Usually a run is writing. Held past stale_after_hours (a hung run), page once without the ledger:
+    the alert cannot be stored, so the cursor remembers that it was sent."""
+    held = json.loads(context.cursor) if context.cursor else {}
+    since = dt.datetime.fromisoformat(held["held_since"]) if "held_since" in held else now
+    hours = liveness.hours_between(since, now)
+    if hours > settings.stale_after_hours and not held.get("paged"):
+        deliver(Alert(kind=liveness.STALE_RUNS, created_at=now, dedup_key=f"dunning-ledger-held-{since.isoformat()}",
+                      message=f"the ledger has been held by another process for {hours:.1f} h since "
+                              f"{liveness.wall(since)} (a hung run?); no run can complete until it is released",
+                      details={"held_since": since, "hours": round(hours, 2)}), settings)
+        held["paged"] = True
+    context.update_cursor(json.dumps({**held, "held_since": since.isoformat()}))
+    return dg.SkipReason(f"the ledger is held by another process since {liveness.wall(since)}"
+                         + (" (paged)" if held.get("paged") else "; checking again at the next tick"))

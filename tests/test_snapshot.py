@@ -5,7 +5,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from checks.snapshot_schema import validate_snapshot
+from dunning.snapshot_rules import validate_snapshot
 from dunning.config import DunningConfig
 from dunning.cycle import load_snapshot
 from dunning.errors import SnapshotError

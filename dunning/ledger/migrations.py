@@ -32,19 +32,12 @@ class Migration:
 
 
 MIGRATIONS = (
-    Migration(1, "baseline: the tables of release 0.1", DDL),
+    Migration(1, "baseline: the tables of release 0.1", ()),  # an empty file gets the current DDL below
     Migration(2, "claim leases: a claim names its owner run and expires, so no worker expires another's live claims",
               ("ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS lease_expires_at TIMESTAMPTZ",)),
     Migration(3, "snapshot times: a stale snapshot never reopens what a newer one closed",
               ("ALTER TABLE invoice_cycles ADD COLUMN IF NOT EXISTS changed_snapshot_at TIMESTAMPTZ",
-               """CREATE TABLE IF NOT EXISTS applied_snapshots (
-                      run_id VARCHAR PRIMARY KEY,
-                      snapshot_taken_at TIMESTAMPTZ NOT NULL,
-                      as_of TIMESTAMPTZ NOT NULL,
-                      snapshot_path VARCHAR,
-                      stale_allowed BOOLEAN NOT NULL,
-                      applied_wall_at TIMESTAMPTZ NOT NULL
-                  )""")),
+               next(s for s in DDL if "applied_snapshots" in s))),
 )
 LATEST = MIGRATIONS[-1].version
 
@@ -84,6 +77,15 @@ def migrate(con: duckdb.DuckDBPyConnection, path: str) -> list[int]:
     version = check_not_newer(con, path)
     applied = []
     con.execute(_VERSION_TABLE)
+    if version == 0:  # a new file: the current schema at once, every migration recorded as applied
+        con.execute("BEGIN TRANSACTION")
+        for statement in DDL:
+            con.execute(statement)
+        for migration in MIGRATIONS:
+            con.execute("INSERT INTO schema_version VALUES (?, ?, ?)",
+                        [migration.version, migration.description, dt.datetime.now(dt.timezone.utc)])
+        con.execute("COMMIT")
+        return [m.version for m in MIGRATIONS]
     if version == 1 and not con.execute("SELECT count(*) FROM schema_version").fetchone()[0]:
         con.execute("INSERT INTO schema_version VALUES (1, ?, ?)",
                     [MIGRATIONS[0].description + " (found unversioned)", dt.datetime.now(dt.timezone.utc)])
@@ -101,7 +103,7 @@ def migrate(con: duckdb.DuckDBPyConnection, path: str) -> list[int]:
             raise
         con.execute("COMMIT")
         applied.append(migration.version)
-    # tables added in place by later releases of version 1 (CREATE IF NOT EXISTS) reach every ledger
+    # the current schema: everything for a new file; for an old one, tables it never had
     for statement in DDL:
         con.execute(statement)
     return applied

@@ -103,3 +103,50 @@ class Operations:
     def last_run(self) -> dict | None:
         rows = self.frame("SELECT * FROM dunning_runs WHERE NOT dry_run ORDER BY finished_wall_at DESC LIMIT 1").to_dicts()
         return rows[0] if rows else None
+
+    # The dead man's switch (dunning/liveness.py) reads these. Backfills are stored under run ids
+    # "backfill:<day>:<policy>" with dry_run set; they are never live runs.
+
+    def last_live_run(self, completed_only: bool = False) -> dict | None:
+        """The last live (not dry, not backfill) run; with `completed_only`, the last one that was not halted."""
+        done = " AND coalesce(outcome, 'completed') = 'completed'" if completed_only else ""
+        rows = self.frame(
+            "SELECT run_id, as_of, finished_wall_at, outcome, due, sent, failed, unknown, held FROM dunning_runs "
+            f"WHERE NOT dry_run AND run_id NOT LIKE 'backfill:%'{done} ORDER BY finished_wall_at DESC LIMIT 1").to_dicts()
+        return rows[0] if rows else None
+
+    def last_dry_run(self) -> dict | None:
+        rows = self.frame(
+            "SELECT run_id, as_of, finished_wall_at, due, held FROM dunning_runs "
+            "WHERE dry_run AND run_id NOT LIKE 'backfill:%' ORDER BY finished_wall_at DESC LIMIT 1").to_dicts()
+        return rows[0] if rows else None
+
+    def last_backfill(self) -> dict | None:
+        rows = self.frame(
+            "SELECT run_id, as_of, finished_wall_at FROM dunning_runs "
+            "WHERE run_id LIKE 'backfill:%' ORDER BY finished_wall_at DESC LIMIT 1").to_dicts()
+        return rows[0] if rows else None
+
+    def unknown_waiting_since(self, before: dt.datetime) -> tuple[int, dt.datetime | None, str | None]:
+        """`unknown` keys whose outcome was recorded (or, lacking that, claimed) before `before`: count, oldest time, oldest key."""
+        row = self.con.execute(
+            "SELECT count(*), min(coalesce(outcome_wall_at, claimed_at)), "
+            "arg_min(idempotency_key, coalesce(outcome_wall_at, claimed_at)) FROM reminder_ledger "
+            "WHERE status = 'unknown' AND coalesce(outcome_wall_at, claimed_at) < ?", [before]).fetchall()[0]
+        return int(row[0]), row[1], row[2]
+
+    def open_alert(self, kind: str) -> dict | None:
+        """The oldest unresolved alert of `kind`, if any."""
+        rows = self.frame("SELECT alert_id, created_at, kind, message FROM alerts WHERE kind = ? AND resolved_at IS NULL "
+                          "ORDER BY created_at LIMIT 1", [kind]).to_dicts()
+        return rows[0] if rows else None
+
+    def resolve_alerts(self, kind: str, at: dt.datetime) -> int:
+        """Mark every unresolved alert of `kind` resolved at `at`; returns how many."""
+        return len(self.con.execute("UPDATE alerts SET resolved_at = ? WHERE kind = ? AND resolved_at IS NULL RETURNING alert_id",
+                                    [at, kind]).fetchall())
+
+    def is_paused(self) -> bool:
+        """The pause flag alone; reads every row, so the connection has no unfinished result for a later `frame`."""
+        rows = self.con.execute("SELECT paused FROM pause_state WHERE id = 1").fetchall()
+        return bool(rows and rows[0][0])

@@ -4,6 +4,10 @@
 application code, is the last line of defence against a second send. All
 timestamps are TIMESTAMPTZ; `claimed_at`/`sent_at` follow the cycle's clock
 (`--as-of`), the `*_wall_at` columns record the real time.
+
+These statements describe the current schema: a new ledger gets it whole, and
+`migrations` brings older ledgers to it (each later column is also added there,
+with `ADD COLUMN IF NOT EXISTS`, for ledgers made before it existed).
 """
 
 LEDGER_COLUMNS = (
@@ -32,7 +36,8 @@ DDL = (
         attempts INTEGER NOT NULL DEFAULT 0,
         last_error VARCHAR,
         next_attempt_at TIMESTAMPTZ,
-        outcome_wall_at TIMESTAMPTZ
+        outcome_wall_at TIMESTAMPTZ,
+        lease_expires_at TIMESTAMPTZ
     )
     """,
     """
@@ -43,7 +48,8 @@ DDL = (
         opened_at TIMESTAMPTZ,
         closed_at TIMESTAMPTZ,
         last_stage VARCHAR,
-        last_stage_days INTEGER
+        last_stage_days INTEGER,
+        changed_snapshot_at TIMESTAMPTZ
     )
     """,
     """
@@ -194,6 +200,16 @@ DDL = (
         amount_minor BIGINT,
         currency VARCHAR,
         email_id VARCHAR
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS applied_snapshots (
+        run_id VARCHAR PRIMARY KEY,
+        snapshot_taken_at TIMESTAMPTZ NOT NULL,
+        as_of TIMESTAMPTZ NOT NULL,
+        snapshot_path VARCHAR,
+        stale_allowed BOOLEAN NOT NULL,
+        applied_wall_at TIMESTAMPTZ NOT NULL
     )
     """,
 )
