@@ -3,11 +3,12 @@
 import dagster as dg
 import polars as pl
 
-from assets.common import ASSET_DEFAULTS, LEDGER_POOL, SNAPSHOT_FOR_AUDIT, frame_metadata
+from assets.common import ASSET_DEFAULTS, LEDGER_POOL, frame_metadata
+from checks.asset_checks import SNAPSHOT_FOR_AUDIT
 from dunning import audit as audit_rules
 from dunning import cycle
 from dunning.clock import CycleClock
-from pipelines.resources import CycleRequest, DunningHome
+from resources.dunning import CycleRequest, DunningHome
 
 
 def audit_run_id(context: dg.AssetExecutionContext, clock: CycleClock, policy_id: str) -> str:

@@ -5,13 +5,11 @@ import polars as pl
 
 from dunning.clock import RunMode
 from dunning.errors import DunningError
-from pipelines.partitions import daily_partitions
+from resources.partitions import daily_partitions
 
 GROUP = "dunning"
 LEDGER_POOL = "dunning_ledger"
 OWNERS = ["team:billing-ops"]
-# what the audit and the breaker's trip record read of the snapshot (see RunScopedParquetIOManager)
-SNAPSHOT_FOR_AUDIT = dg.AssetIn("invoice_snapshot", metadata={"columns": ["invoice_id", "owed", "remaining_minor"]})
 ASSET_DEFAULTS = {"group_name": GROUP, "io_manager_key": "frames", "partitions_def": daily_partitions, "owners": OWNERS}
 
 

@@ -4,7 +4,7 @@ import dagster as dg
 
 from assets.common import ASSET_DEFAULTS
 from dunning.analytics import ANALYST_VIEWS, publish
-from pipelines.resources import CycleRequest, DunningHome
+from resources.dunning import CycleRequest, DunningHome
 
 
 @dg.asset(**ASSET_DEFAULTS, kinds={"parquet", "duckdb"}, deps=["dunning_audit"], pool="dunning_ledger")

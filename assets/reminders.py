@@ -6,7 +6,7 @@ import polars as pl
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, frame_metadata
 from dunning import cycle
 from dunning.events import event_keys, notice_rows
-from pipelines.resources import CycleRequest, DunningHome
+from resources.dunning import CycleRequest, DunningHome
 
 
 @dg.asset(**ASSET_DEFAULTS, kinds={"polars"}, pool=LEDGER_POOL)

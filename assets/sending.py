@@ -10,7 +10,7 @@ from dunning.clock import RunMode, utc_now
 from dunning.errors import DunningError
 from dunning.progress import report_send_progress
 from dunning.sending import held_outcomes, resolve_unknown, send_due
-from pipelines.resources import CycleRequest, DunningHome
+from resources.dunning import CycleRequest, DunningHome
 
 PROVIDER_UNHEALTHY = "provider_unhealthy"
 LIVE_RUN_STATUSES = (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,

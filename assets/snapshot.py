@@ -10,7 +10,7 @@ from dunning.errors import DunningError, InvalidRowsHalt, SnapshotError
 from dunning.events import EVENTS_SCHEMA, PAYMENT_FAILED, load_events
 from dunning.landing import latest_for_day
 from dunning.policy import assign_cycles, stages_frame
-from pipelines.resources import CycleRequest, DunningHome
+from resources.dunning import CycleRequest, DunningHome
 
 HISTORY_COLUMNS = ("invoice_id", "customer_id", "customer_email", "currency", "amount_due", "amount_paid",
                    "remaining_minor", "due_date", "status", "days_overdue", "cycle")

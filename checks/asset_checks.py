@@ -9,13 +9,14 @@ after it will not run to do so.
 import dagster as dg
 import polars as pl
 
-from assets.common import SNAPSHOT_FOR_AUDIT
 from dunning.breaker import BREAKER_CHECK
 from dunning import audit as audit_rules
 from dunning import cycle
 from dunning.clock import RunMode
-from pipelines.resources import CycleRequest, DunningHome
+from resources.dunning import CycleRequest, DunningHome
 
+# what the audit and the breaker's trip record read of the snapshot (see RunScopedParquetIOManager)
+SNAPSHOT_FOR_AUDIT = dg.AssetIn("invoice_snapshot", metadata={"columns": ["invoice_id", "owed", "remaining_minor"]})
 REMINDERS_SOUND = "reminders_due_are_sound"
 BREAKER = "circuit_breaker"
 NO_UNOWED_REMINDERS = "no_reminders_for_unowed_invoices"

@@ -18,7 +18,7 @@ from checks.asset_checks import circuit_breaker, no_reminders_for_unowed_invoice
 from pipelines.io_manager import RunScopedParquetIOManager
 from pipelines.jobs import dunning_cycle_job
 from pipelines.recovery_job import flood_recovery
-from pipelines.resources import CycleRequest, DunningHome
+from resources.dunning import CycleRequest, DunningHome
 from pipelines.schedules import hourly_dunning
 from pipelines.sensors import dead_mans_switch, landing_snapshots, page_on_run_failure
 

@@ -14,7 +14,7 @@ from dunning.analytics import publish
 from dunning.clock import parse_as_of, utc_now
 from dunning.errors import DunningError
 from dunning.policy import with_balances
-from pipelines.resources import DunningHome
+from resources.dunning import DunningHome
 
 
 DEFAULT_LOOKBACK = dt.timedelta(days=7)  # how far back to look for a flood when --since is not given

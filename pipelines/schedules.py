@@ -4,7 +4,7 @@ import dagster as dg
 
 from dunning.errors import LedgerBusy
 from pipelines.jobs import dunning_cycle_job
-from pipelines.resources import DunningHome
+from resources.dunning import DunningHome
 
 
 @dg.schedule(job=dunning_cycle_job, cron_schedule="0 * * * *", execution_timezone="UTC",

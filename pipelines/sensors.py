@@ -18,7 +18,7 @@ from dunning.errors import LedgerBusy
 from dunning.landing import content_hash, landing_files
 from pipelines.jobs import dunning_cycle_job
 from pipelines.recovery_job import flood_recovery
-from pipelines.resources import DunningHome
+from resources.dunning import DunningHome
 
 
 @dg.run_failure_sensor(monitored_jobs=[dunning_cycle_job, flood_recovery], default_status=dg.DefaultSensorStatus.RUNNING,

@@ -17,7 +17,7 @@ from dunning.errors import ConfigError, LedgerBusy
 from dunning.ledger.duckdb_ledger import open_ledger
 from pipelines import report, sensors
 from pipelines.definitions import defs
-from pipelines.resources import DunningHome
+from resources.dunning import DunningHome
 from pipelines.sensors import dead_mans_switch
 from tests.conftest import invoice, write_snapshot
 

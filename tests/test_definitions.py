@@ -12,7 +12,7 @@ from assets.sending import send_batch
 from assets.snapshot import billing_events, invoice_snapshot
 from checks.asset_checks import REMINDERS_SOUND, no_reminders_for_unowed_invoices, reminders_due_are_sound
 from pipelines.io_manager import RunScopedParquetIOManager
-from pipelines.resources import CycleRequest, DunningHome
+from resources.dunning import CycleRequest, DunningHome
 from tests.conftest import invoice, write_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]

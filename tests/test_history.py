@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 import dagster as dg
 import duckdb
 
-from pipelines.resources import DunningHome
+from resources.dunning import DunningHome
 from pipelines.sensors import landing_snapshots
 from tests.conftest import Deployment, invoice, write_snapshot
 

@@ -6,7 +6,7 @@ import dagster as dg
 
 from dunning.ledger.duckdb_ledger import open_ledger
 from pipelines.definitions import defs
-from pipelines.resources import CycleRequest, DunningHome
+from resources.dunning import CycleRequest, DunningHome
 from pipelines.schedules import hourly_dunning
 from pipelines.sensors import page_on_run_failure
 from tests.conftest import invoice, write_snapshot
