@@ -51,3 +51,14 @@ class BillingSourceFailed(DunningError):
     """The billing system (API error, wrong key) could not give us the invoices."""
 
     exit_code = 7
+
+
+class StorageError(DunningError):
+    """A write to the home's storage failed: a full disk, a quota, a read-only file system, an I/O error.
+
+    Whatever refused it (the DuckDB ledger, the Dagster instance's SQLite, the outbox
+    files, a run's frames), the message names the file or directory and, when known,
+    the step and the run. Nothing half-done is lost: the next run with space recovers.
+    """
+
+    exit_code = 8

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import dagster as dg
@@ -22,12 +23,12 @@ from dunning.clock import parse_as_of, utc_now
 from dunning.safe_text import for_terminal
 from dunning.stripe import read_events
 from dunning.config import load_config
-from dunning.errors import DunningError, GuardNotLive, UserInputError
+from dunning.errors import DunningError, GuardNotLive, StorageError, UserInputError
 from dunning.guard import prove_guard
 from dunning.ledger.duckdb_ledger import open_ledger
 from pipelines import report
 from pipelines.cli_args import build_parser
-from pipelines.instance import get_instance, owner_tags
+from pipelines.instance import end_run_failed, get_instance, last_own_run, owner_tags, runs_written_since
 from pipelines.io_manager import prune_run_frames
 from pipelines.progress_bar import send_progress_bar
 
@@ -73,6 +74,7 @@ def _config_path(args: argparse.Namespace, home: Path) -> str | None:
 
 def _home(args: argparse.Namespace) -> Path:
     home = Path(args.home or os.environ.get("DUNNING_HOME") or ".dunning").expanduser().resolve()
+    _SEEN["home"] = home
     home.mkdir(parents=True, exist_ok=True)
     return home
 
@@ -80,16 +82,19 @@ def _home(args: argparse.Namespace) -> Path:
 def _instance(home: Path) -> dg.DagsterInstance:
     """The home's Dagster instance, with DUNNING_HOME set for the definitions' resources."""
     instance = get_instance(home)
+    _SEEN["instance"] = instance
     os.environ["DUNNING_HOME"] = str(home)
     return instance
 
 
 def _cycle_run_config(home: Path, config_path: str | None, *, snapshot_path: str | None = None, as_of: str | None = None,
-                      dry_run: bool = False, events_path: str | None = None, verbose: bool = False) -> dict:
+                      dry_run: bool = False, events_path: str | None = None, verbose: bool = False,
+                      allow_stale: bool = False) -> dict:
     return {
         "resources": {
             "dunning_home": {"config": {"home": str(home), "config_path": config_path}},
             "cycle_request": {"config": {"snapshot_path": snapshot_path, "as_of": as_of, "dry_run": dry_run,
+                                         "allow_stale": allow_stale,
                                          "events_path": events_path}},
         },
         "loggers": {"console": {"config": {"log_level": "INFO" if verbose else "CRITICAL"}}},
@@ -107,7 +112,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         read_events(Path(events))  # a bad events file: one line, exit 2, before Dagster starts or anything is written
     instance = _instance(home)
     run_config = _cycle_run_config(home, config_path, snapshot_path=snapshot, as_of=as_of.isoformat(),
-                                   dry_run=bool(args.dry_run), events_path=events, verbose=args.verbose)
+                                   dry_run=bool(args.dry_run), events_path=events, verbose=args.verbose,
+                                   allow_stale=bool(args.allow_stale))
     with open_ledger(home / "dunning.duckdb") as ledger:
         paused = ledger.pause_state().paused
     partition = as_of.astimezone(config.zone).date().isoformat()
@@ -137,7 +143,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         raise UserInputError(f"backfill needs past days with --from <= --to < {today} (today is live, not a backfill)")
     instance = _instance(home)
     backfill_id = f"cli-{utc_now():%Y%m%dT%H%M%S}"
-    failures = 0
+    failures, on_storage = 0, False
     day = start
     while day <= end:
         run_config = _cycle_run_config(home, config_path)  # no clock: a past partition is evaluated at its day's end
@@ -148,10 +154,11 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             say(f"{day}: rebuilt (policy {config.policy_id}); nothing sent")
         else:
             failures += 1
+            on_storage = on_storage or report.failed_on_storage(result)
             say(f"{day}: failed: {report.first_failure(result)}", file=sys.stderr)
         day += dt.timedelta(days=1)
     prune_run_frames(home)
-    return 0 if not failures else 1
+    return 0 if not failures else (StorageError.exit_code if on_storage else 1)
 
 
 def _day(text: str, flag: str) -> dt.date:
@@ -247,13 +254,67 @@ COMMANDS = {"run": cmd_run, "backfill": cmd_backfill, "pause": cmd_pause, "resum
             "resolve": cmd_resolve, "status": cmd_status}
 
 
+_SEEN: dict = {}  # what this invocation got to: its start, the home, the instance (to name them in an error)
+
+
+class _WithoutLogWriteNoise:
+    """stderr without Dagster's own "Exception while writing logger call to event log" lines (a full disk
+    prints one per log call); the CLI says what failed in one line instead. Counted, so a run that
+    still succeeds can say so."""
+
+    NOISE = "Exception while writing logger call to event log"
+
+    def __init__(self, stream) -> None:
+        self.stream, self.dropped = stream, []
+
+    def write(self, text: str) -> int:
+        if text.startswith(self.NOISE):
+            self.dropped.append(text.strip().splitlines()[0])
+            return len(text)
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def _unexpected(error: Exception, args: argparse.Namespace) -> tuple[str, int]:
+    """Any other exception as one line: a storage failure (exit 8) names the file, the step and the run when known;
+    the run this process left unfinished is marked failed with that line, if its storage lets us."""
+    instance, home = _SEEN.get("instance"), _SEEN.get("home")
+    run, step = (last_own_run(instance, since=_SEEN["started"]) if instance is not None else None) or (None, None)
+    written = runs_written_since(home, _SEEN["started"]) if run is None and instance is not None else []
+    run_id = run.run_id if run else (written[0] if len(written) == 1 else None)  # storage unreadable: its files
+    if getattr(args, "verbose", False):
+        traceback.print_exception(error, file=sys.stderr)
+    fault = report.storage_fault_of(error)
+    if fault is not None:
+        text, code = report.storage_line(fault, home, step=step, run_id=run_id), StorageError.exit_code
+    else:
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        where = ", ".join(part for part in (step and f"step {step}", run_id and f"run {run_id[:8]}") if part)
+        hint = "run again with -v for the traceback" if hasattr(args, "verbose") else "please report it"
+        text = (f"unexpected error{f' ({where})' if where else ''}: {type(error).__name__}: {first}; {hint}"
+                f"{' or see the run in the Dagster UI' if run_id else ''}")
+        code = 1
+    if run is not None:
+        end_run_failed(instance, run, text)
+    return text, code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser(COMMANDS).parse_args(argv)
     logging.getLogger("dunning").addHandler(logging.NullHandler())  # the CLI prints what matters itself
     args.home = getattr(args, "home_sub", None) or args.home
+    _SEEN.clear()
+    _SEEN["started"] = utc_now()
+    stderr = sys.stderr
+    sys.stderr = quiet = _WithoutLogWriteNoise(stderr)
     try:
         code = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at interpreter exit
+        if code == 0 and quiet.dropped:
+            say(f"dunning: warning: {len(quiet.dropped)} log line(s) could not be written to the Dagster instance "
+                f"({quiet.dropped[0]})", file=sys.stderr)
         return code
     except DunningError as error:
         say(f"dunning: {error}", file=sys.stderr)
@@ -265,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141  # what a shell reports for a command ended by SIGPIPE
+    except Exception as error:  # noqa: BLE001 - anything unforeseen still ends as one line, never a traceback
+        text, code = _unexpected(error, args)
+        say(f"dunning: {text}", file=sys.stderr)
+        return code
+    finally:
+        sys.stderr = stderr
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ whose process no longer exists are marked failed and their slots freed.
 
 from __future__ import annotations
 
+import datetime as dt
 import fcntl
 import os
 import socket
@@ -62,10 +63,62 @@ def reap_dead_runs(instance: dg.DagsterInstance) -> list[str]:
     for run in instance.get_runs(filters=dg.RunsFilter(statuses=list(LIVE_STATUSES), tags={HOST_TAG: host})):
         pid = run.tags.get(PID_TAG)
         if pid and pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
-            instance.report_run_failed(run, f"the dunning process {pid} on {host} ended without finishing this run (killed?)")
+            instance.report_run_failed(run, f"the dunning process {pid} on {host} ended without finishing this run "
+                                            f"(killed, or it could not record the end: see its last step's log)")
             instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
             reaped.append(run.run_id)
     return reaped
+
+
+def last_own_run(instance: dg.DagsterInstance,
+                 since: dt.datetime | None = None) -> tuple[dg.DagsterRun, str | None] | None:
+    """The newest run this process started (after `since`) and the step it was in, if it stopped inside one.
+
+    Best effort, for naming them in an error: the instance's storage may be what
+    failed (a full disk), so any error reading it gives None, or no step."""
+    try:
+        runs = instance.get_runs(filters=dg.RunsFilter(tags=owner_tags(), created_after=since), limit=1)
+    except Exception:  # noqa: BLE001 - the storage we are reporting on may be unreadable
+        return None
+    if not runs:
+        return None
+    open_steps: dict[str, None] = {}
+    try:
+        for record in instance.all_logs(runs[0].run_id):  # in-process executor: one step at a time
+            event = record.dagster_event
+            if event is None or not event.step_key:
+                continue
+            if event.is_step_start:
+                open_steps[event.step_key] = None
+            elif event.is_step_success or event.is_step_failure or event.is_step_skipped:
+                open_steps.pop(event.step_key, None)
+    except Exception:  # noqa: BLE001
+        open_steps.clear()
+    return runs[0], next(reversed(open_steps), None)
+
+
+def runs_written_since(home: Path, since: dt.datetime) -> list[str]:
+    """Ids of the runs whose own event log file (Dagster's SQLite layout: HOME/dagster/history/runs/<run id>.db)
+    was written since `since`. Names a run when its storage can no longer be read at all (on a full disk
+    SQLite cannot even map its WAL index, so reads fail too)."""
+    try:
+        return [f.stem for f in (dagster_home(home) / "history" / "runs").glob("*-*-*-*-*.db")
+                if f.stat().st_mtime >= since.timestamp()]
+    except OSError:
+        return []
+
+
+def end_run_failed(instance: dg.DagsterInstance, run: dg.DagsterRun, message: str) -> bool:
+    """Mark this process's unfinished run failed with `message` and free its pool slots (best effort: the
+    storage may refuse this too; then the next CLI reaps it); False when it could not."""
+    if run.status not in LIVE_STATUSES:
+        return False
+    try:
+        instance.report_run_failed(run, message)
+        instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+    except Exception:  # noqa: BLE001
+        return False
+    return True
 
 
 def dagster_home(home: Path) -> Path:

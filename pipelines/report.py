@@ -3,22 +3,124 @@
 from __future__ import annotations
 
 import datetime as dt
+import errno
+import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
 
-from dunning.errors import ProviderUnhealthy
 from dunning import liveness
 from dunning.clock import utc_now
 from dunning.config import Alerts, load_config
-from dunning.errors import ConfigError
+from dunning.errors import ConfigError, ProviderUnhealthy, StorageError
 from dunning.ledger.duckdb_ledger import DuckDBLedger
-from pipelines.resources import CONFIG_FILE_NAME
+from resources.dunning import CONFIG_FILE_NAME
 
 EXIT_BY_ERROR_CLASS = {
     "SnapshotError": 2, "ConfigError": 2, "UserInputError": 2, "InvalidRowsHalt": 2,
     "BreakerTripped": 3, "LedgerBusy": 4, "GuardNotLive": 5, "ProviderUnhealthy": 6, "BillingSourceFailed": 7,
+    "StorageError": StorageError.exit_code,
 }
+
+# A storage failure, by errno where the exception is still there, by message where only its text is left
+# (a step's error as Dagster recorded it): what the operator reads, and whether SQLite (the Dagster instance) said it.
+STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                  errno.EROFS: "read-only file system"}
+_STORAGE_MESSAGES = (  # (lower-case text in the message, reason, said by SQLite)
+    ("no space left on device", "no space left on device", False),
+    ("os error 28", "no space left on device", False),
+    ("database or disk is full", "no space left on device (database or disk is full)", True),
+    ("disk quota exceeded", "disk quota exceeded", False),
+    ("read-only file system", "read-only file system", False),
+    ("attempt to write a readonly database", "read-only database", True),
+    ("disk i/o error", "disk I/O error (a full or failing disk)", True),
+)
+_QUOTED_PATH = re.compile(r"""["'](/[^"'\n]+)["']""")
+
+
+@dataclass(frozen=True)
+class StorageFault:
+    reason: str
+    path: str | None  # the file or directory named by the error, when it names one
+    kind: str  # "sqlite" (the Dagster instance), "duckdb" (the ledger) or "file"
+
+
+def storage_fault(message: str, cls_name: str = "") -> StorageFault | None:
+    """The storage failure an error's text describes, or None for any other error."""
+    text = (message or "").lower()
+    matched = next(((reason, by_sqlite) for needle, reason, by_sqlite in _STORAGE_MESSAGES if needle in text), None)
+    if matched is None:
+        return None
+    reason, said_by_sqlite = matched
+    if said_by_sqlite or "sqlite" in text or "sqlite" in cls_name.lower():
+        return StorageFault(reason, None, "sqlite")  # its text can quote SQL parameters, never the database's path
+    kind = "duckdb" if "duckdb" in cls_name.lower() or text.startswith(("io error:", "fatal error:")) else "file"
+    path = _QUOTED_PATH.search(message)
+    return StorageFault(reason, path.group(1) if path else None, kind)
+
+
+def storage_fault_of(error: BaseException) -> StorageFault | None:
+    """The storage failure behind an exception (itself, its cause or its context), or None."""
+    pending, seen = [error], set()
+    while pending:
+        current = pending.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
+            path = str(current.filename) if current.filename else None
+            return StorageFault(STORAGE_ERRNOS[current.errno], path, "file")
+        found = storage_fault(str(current), f"{type(current).__module__}.{type(current).__name__}")
+        if found is not None:
+            return found
+        pending += [current.__cause__, current.__context__]
+    return None
+
+
+def storage_line(fault: StorageFault, home: str | Path | None = None, *, step: str | None = None,
+                 run_id: str | None = None) -> str:
+    """One line for stderr: what failed, where, in which step and run."""
+    home = home or os.environ.get("DUNNING_HOME")
+    if fault.path:
+        target = fault.path
+    elif fault.kind == "sqlite":
+        instance_dir = Path(home) / "dagster" if home else os.environ.get("DAGSTER_HOME", "")
+        target = f"the Dagster instance's storage {instance_dir}"
+    elif fault.kind == "duckdb":
+        target = f"the ledger {Path(home) / 'dunning.duckdb' if home else ''}"
+    else:
+        target = f"a file under {home}" if home else "a file"
+    where = ", ".join(part for part in (step and f"step {step}", run_id and f"run {run_id[:8]}") if part)
+    return (f"storage error: {fault.reason} writing {target.strip()}{f' ({where})' if where else ''}; "
+            f"free space there and run again")
+
+
+def _error_chain(error) -> list:
+    """A recorded error (SerializableErrorInfo), its causes and contexts, outermost first."""
+    chain, pending = [], [error]
+    while pending:
+        current = pending.pop(0)
+        if current is not None and len(chain) < 50:
+            chain.append(current)
+            pending += [current.cause, current.context]
+    return chain
+
+
+def _run_home(result: dg.ExecuteJobResult) -> str | None:
+    try:
+        return result.dagster_run.run_config["resources"]["dunning_home"]["config"]["home"]
+    except (KeyError, TypeError, AttributeError):
+        return os.environ.get("DUNNING_HOME")
+
+
+def _recorded_storage_fault(error) -> StorageFault | None:
+    for current in _error_chain(error):
+        found = storage_fault(current.message, current.cls_name or "")
+        if found is not None:
+            return found
+    return None
 
 
 def _failures(result: dg.ExecuteJobResult) -> list[tuple[str, str]]:
@@ -29,9 +131,16 @@ def _failures(result: dg.ExecuteJobResult) -> list[tuple[str, str]]:
             continue
         data = event.step_failure_data
         user = data.user_failure_data
+        fault = _recorded_storage_fault(data.error) if user is None or not user.description else None
         if user is not None and user.description:
             cls = user.metadata.get("error_class")
-            found.append((cls.value if cls is not None else "Failure", user.description))
+            cls = cls.value if cls is not None else "Failure"
+            named = cls != "StorageError" or "(step " in user.description
+            where = "" if named else f" (step {event.step_key}, run {result.run_id[:8]})"
+            found.append((cls, user.description + where))
+        elif fault is not None:
+            line = storage_line(fault, _run_home(result), step=event.step_key, run_id=result.run_id)
+            found.append(("StorageError", line))
         else:
             error = data.error
             while error is not None and error.cause is not None:
@@ -39,7 +148,19 @@ def _failures(result: dg.ExecuteJobResult) -> list[tuple[str, str]]:
             message = (error.message if error else "step failed").strip().splitlines()
             found.append(("Error", f"step {event.step_key} failed: {message[0] if message else ''} "
                                    f"(run {result.run_id}; see the Dagster UI for the full log)"))
+    if not found:  # no step failed: the run itself may have (its storage, outside any step)
+        for event in result.all_events:
+            if event.event_type == dg.DagsterEventType.RUN_FAILURE and event.job_failure_data is not None:
+                fault = _recorded_storage_fault(event.job_failure_data.error)
+                if fault is not None:
+                    found.append(("StorageError", storage_line(fault, _run_home(result), run_id=result.run_id)))
+                    break
     return found
+
+
+def failed_on_storage(result: dg.ExecuteJobResult) -> bool:
+    """A step (or the run) failed on a storage error: exit code 8."""
+    return any(cls == "StorageError" for cls, _ in _failures(result))
 
 
 def first_failure(result: dg.ExecuteJobResult) -> str:
@@ -79,10 +200,19 @@ def run_report(result: dg.ExecuteJobResult, ledger: DuckDBLedger, *, as_of: dt.d
     if pause.paused:
         lines.append(f"PAUSED since {pause.changed_at} ({pause.reason or 'no reason given'}): nothing was claimed or sent")
     lines.append(f"reminders newly due: {due} (earlier stages recorded as skipped: {skipped})")
+    earlier = dict(ledger.con.execute(
+        "SELECT reason, count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'held' "
+        "AND reason IN ('provider_failure', 'unknown_outcome') GROUP BY reason", [run_id]).fetchall())
+    if earlier:
+        lines.append(f"still held from earlier cycles: {sum(earlier.values())} (unknown {earlier.get('unknown_outcome', 0)}, "
+                     f"failed awaiting retry {earlier.get('provider_failure', 0)})")
     if dry_run:
-        lines.append(f"would send: {due - held} reminder key(s)")
+        would = ledger.con.execute("SELECT count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'dry_run' "
+                                   "AND kind = 'reminder'", [run_id]).fetchall()[0][0]
+        lines.append(f"would send: {would} reminder key(s)")
     else:
         lines.append(f"sent: {sent} reminder key(s) in {emails} email(s); failed: {failed}; unknown: {unknown}")
+    held_rows = [(reason, n) for reason, n in held_rows if reason not in earlier]
     if held_rows:
         lines.append("held: " + ", ".join(f"{reason} {n}" for reason, n in held_rows))
     lines.append(f"reminders for invoices not owed: {not_owed}")
@@ -138,7 +268,7 @@ def status(ledger: DuckDBLedger, now: dt.datetime | None = None, settings: Alert
     if settings is None:
         settings, config_error = _alert_settings(ledger)
     live = liveness.assess(ledger, settings, now or utc_now())
-    paused = con.execute("SELECT paused, reason, changed_by, changed_at FROM pause_state WHERE id = 1").fetchone()
+    paused = (con.execute("SELECT paused, reason, changed_by, changed_at FROM pause_state WHERE id = 1").fetchall() or [None])[0]
     last = ledger.last_live_run()
     counts = dict(con.execute("SELECT status, count(*) FROM reminder_ledger GROUP BY status").fetchall())
     alerts = con.execute(

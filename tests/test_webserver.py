@@ -74,7 +74,7 @@ def test_the_ui_shows_the_graph_checks_schedule_sensors_and_cli_runs(webserver):
     assert checks == {"reminders_due_are_sound": True, "circuit_breaker": True}
     [repository] = webserver["repositoriesOrError"]["nodes"]
     assert [s["name"] for s in repository["schedules"]] == ["hourly_dunning"]
-    assert {s["name"] for s in repository["sensors"]} == {"page_on_run_failure", "landing_snapshots"}
+    assert {s["name"] for s in repository["sensors"]} == {"page_on_run_failure", "landing_snapshots", "dead_mans_switch"}
     runs = webserver["runsOrError"]["results"]
     assert len(runs) == 1 and runs[0]["jobName"] == "dunning_cycle" and runs[0]["status"] == "SUCCESS"
     tags = {t["key"]: t["value"] for t in runs[0]["tags"]}
