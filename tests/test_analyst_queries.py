@@ -44,6 +44,7 @@ def test_there_are_five_example_queries():
     assert [q.name[:2] for q in QUERIES] == ["01", "02", "03", "04", "05"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("query", QUERIES, ids=[q.stem for q in QUERIES])
 def test_example_query_runs_with_the_documented_shape(published, query):
     con = duckdb.connect(str(published), read_only=True)

@@ -60,6 +60,7 @@ def restart_and_check(home, snapshot, tmp_path, expected_keys, delivered_before)
     return statuses, handler
 
 
+@pytest.mark.slow
 def test_killed_after_claim_before_send(tmp_path):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -80,6 +81,7 @@ def test_killed_after_claim_before_send(tmp_path):
     connection.close()
 
 
+@pytest.mark.slow
 def test_killed_after_send_before_the_outcome_is_recorded(tmp_path):
     handler = ScriptedHandler({1: "slow"}, slow_seconds=60)
     snapshot = write_snapshot(tmp_path / "s.csv", customers(1))
@@ -93,6 +95,7 @@ def test_killed_after_send_before_the_outcome_is_recorded(tmp_path):
     assert handler.keys() == ["dunning:in_0:1:day3"]
 
 
+@pytest.mark.slow
 def test_killed_in_the_middle_of_a_chunk(tmp_path):
     handler = ScriptedHandler({3: "slow"}, slow_seconds=60)
     snapshot = write_snapshot(tmp_path / "s.csv", customers(6))
@@ -111,6 +114,7 @@ def test_killed_in_the_middle_of_a_chunk(tmp_path):
     assert after.received == [], "the rest of the killed chunk is held as unknown too (SMTP cannot be asked)"
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_send_each_email_exactly_once(tmp_path):
     snapshot = write_snapshot(tmp_path / "s.csv", customers(300))
     home = tmp_path / "home"

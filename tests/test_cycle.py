@@ -11,6 +11,7 @@ def reminder_keys(deployment, status="sent"):
     return [r["idempotency_key"] for r in deployment.ledger(f"kind = 'reminder' AND status = '{status}'")]
 
 
+@pytest.mark.slow
 def test_second_run_on_the_same_snapshot_sends_nothing(deployment):
     rows = [invoice(invoice_id=f"in_{i}", customer_id=f"cus_{i}", customer_email=f"c{i}@example.com") for i in range(5)]
     code, out, err = deployment.run(rows, "2026-11-05T09:00:00Z")
@@ -23,6 +24,7 @@ def test_second_run_on_the_same_snapshot_sends_nothing(deployment):
     assert len(reminder_keys(deployment)) == 5
 
 
+@pytest.mark.slow
 def test_polled_daily_and_again_on_crossing_days_gets_one_email_per_stage(deployment):
     due = dt.datetime(2026, 11, 1, 9, tzinfo=dt.timezone.utc)
     polls = sorted([due + dt.timedelta(days=d) for d in range(0, 21)]
@@ -43,6 +45,7 @@ def test_polled_daily_and_again_on_crossing_days_gets_one_email_per_stage(deploy
     assert reminder_keys(deployment, "skipped") == []
 
 
+@pytest.mark.slow
 def test_first_seen_ten_days_overdue_sends_day7_once_and_records_day3_skipped(deployment):
     code, _, err = deployment.run([invoice()], "2026-11-11T09:00:00Z")
     assert code == 0, err
@@ -54,6 +57,7 @@ def test_first_seen_ten_days_overdue_sends_day7_once_and_records_day3_skipped(de
     assert len(deployment.outbox()) == 1  # day3 is never sent later
 
 
+@pytest.mark.slow
 def test_ninety_percent_paid_never_gets_the_final_stage(deployment):
     for day in (1, 4, 8, 14, 15, 20, 25, 30):
         deployment.run([invoice(amount_paid=9000)], f"2026-11-{day:02d}T09:00:00Z")
@@ -62,6 +66,7 @@ def test_ninety_percent_paid_never_gets_the_final_stage(deployment):
     assert sorted(stages) == ["day3", "day7"]
 
 
+@pytest.mark.slow
 def test_paid_then_reopened_starts_a_new_cycle_and_keeps_the_old(deployment):
     for day in (4, 8):
         deployment.run([invoice()], f"2026-11-{day:02d}T09:00:00Z")
@@ -91,6 +96,7 @@ def test_paid_void_and_draft_are_never_reminded_and_a_missing_email_is_reported(
     assert audit == [("noemail", "held", "no_email_address")]
 
 
+@pytest.mark.slow
 def test_bad_rows_are_quarantined_valid_rows_proceed_and_the_ledger_is_untouched(deployment):
     good = [invoice(invoice_id="a", customer_id="c1"), invoice(invoice_id="b", customer_id="c2", customer_email="b@example.com")]
     deployment.run(good, "2026-11-05T09:00:00Z")
@@ -128,6 +134,7 @@ def test_the_email_states_the_remaining_balance(deployment):
     assert amounts == {"in_1": (10345, "USD"), "in_jpy": (5000, "JPY")}
 
 
+@pytest.mark.slow
 def test_group_by_customer_sends_one_email_listing_every_invoice(deployment, tmp_path):
     rows = [invoice(invoice_id="a"), invoice(invoice_id="b", due_date="2026-10-25")]
     deployment.run(rows, "2026-11-05T09:00:00Z")
@@ -141,6 +148,7 @@ def test_group_by_customer_sends_one_email_listing_every_invoice(deployment, tmp
     assert len(other.outbox()) == 2
 
 
+@pytest.mark.slow
 def test_dry_run_claims_and_sends_nothing_but_audits(deployment):
     code, out, err = deployment.run([invoice()], "2026-11-05T09:00:00Z", "--dry-run")
     assert code == 0, err
@@ -151,6 +159,7 @@ def test_dry_run_claims_and_sends_nothing_but_audits(deployment):
     assert len(deployment.outbox()) == 1
 
 
+@pytest.mark.slow
 def test_ledger_records_the_cycle_clock_and_message_id(deployment):
     deployment.run([invoice()], "2026-11-05T09:00:00+02:00")
     [row] = deployment.ledger()
@@ -174,6 +183,7 @@ def test_operator_mistakes_exit_2_with_one_line(deployment, args, message):
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_an_audit_row_exists_for_every_due_key_and_not_owed_is_zero(deployment):
     rows = [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com") for i in range(3)]
     rows.append(invoice(invoice_id="paid", customer_id="cp", status="paid", amount_paid=10000))
@@ -197,6 +207,7 @@ def test_the_installed_command_reports_a_missing_snapshot_without_traceback(tmp_
     assert result.stderr.strip() == f"dunning: snapshot file not found: {tmp_path / 'missing.csv'}"
 
 
+@pytest.mark.slow
 def test_old_run_frames_are_pruned_after_each_run(deployment):
     import os
 
@@ -212,6 +223,7 @@ def test_old_run_frames_are_pruned_after_each_run(deployment):
     assert prune_run_frames(deployment.home, keep=1) == 19
 
 
+@pytest.mark.slow
 def test_invoice_ids_with_colons_and_spaces_are_sent_once(deployment):
     rows = [invoice(invoice_id="INV:2026 / 0042")]
     code, _, err = deployment.run(rows, "2026-11-05T09:00:00Z")
@@ -221,6 +233,7 @@ def test_invoice_ids_with_colons_and_spaces_are_sent_once(deployment):
     assert len(deployment.outbox()) == 1
 
 
+@pytest.mark.slow
 def test_progress_bar_counts_every_email_on_stderr_only_when_asked(deployment):
     rows = [invoice(invoice_id=f"in_{i}", customer_id=f"cus_{i}", customer_email=f"c{i}@example.com") for i in range(5)]
     code, out, err = deployment.run(rows, "2026-11-05T09:00:00Z", "--progress")

@@ -51,6 +51,7 @@ def test_the_sensor_is_registered_running_and_requests_nothing():
     assert sensor.minimum_interval_seconds == 300
 
 
+@pytest.mark.slow
 def test_silence_pages_once_per_episode_and_a_new_run_resolves_it(deployment, monkeypatch):
     home = deployment.home
     fresh = tick(monkeypatch, home, dt.datetime.now(dt.timezone.utc) + 100 * HOUR)
@@ -88,6 +89,7 @@ def test_silence_pages_once_per_episode_and_a_new_run_resolves_it(deployment, mo
     assert "WARNING: no live run has completed for 6.0 h" in text and "does not page" in text
 
 
+@pytest.mark.slow
 def test_unknown_keys_waiting_too_long_page_and_clear_when_resolved(deployment, monkeypatch):
     rows = [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com") for i in range(2)]
     assert deployment.run(rows, "2026-11-05T09:00:00Z")[0] == 0
@@ -121,6 +123,7 @@ def test_unknown_keys_waiting_too_long_page_and_clear_when_resolved(deployment, 
     assert resolved is not None
 
 
+@pytest.mark.slow
 def test_status_shows_the_last_live_run_and_the_last_backfill_apart(deployment):
     assert deployment.run([invoice()], "2026-11-05T09:00:00Z")[0] == 0
     [(live_id,)] = deployment.query("SELECT run_id FROM dunning_runs")

@@ -1,5 +1,6 @@
 """The code location loads, and the job materializes twice with zero extra sends."""
 
+import pytest
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,7 @@ def _materialize(home: Path, snapshot: Path, as_of: str, instance: dg.DagsterIns
     )
 
 
+@pytest.mark.slow
 def test_materializing_twice_sends_nothing_the_second_time(tmp_path):
     snapshot = write_snapshot(tmp_path / "s.csv", [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}") for i in range(3)])
     home = tmp_path / "home"

@@ -27,6 +27,7 @@ def write(path, events, lines=False):
     return str(path)
 
 
+@pytest.mark.slow
 def test_five_deliveries_in_a_file_and_again_next_run_give_one_notice(deployment, tmp_path):
     other = json.loads((FIXTURES / "event.json").read_text())  # plan.created: counted and ignored
     events = write(tmp_path / "events.json", [payment_failed_event()] * 5 + [other])
@@ -81,6 +82,7 @@ def quarantined(deployment):
                             "FROM event_quarantine ORDER BY event_id")
 
 
+@pytest.mark.slow
 def test_bad_payment_failed_events_are_quarantined_and_the_good_one_is_sent(deployment, tmp_path):
     no_data = payment_failed_event("evt_no_data")
     no_data["data"] = None

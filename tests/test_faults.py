@@ -1,5 +1,6 @@
 """Faults classified by what the server really received, and a provider-health stop that spares a dead server."""
 
+import pytest
 import datetime as dt
 
 import polars as pl
@@ -36,6 +37,7 @@ def test_a_server_that_hangs_up_on_data_leaves_keys_failed_not_unknown(deploymen
     assert all("no 354" in r["last_error"] for r in deployment.ledger("status = 'failed'"))
 
 
+@pytest.mark.slow
 def test_no_354_before_the_timeout_is_failed(deployment, tmp_path):
     with RawSmtpServer("stall_on_data") as server:
         code, _, err = deployment.run(customers(1), "2026-11-05T09:00:00Z", "--config", smtp(tmp_path, server.port))
@@ -51,6 +53,7 @@ def test_a_421_after_the_dot_then_a_drop_on_data_are_both_failed(deployment, tmp
     assert rows_by_status(deployment) == {"failed": [1, 1, 1, 1]}
 
 
+@pytest.mark.slow
 def test_only_a_silence_after_the_final_dot_is_unknown_and_a_stalled_server_stops_the_send(deployment, tmp_path):
     with RawSmtpServer("stall_after_dot") as server:
         code, out, err = deployment.run(customers(8), "2026-11-05T09:00:00Z", "--config", smtp(tmp_path, server.port))
@@ -69,6 +72,7 @@ def test_only_a_silence_after_the_final_dot_is_unknown_and_a_stalled_server_stop
     assert audit == {"unknown_outcome": 5, "provider_stopped": 3}
 
 
+@pytest.mark.slow
 def test_refused_connections_stop_after_five_and_the_next_cycle_retries_after_backoff(deployment, tmp_path):
     port = free_port()
     cfg = smtp(tmp_path, port)
@@ -137,6 +141,7 @@ def test_a_live_runs_claims_are_never_expired_by_another_writer(tmp_path):
         assert status == {"k1": "sent", "k2": "unknown", "k3": "unknown"}
 
 
+@pytest.mark.slow
 def test_the_summary_tells_newly_due_from_still_held(deployment, tmp_path):
     with RawSmtpServer("stall_after_dot") as server:
         cfg = smtp(tmp_path, server.port)

@@ -39,6 +39,7 @@ def test_forced_flood_trips_the_breaker_with_one_alert_and_no_email(deployment, 
     assert held == [("breaker", 401)]
 
 
+@pytest.mark.slow
 def test_a_breach_spread_over_earlier_cycles_trips_on_the_third_email(deployment, tmp_path):
     config = per_invoice(tmp_path)
     a, b, c = (invoice(invoice_id=i) for i in "abc")  # one customer; invoices appear in later snapshots
@@ -183,6 +184,7 @@ def _emails_by_kind(deployment, address):
     return {k: kinds.count(k) for k in set(kinds)}
 
 
+@pytest.mark.slow
 def test_after_a_flood_each_customer_gets_one_apology_plus_normal_reminders(deployment, tmp_path):
     # the old cron script floods: per-invoice emails with the cap lifted
     old_script = per_invoice(tmp_path, "breaker: {max_emails: 1000}\n")

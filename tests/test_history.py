@@ -1,5 +1,6 @@
 """Issue 5: daily partitions, backfills that never send, the landing sensor, the analysts' read path."""
 
+import pytest
 import datetime as dt
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ def rows_for(day: dt.date) -> list[dict]:
             for i in range(3)]
 
 
+@pytest.mark.slow
 def test_backfilling_seven_past_days_sends_nothing_and_rerunning_changes_nothing(deployment):
     days = [TODAY - dt.timedelta(days=d) for d in range(14, 7, -1)]
     for day in days:
@@ -46,6 +48,7 @@ def test_backfilling_seven_past_days_sends_nothing_and_rerunning_changes_nothing
     assert deployment.outbox() == []
 
 
+@pytest.mark.slow
 def test_backfill_refuses_today_and_missing_snapshots_fail_clearly(deployment):
     code, _, err = deployment.cli("backfill", "--from", TODAY.isoformat(), "--to", TODAY.isoformat())
     assert code == 2 and "today is live" in err
@@ -73,6 +76,7 @@ def test_a_landing_file_triggers_exactly_one_run(tmp_path):
     assert isinstance(landing_snapshots(dg.build_sensor_context(resources=resources, cursor=cursor.cursor)), dg.SkipReason)
 
 
+@pytest.mark.slow
 def test_an_analyst_connection_open_during_a_run_blocks_neither_side(deployment, tmp_path):
     rows = [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com") for i in range(3)]
     assert deployment.run(rows[:1], "2026-11-05T09:00:00Z")[0] == 0
@@ -88,6 +92,7 @@ def test_an_analyst_connection_open_during_a_run_blocks_neither_side(deployment,
         analyst.close()
 
 
+@pytest.mark.slow
 def test_business_timezone_with_daylight_saving_gives_one_cycle_per_local_day(tmp_path):
     """Across Europe/Berlin's change on 2026-10-25, daily runs at 00:30 local use one partition per
     local day, and produce the same keys as the same days run in UTC."""

@@ -100,6 +100,7 @@ def test_a_recipient_that_is_not_one_address_is_never_built():
                       sender="b@example.com", key="apology:i:c", message_id="<a@example.com>", as_of=AS_OF)
 
 
+@pytest.mark.slow
 def test_apologies_follow_the_address_rule(deployment, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("group_by: invoice\nbreaker: {max_emails: 1000}\n")
@@ -114,6 +115,7 @@ def test_apologies_follow_the_address_rule(deployment, tmp_path):
     assert all(m["To"] == "flood@example.com" for m in deployment.outbox()), "the valid address on record, never the list"
 
 
+@pytest.mark.slow
 def test_one_hostile_row_is_quarantined_and_everyone_else_is_reminded(deployment):
     rows = [invoice(invoice_id="in_ok"),
             invoice(invoice_id="in_bad\r\nBcc: x@evil.test", customer_id="cus_2", customer_email="bob@example.com"),
@@ -157,6 +159,7 @@ def test_a_build_error_after_the_claim_fails_only_that_email(tmp_path):
     assert len(list((tmp_path / "outbox").glob("*.eml"))) == 2
 
 
+@pytest.mark.slow
 def test_an_earlier_clock_still_sees_later_emails(deployment, tmp_path):
     config = tmp_path / "cap1.yaml"
     config.write_text("breaker: {max_emails: 1}\ngroup_by: invoice\n")
@@ -182,6 +185,7 @@ def test_a_failed_alert_delivery_is_recorded_without_its_token():
     assert "secret-token" not in results[1] and "Connection refused" in results[1]
 
 
+@pytest.mark.slow
 def test_breaker_trip_with_an_unreachable_webhook_still_exits_3(deployment, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("group_by: invoice\nalerts: {webhook_url: 'http://127.0.0.1:9/hook/secret-token', timeout_seconds: 1}\n")
@@ -211,6 +215,7 @@ def test_terminal_output_escapes_control_characters(deployment):
     assert for_terminal("a\tb\nc\x9b") == "a\tb\nc\\x9b"
 
 
+@pytest.mark.slow
 def test_status_json_into_a_closed_pipe_ends_quietly(deployment):
     assert deployment.cli("pause")[0] == 0
     env = dict(os.environ, PYTHONUNBUFFERED="0")
@@ -234,6 +239,7 @@ def test_config_numbers_are_strict_and_bounded(config, key):
         parse_config(config)
 
 
+@pytest.mark.slow
 def test_a_relative_outbox_dir_is_under_the_home(deployment, tmp_path, monkeypatch):
     config = tmp_path / "c.yaml"
     config.write_text("provider: {outbox_dir: mail}\n")

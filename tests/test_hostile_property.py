@@ -8,6 +8,7 @@ no line break in any header value, and an HTML part whose elements and
 attributes are exactly those of the template (nothing came from data).
 """
 
+import pytest
 import datetime as dt
 import email
 from email import policy
@@ -101,6 +102,7 @@ def _assert_inert(records: list[dict], raw: bytes) -> None:
     assert parsed_html_elements(html) == parsed_html_elements(expected_html)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(snapshot_rows=snapshots)
 def test_every_email_from_any_snapshot_is_well_formed_and_inert(snapshot_rows, tmp_path):

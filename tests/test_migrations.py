@@ -1,5 +1,6 @@
 """Upgrades keep the ledger: a ledger made by release 0.1 opens, migrated, and the next cycle sends nothing twice."""
 
+import pytest
 import gzip
 import shutil
 from pathlib import Path
@@ -40,6 +41,7 @@ def test_a_release_0_1_ledger_is_migrated_in_order_with_nothing_lost(tmp_path):
         assert ledger.con.execute("SELECT count(*) FROM schema_version").fetchone()[0] == LATEST
 
 
+@pytest.mark.slow
 def test_the_next_cycle_on_an_upgraded_home_sends_nothing_twice(deployment):
     unpack(deployment.home / "dunning.duckdb")
     code, out, err = deployment.run(ROWS, "2026-11-09T10:00:00Z")

@@ -1,5 +1,6 @@
 """Three outcomes against a real SMTP server: sent, failed (retried after backoff), unknown (never resent blindly)."""
 
+import pytest
 from tests.conftest import invoice
 from tests.smtp_server import ScriptedHandler, SmtpServer, free_port, smtp_config
 
@@ -10,6 +11,7 @@ def statuses(deployment):
     return {r["idempotency_key"]: (r["status"], r["attempts"]) for r in deployment.ledger("status <> 'skipped'")}
 
 
+@pytest.mark.slow
 def test_a_timeout_after_data_is_unknown_and_never_delivered_again(deployment, tmp_path):
     handler = ScriptedHandler({1: "slow"}, slow_seconds=3)
     with SmtpServer(handler) as server:
@@ -33,12 +35,14 @@ def test_a_timeout_after_data_is_unknown_and_never_delivered_again(deployment, t
         assert handler.keys() == [KEY]
 
 
+@pytest.mark.slow
 def test_resolve_refuses_keys_that_are_not_unknown(deployment):
     deployment.run([invoice()], "2026-11-05T09:00:00Z")
     code, _, err = deployment.cli("resolve", KEY, "--not-sent")
     assert code == 2 and "not in the ledger as unknown" in err
 
 
+@pytest.mark.slow
 def test_rejections_are_failed_then_retried_after_the_backoff_and_delivered_once(deployment, tmp_path):
     for reply in ("554", "451"):
         handler = ScriptedHandler({1: reply})
@@ -58,6 +62,7 @@ def test_rejections_are_failed_then_retried_after_the_backoff_and_delivered_once
             assert handler.keys() == [KEY]
 
 
+@pytest.mark.slow
 def test_a_server_that_is_down_fails_and_delivers_when_back(deployment, tmp_path):
     port = free_port()
     config = smtp_config(tmp_path / "down.yaml", port)
@@ -73,6 +78,7 @@ def test_a_server_that_is_down_fails_and_delivers_when_back(deployment, tmp_path
     assert statuses(deployment) == {KEY: ("sent", 2)}
 
 
+@pytest.mark.slow
 def test_failures_stop_after_max_attempts(deployment, tmp_path):
     port = free_port()
     config = smtp_config(tmp_path / "down.yaml", port)
@@ -82,6 +88,7 @@ def test_failures_stop_after_max_attempts(deployment, tmp_path):
     assert statuses(deployment) == {KEY: ("failed", 3)}
 
 
+@pytest.mark.slow
 def test_smtp_messages_carry_the_headers_and_a_stable_message_id(deployment, tmp_path):
     handler = ScriptedHandler()
     rows = [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com") for i in range(12)]

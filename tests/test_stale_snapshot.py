@@ -1,11 +1,13 @@
 """A stale snapshot never reopens what a newer one closed; a whole stale snapshot is refused unless allowed."""
 
+import pytest
 from tests.conftest import invoice
 
 OPEN_9TH = invoice(due_date="2026-11-01", snapshot_at="2026-11-09T08:00:00Z")
 PAID_10TH = invoice(due_date="2026-11-01", status="paid", amount_paid=10000, snapshot_at="2026-11-10T08:00:00Z")
 
 
+@pytest.mark.slow
 def test_yesterdays_export_loaded_after_todays_reminds_no_one_who_paid(deployment):
     assert deployment.run([OPEN_9TH], "2026-11-09T09:00:00Z")[0] == 0
     assert len(deployment.outbox()) == 1
@@ -24,6 +26,7 @@ def test_yesterdays_export_loaded_after_todays_reminds_no_one_who_paid(deploymen
     assert len(deployment.outbox()) == 2
 
 
+@pytest.mark.slow
 def test_without_snapshot_at_the_runs_clock_dates_the_snapshot(deployment):
     open_row, paid_row = invoice(), invoice(status="paid", amount_paid=10000)
     assert deployment.run([open_row], "2026-11-09T09:00:00Z")[0] == 0

@@ -61,6 +61,7 @@ def webserver(tmp_path):
         process.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_the_ui_shows_the_graph_checks_schedule_sensors_and_cli_runs(webserver):
     nodes = {"/".join(n["assetKey"]["path"]): n for n in webserver["assetNodes"]}
     assert set(nodes) == {"invoice_snapshot", "billing_events", "reminders_due", "send_batch", "dunning_audit", "analyst_history"}
