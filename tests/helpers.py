@@ -3,7 +3,37 @@
 from __future__ import annotations
 
 import datetime as dt
+import shutil
+import sys
 from html.parser import HTMLParser
+from pathlib import Path
+
+import polars as pl
+
+from dunning.config import DunningConfig
+from dunning.sending import with_email_ids
+from tests.conftest import invoice
+
+# the installed console script of this virtual environment (what `pip install -e .` puts on the PATH)
+DUNNING = shutil.which("dunning", path=str(Path(sys.executable).parent))
+
+
+def customers(n: int) -> list[dict]:
+    """`n` overdue invoices, one per customer, each with its own address."""
+    return [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com") for i in range(n)]
+
+
+def due_frame(invoice_ids: list[str], customer_of=lambda invoice_id: "c_" + invoice_id,
+              config: DunningConfig | None = None) -> pl.DataFrame:
+    """Due day3 reminder rows (one key per invoice) with email ids, as `ledger.claim` takes them."""
+    n = len(invoice_ids)
+    frame = pl.DataFrame({
+        "idempotency_key": [f"dunning:{i}:1:day3" for i in invoice_ids], "kind": ["reminder"] * n,
+        "invoice_id": invoice_ids, "customer_id": [customer_of(i) for i in invoice_ids],
+        "customer_email": ["x@example.com"] * n, "cycle": pl.Series([1] * n, dtype=pl.Int32), "stage": ["day3"] * n,
+        "stage_days": pl.Series([3] * n, dtype=pl.Int32), "amount_minor": [100] * n, "currency": ["USD"] * n,
+    })
+    return with_email_ids(frame, config or DunningConfig(group_by="invoice"))
 
 
 def reminder_row(**overrides) -> dict:

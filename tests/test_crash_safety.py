@@ -1,24 +1,18 @@
 """Ledger before send and single owner, with real processes: SIGKILL at each point of a send, then restart; two runs at once."""
 
-import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import duckdb
 import pytest
 
-from tests.conftest import invoice, write_snapshot
-from tests.smtp_server import ScriptedHandler, SmtpServer, free_port, smtp_config
+from tests.conftest import write_snapshot
+from tests.helpers import DUNNING, customers
+from tests.smtp_server import ScriptedHandler, SmtpServer, smtp_config
 
-DUNNING = shutil.which("dunning", path=str(Path(sys.executable).parent))
 AS_OF = "2026-11-05T09:00:00Z"
-
-
-def customers(n):
-    return [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com") for i in range(n)]
 
 
 def start_run(home, snapshot, config, as_of=AS_OF):

@@ -6,12 +6,8 @@ import datetime as dt
 import polars as pl
 
 from dunning.ledger.duckdb_ledger import open_ledger
-from tests.conftest import invoice
+from tests.helpers import customers, due_frame
 from tests.smtp_server import RawSmtpServer, ScriptedHandler, SmtpServer, free_port
-
-
-def customers(n: int) -> list[dict]:
-    return [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com") for i in range(n)]
 
 
 def rows_by_status(deployment) -> dict[str, list[int]]:
@@ -107,12 +103,7 @@ def test_an_outcome_never_overwrites_a_key_that_is_no_longer_claimed(tmp_path):
 
 
 def _claim_one(ledger, key: str, run_id: str, at: dt.datetime, lease_until: dt.datetime):
-    from dunning.config import DunningConfig
-    from dunning.sending import with_email_ids
-    due = with_email_ids(pl.DataFrame({
-        "idempotency_key": [key], "kind": ["reminder"], "invoice_id": [key], "customer_id": ["c_" + key],
-        "customer_email": ["x@example.com"], "cycle": pl.Series([1], dtype=pl.Int32), "stage": ["day3"],
-        "stage_days": pl.Series([3], dtype=pl.Int32), "amount_minor": [100], "currency": ["USD"]}), DunningConfig())
+    due = due_frame([key]).with_columns(pl.lit(key).alias("idempotency_key"))
     return ledger.claim(due, due.head(0), run_id, at, None, lease_until=lease_until)
 
 

@@ -6,14 +6,12 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import duckdb
-import polars as pl
 import pytest
 
-from dunning.config import DunningConfig
 from dunning.ledger.claims import ClaimCap
 from dunning.ledger.duckdb_ledger import DuckDBLedger, open_ledger
-from dunning.sending import with_email_ids
 from tests.conftest import invoice
+from tests.helpers import due_frame
 
 
 def per_invoice(tmp_path, extra: str = "") -> str:
@@ -55,13 +53,7 @@ def test_a_breach_spread_over_earlier_cycles_trips_on_the_third_email(deployment
 
 
 def _due(n, customer, start=0):
-    frame = pl.DataFrame({
-        "idempotency_key": [f"dunning:{customer}_{i}:1:day3" for i in range(start, start + n)], "kind": ["reminder"] * n,
-        "invoice_id": [f"{customer}_{i}" for i in range(start, start + n)], "customer_id": [customer] * n,
-        "customer_email": ["x@example.com"] * n, "cycle": pl.Series([1] * n, dtype=pl.Int32), "stage": ["day3"] * n,
-        "stage_days": pl.Series([3] * n, dtype=pl.Int32), "amount_minor": [100] * n, "currency": ["USD"] * n,
-    })
-    return with_email_ids(frame, DunningConfig(group_by="invoice"))
+    return due_frame([f"{customer}_{i}" for i in range(start, start + n)], customer_of=lambda _: customer)
 
 
 def test_two_concurrent_claimers_cannot_exceed_the_cap_together(tmp_path):

@@ -4,8 +4,6 @@ import pytest
 import datetime as dt
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import dagster as dg
@@ -14,8 +12,8 @@ import duckdb
 from resources.dunning import DunningHome
 from pipelines.sensors import landing_snapshots
 from tests.conftest import Deployment, invoice, write_snapshot
+from tests.helpers import DUNNING
 
-DUNNING = shutil.which("dunning", path=str(Path(sys.executable).parent))
 TODAY = dt.datetime.now(dt.timezone.utc).date()
 
 

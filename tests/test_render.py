@@ -5,18 +5,11 @@ from email import policy
 import pytest
 
 from dunning.render import format_amount, reminder_email
+from tests.helpers import reminder_row
 
 
 def parsed(message):
     return email.message_from_bytes(message.as_bytes(), policy=policy.default)
-
-
-def row(**overrides):
-    base = {"invoice_id": "in_1", "customer_email": "ada@example.com", "customer_name": "Ada", "currency": "USD",
-            "amount_minor": 10345, "amount_due": 12345, "amount_paid": 2000, "due_date": dt.date(2026, 11, 1),
-            "days_overdue": 7, "tone": "firm", "idempotency_key": "dunning:in_1:1:day7", "billing_period": "2026-10"}
-    base.update(overrides)
-    return base
 
 
 @pytest.mark.parametrize("minor, currency, expected", [
@@ -27,7 +20,7 @@ def test_amounts_use_the_currency_exponent(minor, currency, expected):
 
 
 def test_reminder_states_the_remaining_balance_and_carries_the_headers():
-    message = reminder_email([row()], sender="billing@example.com", message_id="<abc@example.com>",
+    message = reminder_email([reminder_row()], sender="billing@example.com", message_id="<abc@example.com>",
                              as_of=dt.datetime(2026, 11, 8, tzinfo=dt.timezone.utc))
     parsed = email.message_from_bytes(message.as_bytes(), policy=policy.default)
     assert parsed["To"] == "ada@example.com"
@@ -41,14 +34,14 @@ def test_reminder_states_the_remaining_balance_and_carries_the_headers():
 
 
 def test_jpy_has_no_decimals_in_the_email():
-    message = parsed(reminder_email([row(currency="JPY", amount_minor=5000, amount_due=5000, amount_paid=0)],
+    message = parsed(reminder_email([reminder_row(currency="JPY", amount_minor=5000, amount_due=5000, amount_paid=0)],
                              sender="b@example.com", message_id="<x@example.com>", as_of=dt.datetime(2026, 11, 8, tzinfo=dt.timezone.utc)))
     text = message.get_body(("plain",)).get_content()
     assert "5,000 JPY remaining" in text and "5,000.00" not in text
 
 
 def test_grouped_email_uses_the_firmest_tone_and_lists_every_invoice():
-    rows = [row(), row(invoice_id="in_2", tone="final", idempotency_key="dunning:in_2:1:day14", currency="EUR", amount_minor=500)]
+    rows = [reminder_row(), reminder_row(invoice_id="in_2", tone="final", idempotency_key="dunning:in_2:1:day14", currency="EUR", amount_minor=500)]
     message = parsed(reminder_email(rows, sender="b@example.com", message_id="<y@example.com>", as_of=dt.datetime(2026, 11, 8, tzinfo=dt.timezone.utc)))
     assert message["Subject"].startswith("Final notice")
     assert message["X-Dunning-Keys"] == "dunning:in_1:1:day7,dunning:in_2:1:day14"
@@ -59,7 +52,7 @@ def test_grouped_email_uses_the_firmest_tone_and_lists_every_invoice():
 
 def test_amounts_are_readable_in_the_raw_message_bytes():
     long_name = "Ünïcode Outfitters " * 5
-    message = reminder_email([row(customer_name=long_name)], sender="b@example.com", message_id="<z@example.com>",
+    message = reminder_email([reminder_row(customer_name=long_name)], sender="b@example.com", message_id="<z@example.com>",
                              as_of=dt.datetime(2026, 11, 8, tzinfo=dt.timezone.utc))
     raw = message.as_bytes()
     assert b"103.45 USD remaining" in raw
