@@ -62,3 +62,14 @@ class StorageError(DunningError):
     """
 
     exit_code = 8
+
+
+def exit_codes_by_class() -> dict[str, int]:
+    """Each operator-facing error class's exit code by class name (how a failed Dagster step names its error)."""
+    found: dict[str, int] = {}
+    pending: list[type[DunningError]] = [DunningError]
+    while pending:
+        cls = pending.pop()
+        found[cls.__name__] = cls.exit_code
+        pending.extend(cls.__subclasses__())
+    return found
