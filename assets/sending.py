@@ -10,6 +10,7 @@ from dunning.clock import RunMode, utc_now
 from dunning.errors import DunningError
 from dunning.progress import report_send_progress
 from dunning.sending import held_outcomes, resolve_unknown, send_due
+from dunning.vocabulary import SendStatus
 from resources.dunning import CycleRequest, DunningHome
 
 PROVIDER_UNHEALTHY = "provider_unhealthy"
@@ -45,14 +46,14 @@ def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, d
     due = cycle.sendable_due(reminders_due)
     if clock.mode is RunMode.DRY_RUN:
         context.log.info(f"dry run: {due.height} key(s) would be claimed and sent; nothing claimed")
-        return dg.Output(held_outcomes(due, "dry_run"), metadata={"dry_run": True, "would_send": due.height})
+        return dg.Output(held_outcomes(due, SendStatus.DRY_RUN), metadata={"dry_run": True, "would_send": due.height})
     if clock.mode is RunMode.BACKFILL:
         simulated = due.select(pl.lit(clock.partition_date).alias("business_date"), pl.lit(config.policy_id).alias("policy_id"),
                                pl.lit(context.run.run_id).alias("run_id"), pl.lit(clock.as_of).alias("as_of"), *SIMULATED_COLUMNS)
         with dunning_home.ledger() as ledger:
             ledger.replace_partition("simulated_sends", clock.partition_date, simulated, policy_id=config.policy_id)
         context.log.info(f"backfill of {clock.partition_date}: {due.height} key(s) recorded in simulated_sends, nothing sent")
-        return dg.Output(held_outcomes(due, "simulated"), metadata={"simulated": due.height, "policy_id": config.policy_id})
+        return dg.Output(held_outcomes(due, SendStatus.SIMULATED), metadata={"simulated": due.height, "policy_id": config.policy_id})
 
     def progress(report, total_emails: int) -> None:
         context.log.info(f"sent {report.emails}/{total_emails} emails ({report.sent} keys sent, {report.failed} failed, {report.unknown} unknown)")
@@ -63,7 +64,7 @@ def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, d
             pause = ledger.pause_state()
             if pause.paused:
                 context.log.warning(f"paused ({pause.reason}): {due.height} key(s) held, nothing sent")
-                return dg.Output(held_outcomes(due, "paused"), metadata={"paused": True, "pause_reason": pause.reason or "", "held": due.height})
+                return dg.Output(held_outcomes(due, SendStatus.PAUSED), metadata={"paused": True, "pause_reason": pause.reason or "", "held": due.height})
             with dunning_home.provider(config) as provider:
                 owners = ledger.claim_owners(context.run.run_id)
                 stale = ledger.expire_stale_claims(context.run.run_id, utc_now(), dead_runs(context.instance, owners))

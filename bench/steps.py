@@ -62,6 +62,7 @@ def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, 
     from dunning.ledger.duckdb_ledger import open_ledger
     from dunning.providers.file_outbox import FileOutbox
     from dunning.sending import held_outcomes, send_due
+    from dunning.vocabulary import SendStatus
 
     home = _scratch(template, "steps")
     config = DunningConfig()
@@ -104,7 +105,7 @@ def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, 
             timings["claim_render_send_record"]["emails"] = report.emails
             timings["claim_render_send_record"]["emails_per_s"] = round(report.emails / max(timings["claim_render_send_record"]["s"], 1e-9))
         else:
-            outcomes = held_outcomes(due, "dry_run")
+            outcomes = held_outcomes(due, SendStatus.DRY_RUN)
         step("audit", lambda: cycle.audit_cycle(ledger, cycled, plan, outcomes, run_id="bench", as_of=as_of,
                                                 dry_run=not send, snapshot_path=None))
         step("publication", lambda: publish(ledger.con, home))

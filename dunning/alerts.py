@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dunning.config import Alerts
+from dunning.ledger.base import AlertStore
 from dunning.safe_text import redact
 
 log = logging.getLogger("dunning.alerts")
@@ -36,7 +37,7 @@ class Alert:
     dedup_key: str | None = None
 
 
-def _post_json(url: str, payload: dict, timeout: float) -> None:
+def _post_json(url: str, payload: dict[str, Any], timeout: float) -> None:
     request = urllib.request.Request(url, data=json.dumps(payload, default=str).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (configured URL)
@@ -44,12 +45,12 @@ def _post_json(url: str, payload: dict, timeout: float) -> None:
             raise urllib.error.HTTPError(url, response.status, "unexpected status", response.headers, None)
 
 
-def webhook_payload(alert: Alert) -> dict:
+def webhook_payload(alert: Alert) -> dict[str, Any]:
     return {"text": f"[dunning] {alert.kind}: {alert.message}", "kind": alert.kind, "severity": alert.severity,
             "run_id": alert.run_id, "created_at": alert.created_at.isoformat(), "details": alert.details}
 
 
-def pagerduty_payload(alert: Alert, routing_key: str) -> dict:
+def pagerduty_payload(alert: Alert, routing_key: str) -> dict[str, Any]:
     return {
         "routing_key": routing_key,
         "event_action": "trigger",
@@ -64,7 +65,7 @@ def pagerduty_payload(alert: Alert, routing_key: str) -> dict:
     }
 
 
-def _attempt(backend: str, url: str, payload: dict, settings: Alerts, secrets: tuple[str, ...] = ()) -> str:
+def _attempt(backend: str, url: str, payload: dict[str, Any], settings: Alerts, secrets: tuple[str, ...] = ()) -> str:
     try:
         _post_json(url, payload, settings.timeout_seconds)
     except Exception as exc:  # noqa: BLE001 - paging must never turn a halt into a crash
@@ -89,7 +90,7 @@ def deliver(alert: Alert, settings: Alerts, logger: logging.Logger | None = None
     return results
 
 
-def raise_alert(ledger, settings: Alerts, alert: Alert, logger: logging.Logger | None = None) -> str:
+def raise_alert(ledger: AlertStore, settings: Alerts, alert: Alert, logger: logging.Logger | None = None) -> str:
     """Store the alert, deliver it, and record where it went. Returns the alert id."""
     alert_id = ledger.add_alert(alert.kind, alert.message, alert.created_at, alert.run_id, alert.details, alert.severity)
     ledger.mark_alert_delivered(alert_id, "; ".join(deliver(alert, settings, logger)))

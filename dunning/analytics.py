@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -106,7 +107,20 @@ def _literal(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
-def _replace_atomically(target: Path, write) -> None:
+def _count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
+    """The value of a `count(*)` query (which always returns a row)."""
+    row = con.execute(sql).fetchone()
+    if row is None:
+        raise LookupError(f"query returned no row: {sql}")
+    return int(row[0])
+
+
+def _copy_to(con: duckdb.DuckDBPyConnection, source: str, params: list[object] | None = None) -> Callable[[Path], object]:
+    """A writer for `_replace_atomically`: `COPY source TO <path>` as Parquet (`source`: a table or a `(SELECT ...)`)."""
+    return lambda path: con.execute(f"COPY {source} TO {_literal(path)} (FORMAT parquet)", params)
+
+
+def _replace_atomically(target: Path, write: Callable[[Path], object]) -> None:
     temporary = target.with_name(f".{target.name}.tmp")
     temporary.unlink(missing_ok=True)
     write(temporary)
@@ -118,15 +132,14 @@ def publish(con: duckdb.DuckDBPyConnection, home: Path) -> dict[str, int]:
     home = Path(os.path.abspath(home))  # the views name their files by absolute path: ATTACH works from anywhere
     directory = home / "analytics"
     directory.mkdir(parents=True, exist_ok=True)
-    counts = {}
+    counts: dict[str, int] = {}
     for table in PUBLISHED_TABLES:
         if table in PARTITIONED_TABLES:
             counts[table] = _publish_by_day(con, table, PARTITIONED_TABLES[table], directory / table)
             (directory / f"{table}.parquet").unlink(missing_ok=True)  # the single file of earlier versions
             continue
-        _replace_atomically(directory / f"{table}.parquet",
-                            lambda path, t=table: con.execute(f"COPY {t} TO {_literal(path)} (FORMAT parquet)"))
-        counts[table] = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        _replace_atomically(directory / f"{table}.parquet", _copy_to(con, table))
+        counts[table] = _count(con, f"SELECT count(*) FROM {table}")
     _publish_view_file(home / VIEW_FILE, directory)
     return counts
 
@@ -136,7 +149,7 @@ def _publish_by_day(con: duckdb.DuckDBPyConnection, table: str, day: str, target
     target.mkdir(parents=True, exist_ok=True)
     empty = target / "empty.parquet"  # zero rows with the table's columns, so the view works on an empty table
     if not empty.exists():
-        _replace_atomically(empty, lambda path: con.execute(f"COPY (SELECT * FROM {table} LIMIT 0) TO {_literal(path)} (FORMAT parquet)"))
+        _replace_atomically(empty, _copy_to(con, f"(SELECT * FROM {table} LIMIT 0)"))
     manifest_path = target / "published.json"
     published = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     # the fingerprint of a day is its row count and the XOR of its rows' hashes: any insert, delete or
@@ -173,9 +186,8 @@ def _write_days(con: duckdb.DuckDBPyConnection, table: str, day: str, target: Pa
         if len(files) == 1:
             os.replace(files[0], target / f"{name}.parquet")
         else:  # DuckDB split a large day into several files: write that day alone, as one file
-            _replace_atomically(target / f"{name}.parquet", lambda path: con.execute(
-                f"COPY (SELECT * FROM {table} WHERE {day} IS NOT DISTINCT FROM ?::DATE) TO {_literal(path)} (FORMAT parquet)",
-                [None if name == UNDATED else name]))
+            _replace_atomically(target / f"{name}.parquet", _copy_to(
+                con, f"(SELECT * FROM {table} WHERE {day} IS NOT DISTINCT FROM ?::DATE)", [None if name == UNDATED else name]))
     shutil.rmtree(staging, ignore_errors=True)
 
 
@@ -248,7 +260,7 @@ def _check_opens(path: Path) -> None:
             return
         raise
     try:
-        views = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_type = 'VIEW'").fetchone()[0]
+        views = _count(con, "SELECT count(*) FROM information_schema.tables WHERE table_type = 'VIEW'")
     finally:
         con.close()
     if views != len(PUBLISHED_TABLES) + len(ANALYST_VIEWS):

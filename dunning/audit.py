@@ -11,21 +11,42 @@ out of sight.
 from __future__ import annotations
 
 import datetime as dt
+from typing import NamedTuple
 
 import polars as pl
 
-# outcome status of a due key -> (audit outcome, reason it was not sent)
-OUTCOMES = {
-    "sent": ("sent", None),
-    "failed": ("failed", "provider_failure"),
-    "unknown": ("unknown", "unknown_outcome"),
-    "released": ("failed", "provider_stopped"),
-    "throttled": ("held", "throttled"),
-    "lost": ("held", "claimed_by_another_run"),
-    "paused": ("held", "paused"),
-    "breaker": ("held", "breaker"),
-    "dry_run": ("dry_run", None),
-    "simulated": ("simulated", None),
+from dunning.vocabulary import AuditOutcome, EmailKind, HoldReason, LedgerStatus, SendStatus, plain, plain_keys
+
+
+class Verdict(NamedTuple):
+    """What the audit says of one key: its outcome and, when it was not sent, why."""
+
+    outcome: AuditOutcome
+    reason: HoldReason | None = None
+
+
+# a due key's send status -> its verdict
+OUTCOMES: dict[SendStatus, Verdict] = {
+    SendStatus.SENT: Verdict(AuditOutcome.SENT),
+    SendStatus.FAILED: Verdict(AuditOutcome.FAILED, HoldReason.PROVIDER_FAILURE),
+    SendStatus.UNKNOWN: Verdict(AuditOutcome.UNKNOWN, HoldReason.UNKNOWN_OUTCOME),
+    SendStatus.RELEASED: Verdict(AuditOutcome.FAILED, HoldReason.PROVIDER_STOPPED),
+    SendStatus.THROTTLED: Verdict(AuditOutcome.HELD, HoldReason.THROTTLED),
+    SendStatus.LOST: Verdict(AuditOutcome.HELD, HoldReason.CLAIMED_BY_ANOTHER_RUN),
+    SendStatus.PAUSED: Verdict(AuditOutcome.HELD, HoldReason.PAUSED),
+    SendStatus.BREAKER: Verdict(AuditOutcome.HELD, HoldReason.BREAKER),
+    SendStatus.DRY_RUN: Verdict(AuditOutcome.DRY_RUN),
+    SendStatus.SIMULATED: Verdict(AuditOutcome.SIMULATED),
+}
+# due keys that never reached the send step: no address to send to, or a send that stopped before them
+# (the keys are this module's own, in the working column `_status` only; never stored)
+_NO_EMAIL, _NOT_ATTEMPTED = "no_email", "not_attempted"
+NOT_SENDABLE = Verdict(AuditOutcome.HELD, HoldReason.NO_EMAIL_ADDRESS)
+NOT_ATTEMPTED = Verdict(AuditOutcome.HELD, HoldReason.NOT_ATTEMPTED)
+# why a key from an earlier cycle is still held, by its ledger status (`Ledger.open_problems` returns only these)
+EARLIER_REASONS: dict[LedgerStatus, HoldReason] = {
+    LedgerStatus.FAILED: HoldReason.PROVIDER_FAILURE,
+    LedgerStatus.UNKNOWN: HoldReason.UNKNOWN_OUTCOME,
 }
 
 
@@ -43,20 +64,22 @@ def build_audit(
     owed = snapshot.select("invoice_id", "owed", pl.col("remaining_minor").alias("snapshot_remaining"))
     rows = due.join(outcomes.select("idempotency_key", pl.col("status").alias("sent_status"),
                                     pl.col("message_id").alias("sent_message_id")), on="idempotency_key", how="left")
-    status = pl.when(~pl.col("sendable")).then(pl.lit("no_email")).otherwise(pl.col("sent_status").fill_null("not_attempted"))
-    outcome_of = {k: v[0] for k, v in OUTCOMES.items()} | {"no_email": "held", "not_attempted": "held"}
-    reason_of = {k: v[1] for k, v in OUTCOMES.items()} | {"no_email": "no_email_address", "not_attempted": "not_attempted"}
+    status = pl.when(~pl.col("sendable")).then(pl.lit(_NO_EMAIL)).otherwise(pl.col("sent_status").fill_null(_NOT_ATTEMPTED))
+    verdicts = plain_keys(OUTCOMES) | {_NO_EMAIL: NOT_SENDABLE, _NOT_ATTEMPTED: NOT_ATTEMPTED}
+    outcome_of = {key: str(verdict.outcome) for key, verdict in verdicts.items()}
+    reason_of = {key: None if verdict.reason is None else str(verdict.reason) for key, verdict in verdicts.items()}
     current = rows.with_columns(status.alias("_status")).select(
         "idempotency_key", "kind", "invoice_id", "customer_id", "cycle", "stage",
         pl.col("_status").replace_strict(outcome_of, return_dtype=pl.String).alias("outcome"),
         pl.col("_status").replace_strict(reason_of, return_dtype=pl.String).alias("reason"),
-        pl.when(pl.col("_status") == "sent").then(pl.col("amount_minor")).alias("amount_stated_minor"),
-        "currency", pl.when(pl.col("_status") == "sent").then(pl.col("sent_message_id")).alias("message_id"),
+        pl.when(pl.col("_status") == SendStatus.SENT).then(pl.col("amount_minor")).alias("amount_stated_minor"),
+        "currency", pl.when(pl.col("_status") == SendStatus.SENT).then(pl.col("sent_message_id")).alias("message_id"),
     )
     earlier = earlier_open_problems.select(
         "idempotency_key", "kind", "invoice_id", "customer_id", "cycle", "stage",
-        pl.lit("held").alias("outcome"),
-        pl.col("status").replace_strict({"failed": "provider_failure", "unknown": "unknown_outcome"}, default="held").alias("reason"),
+        pl.lit(AuditOutcome.HELD).alias("outcome"),
+        # a reason, never an outcome: a status with no reason of its own (none today) gets none
+        pl.col("status").replace_strict(plain_keys(EARLIER_REASONS), default=None, return_dtype=pl.String).alias("reason"),
         pl.lit(None, dtype=pl.Int64).alias("amount_stated_minor"), "currency", "message_id",
     ).filter(~pl.col("idempotency_key").is_in(current.select("idempotency_key").to_series().implode()))
     combined = pl.concat([current, earlier.cast(current.schema)], how="vertical")
@@ -69,40 +92,37 @@ def build_audit(
 
 def not_owed_reminded(audit: pl.DataFrame) -> pl.DataFrame:
     """Reminders sent in this cycle for invoices that were not owed: must always be empty."""
-    return audit.filter((pl.col("kind") == "reminder") & (pl.col("outcome") == "sent") & ~pl.col("owed").fill_null(False))
+    return audit.filter((pl.col("kind") == EmailKind.REMINDER) & (pl.col("outcome") == AuditOutcome.SENT)
+                        & ~pl.col("owed").fill_null(False))
 
 
 def amount_mismatches(audit: pl.DataFrame) -> pl.DataFrame:
     """Sent reminders whose stated amount differs from the snapshot's remaining balance: must be empty."""
-    sent = audit.filter((pl.col("kind") == "reminder") & (pl.col("outcome") == "sent"))
+    sent = audit.filter((pl.col("kind") == EmailKind.REMINDER) & (pl.col("outcome") == AuditOutcome.SENT))
     return sent.filter(pl.col("amount_stated_minor") != pl.col("remaining_minor"))
-
-
-EARLIER_REASONS = ("provider_failure", "unknown_outcome")
 
 
 def still_held_expr() -> pl.Expr:
     """Rows for keys held from earlier cycles (failed or unknown then), listed so they stay in sight."""
-    return (pl.col("outcome") == "held") & pl.col("reason").is_in(EARLIER_REASONS)
+    return (pl.col("outcome") == AuditOutcome.HELD) & pl.col("reason").is_in(plain(EARLIER_REASONS.values()))
+
+
+SUMMARIZED_OUTCOMES = (AuditOutcome.SENT, AuditOutcome.FAILED, AuditOutcome.UNKNOWN, AuditOutcome.HELD, AuditOutcome.DRY_RUN)
 
 
 def summarize(audit: pl.DataFrame) -> dict[str, int]:
     counts = dict(audit.group_by("outcome").len().iter_rows())
     return {
-        "due": int(audit.filter((pl.col("kind") == "reminder") & ~still_held_expr()).height),
+        "due": int(audit.filter((pl.col("kind") == EmailKind.REMINDER) & ~still_held_expr()).height),
         "still_held": int(audit.filter(still_held_expr()).height),
-        "sent": int(counts.get("sent", 0)),
-        "failed": int(counts.get("failed", 0)),
-        "unknown": int(counts.get("unknown", 0)),
-        "held": int(counts.get("held", 0)),
-        "dry_run": int(counts.get("dry_run", 0)),
+        **{str(outcome): int(counts.get(outcome, 0)) for outcome in SUMMARIZED_OUTCOMES},
         "not_owed_reminded": int(not_owed_reminded(audit).height),
         "amount_mismatches": int(amount_mismatches(audit).height),
     }
 
 
 def held_by_reason(audit: pl.DataFrame) -> dict[str, int]:
-    held = audit.filter(pl.col("outcome") == "held").group_by("reason").len().sort("reason")
+    held = audit.filter(pl.col("outcome") == AuditOutcome.HELD).group_by("reason").len().sort("reason")
     return dict(held.iter_rows())
 
 
@@ -127,7 +147,7 @@ def markdown_chart(counts: pl.DataFrame, width: int = 40) -> str:
     """Keys per stage and outcome as a bar chart that renders in the UI's markdown."""
     if counts.is_empty():
         return "_nothing was due this cycle_"
-    top = max(counts.get_column("len").max(), 1)
+    top = max([1, *counts.get_column("len").to_list()])
     lines = ["**Keys per stage and outcome**", "", "```"]
     for stage, outcome, n in counts.rows():
         bar = "█" * max(1, round(width * n / top))

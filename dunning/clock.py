@@ -11,22 +11,22 @@ from dunning.errors import SnapshotError, UserInputError
 
 # The clocks a cycle accepts: wide enough for any real billing history, narrow enough that every date
 # arithmetic built on it (windows, backoff, partitions) stays in range
-EARLIEST = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
-LATEST = dt.datetime(2100, 1, 1, tzinfo=dt.timezone.utc)
+EARLIEST = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+LATEST = dt.datetime(2100, 1, 1, tzinfo=dt.UTC)
 
 
 def parse_as_of(text: str | None, flag: str = "--as-of") -> dt.datetime:
     """ISO 8601 date or date-time; a naive value is UTC. None means now."""
     if text is None:
-        return dt.datetime.now(dt.timezone.utc)
+        return dt.datetime.now(dt.UTC)
     try:
         value = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         raise UserInputError(f"{flag} {text!r} is not an ISO 8601 timestamp (e.g. 2026-11-03T15:30:00Z)") from None
     if value.tzinfo is None:
-        value = value.replace(tzinfo=dt.timezone.utc)
+        value = value.replace(tzinfo=dt.UTC)
     try:
-        value = value.astimezone(dt.timezone.utc)
+        value = value.astimezone(dt.UTC)
     except OverflowError:
         value = EARLIEST - dt.timedelta(days=1)
     if not EARLIEST <= value < LATEST:
@@ -36,7 +36,7 @@ def parse_as_of(text: str | None, flag: str = "--as-of") -> dt.datetime:
 
 
 def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 class RunMode(StrEnum):
@@ -74,5 +74,5 @@ def cycle_clock(run_clock: dt.datetime, partition: dt.date | None, zone: ZoneInf
         return CycleClock(run_clock, RunMode.DRY_RUN if dry_run else RunMode.LIVE, partition or today)
     if partition > today:
         raise SnapshotError(f"partition {partition} is in the future of the cycle's clock ({run_clock.isoformat()})")
-    end_of_day = dt.datetime.combine(partition, dt.time(23, 59, 59), tzinfo=zone).astimezone(dt.timezone.utc)
+    end_of_day = dt.datetime.combine(partition, dt.time(23, 59, 59), tzinfo=zone).astimezone(dt.UTC)
     return CycleClock(run_clock if as_of_given else end_of_day, RunMode.BACKFILL, partition)

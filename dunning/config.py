@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import babel
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from dunning.errors import ConfigError
 from dunning.safe_text import is_address
@@ -96,7 +96,7 @@ class Provider(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _transport_is_coherent(self) -> "Provider":
+    def _transport_is_coherent(self) -> Provider:
         if self.starttls and self.tls == "implicit":
             raise ValueError("provider.starttls and provider.tls: implicit cannot both be set")
         if (self.kind == "smtp" and (self.username_env or self.password_env) and not self.starttls
@@ -126,7 +126,7 @@ class Alerts(_Strict):
 
     @field_validator("webhook_url", "pagerduty_url")
     @classmethod
-    def _http_only(cls, value: str | None, info) -> str | None:
+    def _http_only(cls, value: str | None, info: ValidationInfo) -> str | None:
         return http_url(value, f"alerts.{info.field_name}")
 
 
@@ -170,7 +170,7 @@ class DunningConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _stages_well_formed(self) -> "DunningConfig":
+    def _stages_well_formed(self) -> DunningConfig:
         if not self.stages:
             raise ValueError("stages: at least one stage is required")
         names = [s.name for s in self.stages]

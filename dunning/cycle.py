@@ -8,15 +8,15 @@ transaction and roll it back (the guard's simulated pass).
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
-from dunning.breaker import BreakerVerdict, breaker_window, evaluate_breaker
-from dunning.snapshot_rules import summarize_rejections, validate_snapshot
 from dunning.alerts import Alert, raise_alert
 from dunning.audit import build_audit, summarize
+from dunning.breaker import BreakerVerdict, breaker_window, evaluate_breaker
 from dunning.config import DunningConfig
 from dunning.errors import SnapshotError
 from dunning.ledger.base import Ledger
@@ -24,6 +24,8 @@ from dunning.ledger.claims import ClaimCap
 from dunning.policy import assign_cycles, plan_reminders, plan_retries
 from dunning.sending import held_outcomes, with_email_groups
 from dunning.snapshot import read_snapshot
+from dunning.snapshot_rules import summarize_rejections, validate_snapshot
+from dunning.vocabulary import PlanRole, RunOutcome, SendStatus, plain
 
 
 @dataclass(frozen=True)
@@ -75,18 +77,18 @@ def plan_cycle(cycled: pl.DataFrame, config: DunningConfig, failed: pl.DataFrame
     """
     planned = plan_reminders(cycled, config)
     # Message-IDs are computed per chunk when keys are claimed (`send_due`); retries and notices bring theirs
-    due = with_email_groups(planned.filter(pl.col("role") == "due"), config).with_columns(
+    due = with_email_groups(planned.filter(pl.col("role") == PlanRole.DUE), config).with_columns(
         pl.lit(None, dtype=pl.String).alias("email_id"), pl.lit(None, dtype=pl.String).alias("message_id"))
     parts = [due]
     if failed is not None and failed.height:
         parts.append(plan_retries(cycled, failed, due, config))
     if notices is not None and notices.height:
         parts.append(notices)
-    parts.append(planned.filter(pl.col("role") == "skipped"))
+    parts.append(planned.filter(pl.col("role") == PlanRole.SKIPPED))
     return pl.concat([_aligned(p, due.schema) for p in parts], how="vertical")
 
 
-SEND_ROLES = ("due", "retry")
+SEND_ROLES = tuple(plain([PlanRole.DUE, PlanRole.RETRY]))
 
 
 def due_rows(plan: pl.DataFrame) -> pl.DataFrame:
@@ -98,7 +100,7 @@ def sendable_due(plan: pl.DataFrame) -> pl.DataFrame:
 
 
 def skipped_rows(plan: pl.DataFrame) -> pl.DataFrame:
-    return plan.filter(pl.col("role") == "skipped")
+    return plan.filter(pl.col("role") == PlanRole.SKIPPED)
 
 
 def recent_emails(ledger: Ledger, as_of: dt.datetime, config: DunningConfig) -> pl.DataFrame:
@@ -116,20 +118,20 @@ def claim_cap(as_of: dt.datetime, config: DunningConfig) -> ClaimCap:
 
 
 def audit_cycle(ledger: Ledger, snapshot: pl.DataFrame, plan: pl.DataFrame, outcomes: pl.DataFrame, *, run_id: str,
-                as_of: dt.datetime, dry_run: bool, snapshot_path: str | None, run_outcome: str = "completed") -> pl.DataFrame:
+                as_of: dt.datetime, dry_run: bool, snapshot_path: str | None,
+                run_outcome: RunOutcome = RunOutcome.COMPLETED) -> pl.DataFrame:
     """Build and store this cycle's audit and run summary; returns the audit rows."""
     audit = build_audit(due_rows(plan), outcomes, ledger.open_problems(), snapshot, run_id=run_id, as_of=as_of, dry_run=dry_run)
-    counts = summarize(audit) | {"run_outcome": run_outcome}
-    ledger.write_audit(run_id, audit, counts, as_of, dry_run, snapshot.height, snapshot_path)
+    ledger.write_audit(run_id, audit, summarize(audit), as_of, dry_run, snapshot.height, snapshot_path, run_outcome)
     return audit
 
 
 def record_breaker_trip(ledger: Ledger, verdict: BreakerVerdict, snapshot: pl.DataFrame, plan: pl.DataFrame,
                         config: DunningConfig, *, run_id: str, as_of: dt.datetime, dry_run: bool,
-                        snapshot_path: str | None, logger=None) -> str | None:
+                        snapshot_path: str | None, logger: logging.Logger | None = None) -> str | None:
     """One alert for the trip (none on a dry run) and the held reminders in the audit; returns the alert id."""
-    audit_cycle(ledger, snapshot, plan, held_outcomes(sendable_due(plan), "breaker"), run_id=run_id, as_of=as_of,
-                dry_run=dry_run, snapshot_path=snapshot_path, run_outcome="halted_by_breaker")
+    audit_cycle(ledger, snapshot, plan, held_outcomes(sendable_due(plan), SendStatus.BREAKER), run_id=run_id, as_of=as_of,
+                dry_run=dry_run, snapshot_path=snapshot_path, run_outcome=RunOutcome.HALTED_BY_BREAKER)
     if dry_run:
         return None
     offenders = verdict.offenders.select("customer_id", "emails_in_window", "recent_emails", "batch_emails").to_dicts()

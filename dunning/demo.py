@@ -17,8 +17,12 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
+
+if TYPE_CHECKING:
+    from polars.expr.whenthen import ChainedThen, Then
 
 INVALID_ROW_COUNT = 7
 
@@ -51,7 +55,7 @@ def _uniform(seed: int, stream: int) -> pl.Expr:
 def _pick(u: pl.Expr, shares: tuple[tuple[str, float], ...]) -> pl.Expr:
     """Map a uniform draw onto labels with the given shares."""
     (first, cut), *rest = shares
-    chain = pl.when(u < cut).then(pl.lit(first))
+    chain: Then | ChainedThen = pl.when(u < cut).then(pl.lit(first))
     for label, share in rest[:-1]:
         cut += share
         chain = chain.when(u < cut).then(pl.lit(label))
@@ -142,7 +146,7 @@ def with_invalid_rows(df: pl.DataFrame, *, seed: int = 7) -> pl.DataFrame:
     fresh_ids = [f"in_{start + k:0{width}d}" for k in range(INVALID_ROW_COUNT)]
 
     due = int(template["amount_due"])
-    breakages = [
+    breakages: list[dict[str, str | None]] = [
         {"invoice_id": None},
         {"amount_due": "-500"},
         {"amount_paid": str(due + 100)},
@@ -152,7 +156,7 @@ def with_invalid_rows(df: pl.DataFrame, *, seed: int = 7) -> pl.DataFrame:
         {"due_date": "2026-13-45"},
     ]
     assert len(breakages) == INVALID_ROW_COUNT
-    bad_rows = [template | {"invoice_id": fresh_id} | broken for fresh_id, broken in zip(fresh_ids, breakages)]
+    bad_rows = [template | {"invoice_id": fresh_id} | broken for fresh_id, broken in zip(fresh_ids, breakages, strict=True)]
     bad = pl.DataFrame(bad_rows, schema={name: pl.Utf8 for name in text.columns}, orient="row")
     return pl.concat([text, bad], how="vertical")
 
@@ -184,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--invoices must be at least 1")
     if args.out.suffix.lower() not in (".csv", ".parquet"):
         parser.error(f"--out must end in .csv or .parquet, got {args.out.suffix!r}")
-    as_of = args.as_of or dt.datetime.now(dt.timezone.utc).date()
+    as_of = args.as_of or dt.datetime.now(dt.UTC).date()
 
     df = generate_snapshot(args.invoices, as_of=as_of, seed=args.seed)
     malformed = 0

@@ -21,9 +21,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, TypeGuard
 
 import polars as pl
 
@@ -31,14 +32,15 @@ from dunning.keys import email_id, event_key, message_id
 from dunning.policy import sendable_expr
 from dunning.safe_text import has_control
 from dunning.stripe import read_events
+from dunning.vocabulary import EmailKind, PlanRole
 
 PAYMENT_FAILED = "invoice.payment_failed"
-EVENTS_SCHEMA = {
-    "event_id": pl.String, "type": pl.String, "created_at": pl.Datetime("us", "UTC"), "invoice_id": pl.String,
-    "customer_id": pl.String, "customer_email": pl.String, "currency": pl.String, "amount_remaining": pl.Int64,
-    "payload": pl.String,
-}
-REJECTED_SCHEMA = {"event_id": pl.String, "type": pl.String, "reason": pl.String, "payload": pl.String}
+EVENTS_SCHEMA = pl.Schema({
+    "event_id": pl.String(), "type": pl.String(), "created_at": pl.Datetime("us", "UTC"), "invoice_id": pl.String(),
+    "customer_id": pl.String(), "customer_email": pl.String(), "currency": pl.String(), "amount_remaining": pl.Int64(),
+    "payload": pl.String(),
+})
+REJECTED_SCHEMA = pl.Schema({"event_id": pl.String, "type": pl.String, "reason": pl.String, "payload": pl.String})
 
 MAX_ID = 200  # as for snapshot ids: keys stay short enough for the ledger and SMTP lines
 # Unicode category Cc (C0, DEL, C1 including U+0085 NEL) and the line and paragraph separators: what a mail parser or
@@ -65,7 +67,7 @@ class LoadedEvents:
         return f"{self.rejected.height} billing event(s) rejected into event_quarantine: {rules}"
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -99,11 +101,11 @@ def _identifier_problem(name: str, value: Any) -> str | None:
 def _timestamp(value: Any) -> dt.datetime | None:
     """A Unix timestamp in seconds between 2000 and 2100 as a UTC datetime, else None."""
     if _is_int(value) and CREATED_RANGE[0] <= value < CREATED_RANGE[1]:
-        return dt.datetime.fromtimestamp(value, dt.timezone.utc)
+        return dt.datetime.fromtimestamp(value, dt.UTC)
     return None
 
 
-def _invoice(event: dict) -> dict | None:
+def _invoice(event: dict[str, Any]) -> dict[str, Any] | None:
     """The invoice in `data.object`, or None when the event carries none."""
     data = event.get("data")
     obj = data.get("object") if isinstance(data, dict) else None
@@ -114,7 +116,7 @@ def _customer(value: Any) -> Any:
     return value.get("id") if isinstance(value, dict) else value
 
 
-def _remaining(invoice: dict) -> Any:
+def _remaining(invoice: dict[str, Any]) -> Any:
     """`amount_remaining`, else `amount_due - amount_paid` when both are integers, else None."""
     remaining = invoice.get("amount_remaining")
     if remaining is not None:
@@ -173,7 +175,7 @@ def _payload(event: Any) -> str | None:
         return None
 
 
-def event_row(event: dict) -> dict[str, Any]:
+def event_row(event: dict[str, Any]) -> dict[str, Any]:
     """One EVENTS_SCHEMA row; fields that are missing or of the wrong kind are null (validation decides what that means)."""
     invoice = (_invoice(event) if event["type"].startswith("invoice.") else None) or {}
     remaining = _remaining(invoice)
@@ -238,7 +240,7 @@ def notice_rows(events: pl.DataFrame, snapshot: pl.DataFrame, already_recorded: 
     keys = notices.get_column("idempotency_key").to_list()
     ids = [email_id([k]) for k in keys]
     return notices.with_columns(
-        pl.lit("payment_failed").alias("kind"), pl.lit("due").alias("role"),
+        pl.lit(EmailKind.PAYMENT_FAILED).alias("kind"), pl.lit(PlanRole.DUE).alias("role"),
         pl.col("amount_remaining").alias("amount_minor"), pl.col("amount_remaining").alias("remaining_minor"),
         (pl.col("amount_remaining").fill_null(0) > 0).alias("owed"),
         sendable_expr().alias("sendable"),

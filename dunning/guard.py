@@ -21,7 +21,8 @@ from dunning import cycle
 from dunning.config import DunningConfig
 from dunning.ledger.duckdb_ledger import DuckDBLedger
 from dunning.providers.base import EmailProvider, SendOutcome
-from dunning.sending import send_due
+from dunning.sending import Record, send_due
+from dunning.vocabulary import SendStatus
 
 SIMULATION_RUN = "guard-simulation"
 
@@ -32,10 +33,10 @@ class SimulatedProvider(EmailProvider):
     name = "simulated"
 
     def send(self, message: Message) -> SendOutcome:
-        return SendOutcome("sent", message["Message-ID"])
+        return SendOutcome(SendStatus.SENT, message["Message-ID"])
 
 
-def _placeholder(records: list[dict]) -> Message:
+def _placeholder(records: list[Record]) -> Message:
     message = Message()
     message["Message-ID"] = records[0]["message_id"]
     return message
@@ -72,7 +73,7 @@ def unique_constraint_in_force(ledger: DuckDBLedger) -> tuple[bool, str]:
 def simulated_double_pass(ledger: DuckDBLedger, snapshot_path: str | Path, config: DunningConfig,
                           as_of: dt.datetime) -> list[tuple[str, bool, str]]:
     loaded = cycle.load_snapshot(snapshot_path, config)
-    results = []
+    results: list[tuple[str, bool, str]] = []
     with ledger.simulation():
         cycled = cycle.cycle_snapshot(ledger, loaded.valid, config, as_of)
         ledger.record_cycle_changes(as_of, cycled)

@@ -8,7 +8,7 @@ derive from the keys an email covers, so a receiving system can dedupe too.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from collections.abc import Iterable
 
 import polars as pl
 

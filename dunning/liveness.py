@@ -18,9 +18,11 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from dunning.alerts import Alert, raise_alert
 from dunning.config import Alerts
+from dunning.ledger.base import Ledger
 
 STALE_RUNS = "stale_runs"
 STALE_UNKNOWN = "stale_unknown"
@@ -32,7 +34,7 @@ class Liveness:
     now: dt.datetime
     stale_after_hours: float
     unknown_after_hours: float
-    last_live_run: dict | None  # the last completed live run: run_id, as_of, finished_wall_at, ...
+    last_live_run: dict[str, Any] | None  # the last completed live run: run_id, as_of, finished_wall_at, ...
     hours_since_last_live_run: float | None  # None: no live run ever completed
     stale_runs: bool
     paused: bool
@@ -54,10 +56,10 @@ def hours_between(earlier: dt.datetime, later: dt.datetime) -> float:
 
 
 def wall(ts: dt.datetime | None) -> str:
-    return "never" if ts is None else f"{ts.astimezone(dt.timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+    return "never" if ts is None else f"{ts.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
-def assess(ledger, settings: Alerts, now: dt.datetime) -> Liveness:
+def assess(ledger: Ledger, settings: Alerts, now: dt.datetime) -> Liveness:
     last = ledger.last_live_run(completed_only=True)
     hours = hours_between(last["finished_wall_at"], now) if last else None
     count, oldest, key = ledger.unknown_waiting_since(now - dt.timedelta(hours=settings.unknown_after_hours))
@@ -103,11 +105,11 @@ def _alert(state: Liveness, kind: str) -> Alert:
                  dedup_key=f"dunning-{kind}-{state.oldest_unknown_key}")
 
 
-def watch(ledger, settings: Alerts, now: dt.datetime,
+def watch(ledger: Ledger, settings: Alerts, now: dt.datetime,
           logger: logging.Logger | None = None) -> tuple[Liveness, dict[str, str]]:
     """Assess, then page or resolve: returns the state and, per kind, `raised`, `still open`, `resolved` or `clear`."""
     state = assess(ledger, settings, now)
-    actions = {}
+    actions: dict[str, str] = {}
     for kind, firing in ((STALE_RUNS, state.pages_stale_runs), (STALE_UNKNOWN, state.stale_unknown)):
         if firing:
             if ledger.open_alert(kind) is None:

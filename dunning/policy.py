@@ -18,9 +18,10 @@ import polars as pl
 from dunning.config import DunningConfig
 from dunning.keys import reminder_key_expr
 from dunning.safe_text import ADDRESS_PATTERN, MAX_ADDRESS
+from dunning.vocabulary import EmailKind, PlanRole, Tone, plain
 
 CYCLE_ACTION = pl.Enum(["open", "close"])
-STATE_SCHEMA = {"invoice_id": pl.String, "cycle": pl.Int32, "cycle_open": pl.Boolean, "last_stage_days": pl.Int32}
+STATE_SCHEMA = pl.Schema({"invoice_id": pl.String, "cycle": pl.Int32, "cycle_open": pl.Boolean, "last_stage_days": pl.Int32})
 # optional in a state frame: when the snapshot that last opened or closed the invoice's cycle was taken
 CHANGED_AT = "changed_snapshot_at"
 CHANGED_AT_TYPE = pl.Datetime("us", "UTC")
@@ -39,10 +40,17 @@ def stages_frame(config: DunningConfig) -> pl.DataFrame:
             "stage_rank": list(range(1, len(config.stages) + 1)),
             "stage_days": [s.days_overdue for s in config.stages],
             "min_remaining_ratio": [s.min_remaining_ratio for s in config.stages],
-            "tone": ["final" if i == last and last > 0 else "gentle" if i == 0 else "firm" for i in range(last + 1)],
+            "tone": plain(_tone(i, last) for i in range(last + 1)),
         },
         schema_overrides={"stage_rank": pl.Int32, "stage_days": pl.Int32},
     )
+
+
+def _tone(index: int, last: int) -> Tone:
+    """The first stage is gentle, the last (of two or more) final, any between firm."""
+    if index == last and last > 0:
+        return Tone.FINAL
+    return Tone.GENTLE if index == 0 else Tone.FIRM
 
 
 def with_balances(snapshot: pl.DataFrame) -> pl.DataFrame:
@@ -81,10 +89,10 @@ def assign_cycles(snapshot: pl.DataFrame, state: pl.DataFrame, as_of: dt.datetim
     joined = with_balances(snapshot).with_columns(
         (pl.lit(today) - pl.col("due_date")).dt.total_days().cast(pl.Int32).alias("days_overdue"),
     ).join(_state(state), on="invoice_id", how="left")
-    settled = (status == "paid") | (status == "void") | ((status == "open") & (pl.col("remaining_minor") <= 0))
+    is_settled = (status == "paid") | (status == "void") | ((status == "open") & (pl.col("remaining_minor") <= 0))
     flags = joined.select(
         (pl.col("owed") & (pl.col("days_overdue") >= first_stage_days)).alias("past_due"),
-        settled.alias("settled"),
+        is_settled.alias("settled"),
         pl.col("cycle_open").fill_null(False).alias("was_open"),
         (pl.col(CHANGED_AT) > pl.lit(snapshot_taken_at or as_of, dtype=CHANGED_AT_TYPE)).fill_null(False).alias("stale"),
     )
@@ -103,7 +111,7 @@ def assign_cycles(snapshot: pl.DataFrame, state: pl.DataFrame, as_of: dt.datetim
 def _state(state: pl.DataFrame) -> pl.DataFrame:
     if CHANGED_AT not in state.columns:
         state = state.with_columns(pl.lit(None, dtype=CHANGED_AT_TYPE).alias(CHANGED_AT))
-    return state.select(*STATE_SCHEMA, CHANGED_AT).cast(STATE_SCHEMA | {CHANGED_AT: CHANGED_AT_TYPE})
+    return state.select(*STATE_SCHEMA, CHANGED_AT).cast(pl.Schema({**STATE_SCHEMA, CHANGED_AT: CHANGED_AT_TYPE}))
 
 
 def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
@@ -140,9 +148,10 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     return (
         pl.concat([due, skipped.select(due.columns)], how="vertical", rechunk=True)
         .with_columns(
-            pl.when(pl.col("stage_days") == pl.col("target_days")).then(pl.lit("due")).otherwise(pl.lit("skipped")).alias("role"),
+            pl.when(pl.col("stage_days") == pl.col("target_days")).then(pl.lit(PlanRole.DUE))
+            .otherwise(pl.lit(PlanRole.SKIPPED)).alias("role"),
             reminder_key_expr().alias("idempotency_key"),
-            pl.lit("reminder").alias("kind"),
+            pl.lit(EmailKind.REMINDER).alias("kind"),
             pl.col("remaining_minor").alias("amount_minor"),
             sendable_expr().alias("sendable"),
         )
@@ -168,7 +177,7 @@ def plan_retries(cycled: pl.DataFrame, failed: pl.DataFrame, due: pl.DataFrame, 
         .join(current, on=["invoice_id", "cycle"], how="inner")
         .filter(pl.col("stage_days") == pl.col("last_stage_days"))
         .with_columns(
-            pl.lit("retry").alias("role"), pl.lit("reminder").alias("kind"),
+            pl.lit(PlanRole.RETRY).alias("role"), pl.lit(EmailKind.REMINDER).alias("kind"),
             pl.col("remaining_minor").alias("amount_minor"), pl.col("email_id").alias("email_group"),
             sendable_expr().alias("sendable"),
         )

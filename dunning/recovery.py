@@ -11,7 +11,9 @@ for the same incident sends nothing more.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
+from email.message import Message
 from pathlib import Path
 
 import polars as pl
@@ -23,9 +25,11 @@ from dunning.ledger.duckdb_ledger import DuckDBLedger
 from dunning.policy import sendable_expr
 from dunning.providers.base import EmailProvider
 from dunning.render import apology_email
-from dunning.sending import SendReport, send_due
+from dunning.sending import Record, SendReport, send_due
+from dunning.vocabulary import EmailKind
 
-SENDS_SCHEMA = {"customer_id": pl.String, "address": pl.String, "sent_at": pl.Datetime("us", "UTC"), "message_id": pl.String}
+SENDS_SCHEMA = pl.Schema({"customer_id": pl.String(), "address": pl.String(), "sent_at": pl.Datetime("us", "UTC"),
+                          "message_id": pl.String()})
 
 
 @dataclass
@@ -106,7 +110,7 @@ def apology_rows(flooded: pl.DataFrame, snapshot: pl.DataFrame, incident_id: str
     keys = [apology_key(incident_id, c) for c in rows.get_column("customer_id")]
     ids = [email_id([k]) for k in keys]
     return rows.with_columns(
-        pl.Series("idempotency_key", keys, dtype=pl.String), pl.lit("apology").alias("kind"),
+        pl.Series("idempotency_key", keys, dtype=pl.String), pl.lit(EmailKind.APOLOGY).alias("kind"),
         pl.lit(None, dtype=pl.String).alias("invoice_id"), pl.lit(None, dtype=pl.Int32).alias("cycle"),
         pl.lit(None, dtype=pl.String).alias("stage"), pl.lit(None, dtype=pl.Int32).alias("stage_days"),
         pl.lit(None, dtype=pl.Int64).alias("amount_minor"), pl.lit(None, dtype=pl.String).alias("currency"),
@@ -117,7 +121,7 @@ def apology_rows(flooded: pl.DataFrame, snapshot: pl.DataFrame, incident_id: str
 
 def recover(ledger: DuckDBLedger, provider: EmailProvider, snapshot: pl.DataFrame, config: DunningConfig, *,
             incident_id: str, run_id: str, as_of: dt.datetime, since: dt.datetime,
-            sent_log: str | Path | None, now) -> RecoveryReport:
+            sent_log: str | Path | None, now: Callable[[], dt.datetime]) -> RecoveryReport:
     sends = ledger_sends(ledger, since, as_of)
     unmapped: list[str] = []
     if sent_log:
@@ -128,7 +132,7 @@ def recover(ledger: DuckDBLedger, provider: EmailProvider, snapshot: pl.DataFram
     reachable = rows.filter(sendable_expr())  # the one address rule of every email; the rest is unreachable
     owed = snapshot.filter(pl.col("owed")).sort("due_date", "invoice_id")
 
-    def render(records: list[dict]):
+    def render(records: list[Record]) -> Message:
         record = records[0]
         statement = owed.filter(pl.col("customer_id") == record["customer_id"]).to_dicts()
         return apology_email(record, statement, to=record["customer_email"], sender=config.provider.from_address,

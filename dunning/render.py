@@ -11,18 +11,20 @@ import datetime as dt
 import functools
 import hashlib
 from collections import defaultdict
+from collections.abc import Sequence
 from decimal import Decimal
 from email.message import Message
 from email.mime.multipart import MIMEMultipart
 from email.policy import Compat32
 from email.utils import format_datetime
-from typing import Any, Sequence
+from typing import Any
 
 import babel
 import babel.numbers
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from dunning.safe_text import header_value, is_address
+from dunning.vocabulary import EmailKind, Tone
 
 _ENV = Environment(
     loader=PackageLoader("dunning", "templates"),
@@ -33,15 +35,15 @@ _ENV = Environment(
     keep_trailing_newline=True,
     auto_reload=False,  # templates ship with the package; checking their mtime on every render was 15% of it
 )
-TONE_ORDER = {"gentle": 0, "firm": 1, "final": 2}
+TONE_ORDER = {Tone.GENTLE: 0, Tone.FIRM: 1, Tone.FINAL: 2}
 SUBJECTS = {
-    "gentle": "Friendly reminder: {what} overdue",
-    "firm": "Second reminder: {what} still unpaid",
-    "final": "Final notice: {what} unpaid",
+    Tone.GENTLE: "Friendly reminder: {what} overdue",
+    Tone.FIRM: "Second reminder: {what} still unpaid",
+    Tone.FINAL: "Final notice: {what} unpaid",
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _number_format(currency: str, locale: str) -> tuple[babel.numbers.NumberPattern, babel.Locale, int]:
     """The currency's exponent and a plain number pattern with that many decimals, parsed once per currency."""
     digits = babel.numbers.get_currency_precision(currency)
@@ -104,17 +106,18 @@ class _WirePolicy(Compat32):
     serialize a message. Long or non-ASCII headers still go through it.
     """
 
-    def _fast(self, name: str, value) -> str | None:
+    def _fast(self, name: str, value: object) -> str | None:
         # printable ASCII only: a CR, LF or other control character never takes this path (nor any other:
         # `_message` refuses such values before they reach a header)
         if isinstance(value, str) and value.isascii() and value.isprintable() and len(name) + len(value) + 2 <= 78:
             return f"{name}: {value}{self.linesep}"
         return None
 
-    def fold(self, name, value):
+    # `value` is a str or, for a header set from a `Header` (non-ASCII), that Header; the stub says str only
+    def fold(self, name: str, value: str) -> str:
         return self._fast(name, value) or super().fold(name, value)
 
-    def fold_binary(self, name, value):
+    def fold_binary(self, name: str, value: str) -> bytes:
         fast = self._fast(name, value)
         return fast.encode("ascii") if fast else super().fold_binary(name, value)
 
@@ -140,7 +143,7 @@ def _boundary(message_id: str, parts: Sequence[str]) -> str:
     return boundary
 
 
-def _message(*, to: str, sender: str, subject: str, message_id: str, kind: str, keys: Sequence[str],
+def _message(*, to: str, sender: str, subject: str, message_id: str, kind: EmailKind, keys: Sequence[str],
              text: str, html: str, when: dt.datetime) -> Message:
     """multipart/alternative built with the `email` package's compat32 classes.
 
@@ -156,9 +159,10 @@ def _message(*, to: str, sender: str, subject: str, message_id: str, kind: str, 
     message = MIMEMultipart("alternative")
     try:
         for name, value in (("From", sender), ("To", to), ("Subject", subject),
-                            ("Date", format_datetime(when.astimezone(dt.timezone.utc))), ("Message-ID", message_id),
-                            ("X-Dunning-Kind", kind), ("X-Dunning-Keys", ",".join(keys))):
-            message[name] = header_value(name, value)
+                            ("Date", format_datetime(when.astimezone(dt.UTC))), ("Message-ID", message_id),
+                            ("X-Dunning-Kind", str(kind)), ("X-Dunning-Keys", ",".join(keys))):
+            # a Header is a documented header value (RFC 2047 when not ASCII); typeshed's MIMEMultipart takes str only
+            message[name] = header_value(name, value)  # type: ignore[assignment]
     except ValueError as exc:
         raise EmailBuildError(str(exc)) from None
     message.attach(text_part(text, "plain"))
@@ -171,7 +175,7 @@ def reminder_email(rows: Sequence[dict[str, Any]], *, sender: str, message_id: s
                    locale: str = "en_US") -> Message:
     """One reminder email covering `rows` (one per invoice; same recipient), in the firmest tone among them."""
     rows = sorted(rows, key=lambda r: r["invoice_id"])
-    tone = max((r["tone"] for r in rows), key=TONE_ORDER.__getitem__)
+    tone = max((Tone(r["tone"]) for r in rows), key=TONE_ORDER.__getitem__)
     ids = [r["invoice_id"] for r in rows]
     what = f"invoice {ids[0]} is" if len(ids) == 1 else f"{len(ids)} invoices are"
     context = {
@@ -183,7 +187,7 @@ def reminder_email(rows: Sequence[dict[str, Any]], *, sender: str, message_id: s
     }
     return _message(
         to=rows[0]["customer_email"], sender=sender, subject=SUBJECTS[tone].format(what=what),
-        message_id=message_id, kind="reminder", keys=[r["idempotency_key"] for r in rows],
+        message_id=message_id, kind=EmailKind.REMINDER, keys=[r["idempotency_key"] for r in rows],
         text=_ENV.get_template("reminder.txt.j2").render(context),
         html=_ENV.get_template("reminder.html.j2").render(context), when=as_of,
     )
@@ -204,7 +208,7 @@ def apology_email(flood: dict[str, Any], statement: Sequence[dict[str, Any]], *,
     }
     return _message(
         to=to, sender=sender, subject="We are sorry about the payment emails you received",
-        message_id=message_id, kind="apology", keys=[key],
+        message_id=message_id, kind=EmailKind.APOLOGY, keys=[key],
         text=_ENV.get_template("apology.txt.j2").render(context),
         html=_ENV.get_template("apology.html.j2").render(context), when=as_of,
     )
@@ -219,7 +223,7 @@ def payment_failed_email(record: dict[str, Any], *, sender: str, as_of: dt.datet
     }
     return _message(
         to=record["customer_email"], sender=sender, subject=f"Payment failed for invoice {record['invoice_id']}",
-        message_id=record["message_id"], kind="payment_failed", keys=[record["idempotency_key"]],
+        message_id=record["message_id"], kind=EmailKind.PAYMENT_FAILED, keys=[record["idempotency_key"]],
         text=_ENV.get_template("payment_failed.txt.j2").render(context),
         html=_ENV.get_template("payment_failed.html.j2").render(context), when=as_of,
     )
@@ -227,6 +231,6 @@ def payment_failed_email(record: dict[str, Any], *, sender: str, as_of: dt.datet
 
 def render_for(records: Sequence[dict[str, Any]], *, sender: str, as_of: dt.datetime, locale: str = "en_US") -> Message:
     """The email for one send group: a payment-failed notice, or a reminder covering its invoices."""
-    if records[0].get("kind") == "payment_failed":
+    if records[0].get("kind") == EmailKind.PAYMENT_FAILED:
         return payment_failed_email(records[0], sender=sender, as_of=as_of, locale=locale)
     return reminder_email(records, sender=sender, message_id=records[0]["message_id"], as_of=as_of, locale=locale)

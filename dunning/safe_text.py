@@ -20,8 +20,8 @@ same one:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from email.header import Header
-from typing import Iterable
 
 # C0 and C1 controls, DEL, and the Unicode line and paragraph separators: everything a mail parser or a
 # terminal may take as a line break or an escape sequence

@@ -11,9 +11,10 @@ batch.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from email.message import Message
-from typing import Callable, Iterator
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -24,8 +25,11 @@ from dunning.ledger.claims import ClaimCap
 from dunning.policy import email_groups
 from dunning.providers.base import EmailProvider, SendOutcome
 from dunning.render import render_for
+from dunning.vocabulary import LedgerStatus, SendStatus
 
-OUTCOME_SCHEMA = {"idempotency_key": pl.String, "status": pl.String, "message_id": pl.String, "error": pl.String}
+OUTCOME_SCHEMA = pl.Schema({"idempotency_key": pl.String, "status": pl.String, "message_id": pl.String, "error": pl.String})
+Record = dict[str, Any]  # one due row, as `DataFrame.to_dicts` gives it
+OutcomeRow = tuple[str, SendStatus, str | None, str | None]  # one OUTCOME_SCHEMA row
 
 
 @dataclass
@@ -40,8 +44,26 @@ class SendReport:
     emails: int = 0
     provider_stopped: str | None = None
 
+    def count(self, status: SendStatus, keys: int) -> None:
+        """Add `keys` keys that ended with `status` in this run."""
+        match status:
+            case SendStatus.SENT:
+                self.sent += keys
+            case SendStatus.FAILED:
+                self.failed += keys
+            case SendStatus.UNKNOWN:
+                self.unknown += keys
+            case SendStatus.RELEASED:
+                self.released += keys
+            case SendStatus.THROTTLED:
+                self.throttled += keys
+            case SendStatus.LOST:
+                self.lost += keys
+            case _:  # paused, breaker, dry_run, simulated: a held batch, never counted by a send
+                raise ValueError(f"not an outcome of a send: {status!r}")
 
-def held_outcomes(due: pl.DataFrame, status: str) -> pl.DataFrame:
+
+def held_outcomes(due: pl.DataFrame, status: SendStatus) -> pl.DataFrame:
     """One outcome row per due key that this run did not attempt, saying why (`paused`, `dry_run`, `breaker`)."""
     return due.select("idempotency_key", pl.lit(status).alias("status"), "message_id",
                       pl.lit(None, dtype=pl.String).alias("error")).cast(OUTCOME_SCHEMA)
@@ -92,15 +114,15 @@ def _chunks(due: pl.DataFrame, emails_per_chunk: int) -> Iterator[pl.DataFrame]:
 RENEW_EVERY_GROUPS = 200  # emails handed over between two looks at the claims' lease
 
 
-def _send_groups(provider: EmailProvider, groups: list[list[dict]], render: Callable[[list[dict]], Message],
-                 renew: Callable[[], None] = lambda: None) -> list[tuple[list[dict], SendOutcome]]:
+def _send_groups(provider: EmailProvider, groups: list[list[Record]], render: Callable[[list[Record]], Message],
+                 renew: Callable[[], None] = lambda: None) -> list[tuple[list[Record], SendOutcome]]:
     """Each group with its outcome, in batches with a lease renewal between them.
 
     An email that cannot be built (data no header may hold, a recipient that
     is not one address) is `failed` with the reason, never handed over, and the
     others still go.
     """
-    results: list[tuple[list[dict], SendOutcome]] = []
+    results: list[tuple[list[Record], SendOutcome]] = []
     for start in range(0, len(groups), RENEW_EVERY_GROUPS):
         if start:
             renew()
@@ -108,8 +130,8 @@ def _send_groups(provider: EmailProvider, groups: list[list[dict]], render: Call
     return results
 
 
-def _send_batch(provider: EmailProvider, groups: list[list[dict]],
-                render: Callable[[list[dict]], Message]) -> list[tuple[list[dict], SendOutcome]]:
+def _send_batch(provider: EmailProvider, groups: list[list[Record]],
+                render: Callable[[list[Record]], Message]) -> list[tuple[list[Record], SendOutcome]]:
     built_errors: dict[int, SendOutcome] = {}
     handed_over: list[int] = []
 
@@ -118,14 +140,14 @@ def _send_batch(provider: EmailProvider, groups: list[list[dict]],
             try:
                 message = render(records)
             except (ValueError, TypeError, LookupError, OSError) as exc:  # EmailBuildError, HeaderParseError, …
-                built_errors[index] = SendOutcome("failed", records[0].get("message_id"),
+                built_errors[index] = SendOutcome(SendStatus.FAILED, records[0].get("message_id"),
                                                   f"email not built: {type(exc).__name__}: {exc}"[:500])
                 continue
             handed_over.append(index)
             yield message
 
     handed_outcomes = provider.send_many(built())  # consumes `built()`, so `handed_over` is complete after it
-    outcomes = dict(zip(handed_over, handed_outcomes)) | built_errors
+    outcomes = dict(zip(handed_over, handed_outcomes, strict=True)) | built_errors
     return [(records, outcomes[index]) for index, records in enumerate(groups)]
 
 
@@ -135,14 +157,14 @@ def resolve_unknown(ledger: Ledger, provider: EmailProvider, wall: dt.datetime, 
     A definite "not delivered" becomes `failed`, retried after the configured backoff like any failure.
     """
     pending = ledger.unknown_with_message_ids()
-    answers = []
+    answers: list[OutcomeRow] = []
     for key, mid in pending.iter_rows():
         status = provider.lookup(mid)
         if status is not None:
             answers.append((key, status, mid, f"resolved by provider lookup: {status}"))
     if answers:
         frame = pl.DataFrame(answers, schema=OUTCOME_SCHEMA, orient="row")
-        ledger.record_outcomes(frame, None, wall, backoff_minutes, expected_status="unknown")
+        ledger.record_outcomes(frame, None, wall, backoff_minutes, expected_status=LedgerStatus.UNKNOWN)
     return len(answers)
 
 
@@ -158,7 +180,7 @@ def send_due(
     now: Callable[[], dt.datetime],
     cap: ClaimCap | None = None,
     progress: Callable[[SendReport, int], None] | None = None,
-    render: Callable[[list[dict]], Message] | None = None,
+    render: Callable[[list[Record]], Message] | None = None,
 ) -> tuple[SendReport, pl.DataFrame]:
     """Claim and send `due` (rows with email ids); returns the report and one outcome per due key.
 
@@ -169,7 +191,7 @@ def send_due(
     further chunk is claimed; `report.provider_stopped` says why.
     """
     if render is None:
-        def render(records: list[dict]) -> Message:
+        def render(records: list[Record]) -> Message:
             return render_for(records, sender=config.provider.from_address, as_of=as_of, locale=config.locale)
     report = SendReport()
     outcomes: list[pl.DataFrame] = []
@@ -189,17 +211,19 @@ def send_due(
         claim = ledger.claim(chunk, chunk_skipped, run_id, as_of, cap, lease_until=renewed_at[0] + lease)
         won = claim.won
         report.claimed += len(won)
-        report.throttled += len(claim.throttled)
-        rows = [(k, "throttled", None, "customer at the email cap when claimed") for k in sorted(claim.throttled)]
+        report.count(SendStatus.THROTTLED, len(claim.throttled))
+        rows: list[OutcomeRow] = [(k, SendStatus.THROTTLED, None, "customer at the email cap when claimed")
+                                  for k in sorted(claim.throttled)]
         lost = set(chunk.get_column("idempotency_key")) - won - claim.throttled
-        report.lost += len(lost)
-        rows += [(k, "lost", None, "claimed by another run" if not claim.lost else "claim transaction lost a conflict") for k in sorted(lost)]
-        grouped: dict[str, list[dict]] = {}
+        report.count(SendStatus.LOST, len(lost))
+        rows += [(k, SendStatus.LOST, None, "claimed by another run" if not claim.lost else "claim transaction lost a conflict") for k in sorted(lost)]
+        grouped: dict[str, list[Record]] = {}
         for record in chunk.filter(pl.col("idempotency_key").is_in(list(won))).to_dicts():
             grouped.setdefault(record["email_group"], []).append(record)
         for records, outcome in _send_groups(provider, list(grouped.values()), render, renew):
-            report.emails += outcome.status != "released"
-            setattr(report, outcome.status, getattr(report, outcome.status) + len(records))
+            if outcome.status != SendStatus.RELEASED:  # a released email was never handed over
+                report.emails += 1
+            report.count(outcome.status, len(records))
             rows.extend((r["idempotency_key"], outcome.status, outcome.message_id or records[0]["message_id"], outcome.error) for r in records)
         chunk_outcomes = pl.DataFrame(rows, schema=OUTCOME_SCHEMA, orient="row")
         ledger.record_outcomes(chunk_outcomes, as_of, now(), config.retry.backoff_minutes, run_id=run_id)

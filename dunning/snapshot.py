@@ -92,7 +92,7 @@ def read_snapshot(path: str | Path, zone: ZoneInfo) -> pl.DataFrame:
     raw_columns = [f"{c}_raw" for c in arrived_as_text]
     frame = frame.with_columns(
         *[_as_text(c, schema[c]) for c in text_columns],
-        *[_as_text(c, schema[c]).alias(raw) for c, raw in zip(arrived_as_text, raw_columns)],
+        *[_as_text(c, schema[c]).alias(raw) for c, raw in zip(arrived_as_text, raw_columns, strict=True)],
     )
     snapshot_at = pl.col("snapshot_at")
     if schema["snapshot_at"] == pl.String:

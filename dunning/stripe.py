@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from dunning.errors import SnapshotError
@@ -29,12 +30,12 @@ def _date(ts: Any, zone: ZoneInfo) -> str | None:
     if ts is None:
         return None
     try:
-        return dt.datetime.fromtimestamp(int(ts), tz=dt.timezone.utc).astimezone(zone).date().isoformat()
+        return dt.datetime.fromtimestamp(int(ts), tz=dt.UTC).astimezone(zone).date().isoformat()
     except (TypeError, ValueError, OverflowError):
         return str(ts)  # left for validation to reject as an unparsable date
 
 
-def _customer_id(value: Any) -> str | None:
+def _customer_id(value: Any) -> object:
     if isinstance(value, dict):  # expanded customer object
         return value.get("id")
     return value

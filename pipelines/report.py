@@ -14,15 +14,12 @@ import dagster as dg
 from dunning import liveness
 from dunning.clock import utc_now
 from dunning.config import Alerts, load_config
-from dunning.errors import ConfigError, ProviderUnhealthy, StorageError
+from dunning.errors import ConfigError, ProviderUnhealthy, StorageError, exit_codes_by_class
 from dunning.ledger.duckdb_ledger import DuckDBLedger
+from dunning.ledger.operations import PauseState, RunSummary
 from resources.dunning import CONFIG_FILE_NAME
 
-EXIT_BY_ERROR_CLASS = {
-    "SnapshotError": 2, "ConfigError": 2, "UserInputError": 2, "InvalidRowsHalt": 2,
-    "BreakerTripped": 3, "LedgerBusy": 4, "GuardNotLive": 5, "ProviderUnhealthy": 6, "BillingSourceFailed": 7,
-    "StorageError": StorageError.exit_code,
-}
+EXIT_BY_ERROR_CLASS = exit_codes_by_class()  # one source of truth: the classes in dunning/errors.py
 
 # A storage failure, by errno where the exception is still there, by message where only its text is left
 # (a step's error as Dagster recorded it): what the operator reads, and whether SQLite (the Dagster instance) said it.
@@ -185,42 +182,42 @@ def run_report(result: dg.ExecuteJobResult, ledger: DuckDBLedger, *, as_of: dt.d
         failures = _failures(result)
         cls, message = failures[0] if failures else ("Error", "run failed")
         return f"dunning: {message}", EXIT_BY_ERROR_CLASS.get(cls, 1)
-    row = ledger.con.execute(
-        "SELECT snapshot_rows, rejected_rows, due, sent, failed, unknown, held, skipped, emails, not_owed_reminded "
-        "FROM dunning_runs WHERE run_id = ?", [run_id]).fetchone()
-    snapshot_rows, rejected, due, sent, failed, unknown, held, skipped, emails, not_owed = row
-    lines = [header, f"snapshot: {snapshot_rows} invoices accepted, {rejected} rejected"]
-    if rejected:
-        rules = ledger.con.execute(
-            "SELECT rule, count(*) FROM snapshot_quarantine WHERE run_id = ? GROUP BY rule ORDER BY 2 DESC", [run_id]).fetchall()
-        lines.append("  rejected rows are in table snapshot_quarantine: " + "; ".join(f"{r} ({n})" for r, n in rules))
-    held_rows = ledger.con.execute(
-        "SELECT reason, count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'held' GROUP BY reason ORDER BY reason", [run_id]).fetchall()
-    pause = ledger.pause_state()
+    summary = ledger.run_summary(run_id)
+    if summary is None:
+        return f"dunning: run {run_id[:8]} completed but recorded no summary (see the Dagster UI)", 1
+    return _summary_text(header, summary, ledger.pause_state(), dry_run)
+
+
+EARLIER = {"unknown_outcome": "unknown", "provider_failure": "failed awaiting retry"}  # audit reasons of older keys
+
+
+def _summary_text(header: str, summary: RunSummary, pause: PauseState, dry_run: bool) -> tuple[str, int]:
+    c = summary.counts
+    lines = [header, f"snapshot: {c['snapshot_rows']} invoices accepted, {c['rejected_rows']} rejected"]
+    if c["rejected_rows"]:
+        lines.append("  rejected rows are in table snapshot_quarantine: "
+                     + "; ".join(f"{r} ({n})" for r, n in summary.rejected_by_rule))
     if pause.paused:
         lines.append(f"PAUSED since {pause.changed_at} ({pause.reason or 'no reason given'}): nothing was claimed or sent")
-    lines.append(f"reminders newly due: {due} (earlier stages recorded as skipped: {skipped})")
-    earlier = dict(ledger.con.execute(
-        "SELECT reason, count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'held' "
-        "AND reason IN ('provider_failure', 'unknown_outcome') GROUP BY reason", [run_id]).fetchall())
+    lines.append(f"reminders newly due: {c['due']} (earlier stages recorded as skipped: {c['skipped']})")
+    earlier = {reason: n for reason, n in summary.held_by_reason if reason in EARLIER}
     if earlier:
-        lines.append(f"still held from earlier cycles: {sum(earlier.values())} (unknown {earlier.get('unknown_outcome', 0)}, "
-                     f"failed awaiting retry {earlier.get('provider_failure', 0)})")
+        lines.append(f"still held from earlier cycles: {sum(earlier.values())} ("
+                     + ", ".join(f"{label} {earlier.get(reason, 0)}" for reason, label in EARLIER.items()) + ")")
     if dry_run:
-        would = ledger.con.execute("SELECT count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'dry_run' "
-                                   "AND kind = 'reminder'", [run_id]).fetchall()[0][0]
-        lines.append(f"would send: {would} reminder key(s)")
+        lines.append(f"would send: {summary.would_send} reminder key(s)")
     else:
-        lines.append(f"sent: {sent} reminder key(s) in {emails} email(s); failed: {failed}; unknown: {unknown}")
-    held_rows = [(reason, n) for reason, n in held_rows if reason not in earlier]
-    if held_rows:
-        lines.append("held: " + ", ".join(f"{reason} {n}" for reason, n in held_rows))
-    lines.append(f"reminders for invoices not owed: {not_owed}")
-    if failed or unknown:
-        lines.append(f"warning: {failed} failed (retried by a later cycle) and {unknown} unknown (never resent blindly)")
-    stopped = ledger.con.execute("SELECT message FROM alerts WHERE run_id = ? AND kind = 'provider_unhealthy'", [run_id]).fetchone()
-    if stopped:
-        lines.append(f"dunning: {stopped[0]}")
+        lines.append(f"sent: {c['sent']} reminder key(s) in {c['emails']} email(s); failed: {c['failed']}; "
+                     f"unknown: {c['unknown']}")
+    held_now = [(reason, n) for reason, n in summary.held_by_reason if reason not in EARLIER]
+    if held_now:
+        lines.append("held: " + ", ".join(f"{reason} {n}" for reason, n in held_now))
+    lines.append(f"reminders for invoices not owed: {c['not_owed_reminded']}")
+    if c["failed"] or c["unknown"]:
+        lines.append(f"warning: {c['failed']} failed (retried by a later cycle) and {c['unknown']} unknown "
+                     "(never resent blindly)")
+    if summary.provider_stopped:
+        lines.append(f"dunning: {summary.provider_stopped}")
         return "\n".join(lines), ProviderUnhealthy.exit_code
     return "\n".join(lines), 0
 

@@ -12,12 +12,15 @@ counting the window, both seeing room, and both sending (write skew).
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import duckdb
 import polars as pl
 
+from dunning.ledger.connection import LedgerConnection
 from dunning.ledger.schema import LEDGER_COLUMNS
+from dunning.vocabulary import PROVIDER_STATUSES, EmailKind, LedgerStatus, PlanRole, plain
 
 LOST_CLAIM_ERRORS = (duckdb.TransactionException, duckdb.ConstraintException)
 
@@ -45,14 +48,16 @@ def _within_cap(due: pl.DataFrame, recent: pl.DataFrame, cap: ClaimCap) -> pl.Da
     return due.join(allowed, on="email_group", how="semi")
 
 
-class ClaimStore:
+class ClaimStore(LedgerConnection):
+    """Claims and outcomes, on the ledger's connection."""
+
     def claim_owners(self, run_id: str) -> list[str]:
         """Runs other than `run_id` that hold claims (the caller knows which of them are dead)."""
         return [r for (r,) in self.con.execute(
             "SELECT DISTINCT run_id FROM reminder_ledger WHERE status = 'claimed' AND run_id IS DISTINCT FROM ?",
             [run_id]).fetchall()]
 
-    def expire_stale_claims(self, run_id: str, now: dt.datetime, dead_runs: list[str] | tuple[str, ...] = ()) -> int:
+    def expire_stale_claims(self, run_id: str, now: dt.datetime, dead_runs: Sequence[str] = ()) -> int:
         """Claims whose owner is gone become `unknown`, never unsent; a live run's claims are left alone.
 
         A claim is stale when its lease (wall clock) ran out, when its run is
@@ -91,12 +96,15 @@ class ClaimStore:
                     "ON CONFLICT (customer_id) DO UPDATE SET touched_at = excluded.touched_at",
                     [claimed_at],
                 )
-                recent = self.emails_in_window(cap.window_start, cap.window_end, only_customers=customers) if cap else None
-                allowed = _within_cap(due, recent, cap) if cap else due
+                if cap is None:
+                    allowed = due
+                else:
+                    recent = self.emails_in_window(cap.window_start, cap.window_end, only_customers=customers)
+                    allowed = _within_cap(due, recent, cap)
                 result.throttled = set(due.get_column("idempotency_key")) - set(allowed.get_column("idempotency_key"))
-                is_retry = pl.col("role") == "retry" if "role" in allowed.columns else pl.lit(False)
+                is_retry = pl.col("role") == PlanRole.RETRY if "role" in allowed.columns else pl.lit(False)
                 lease = pl.lit(lease_until, dtype=pl.Datetime("us", "UTC")).alias("lease_expires_at")
-                rows = allowed.filter(~is_retry).with_columns(pl.lit("claimed").alias("status"), *stamp).select(
+                rows = allowed.filter(~is_retry).with_columns(pl.lit(LedgerStatus.CLAIMED).alias("status"), *stamp).select(
                     *LEDGER_COLUMNS, lease)
                 retries = allowed.filter(is_retry).select("idempotency_key", "amount_minor", "customer_email")
                 with self.registered("due_rows", rows), self.registered("retry_rows", retries):
@@ -111,7 +119,7 @@ class ClaimStore:
         return result
 
     @staticmethod
-    def _retake_failed(con, run_id: str, claimed_at: dt.datetime, lease_until: dt.datetime | None) -> set[str]:
+    def _retake_failed(con: duckdb.DuckDBPyConnection, run_id: str, claimed_at: dt.datetime, lease_until: dt.datetime | None) -> set[str]:
         """Re-claim failed keys for a retry: the UPDATE only matches rows still `failed`, so a retry is taken once."""
         return {k for (k,) in con.execute(
             """
@@ -134,7 +142,7 @@ class ClaimStore:
                 WHERE status = 'unknown' AND idempotency_key IN (SELECT idempotency_key FROM resolved_keys)
                 RETURNING idempotency_key
                 """,
-                ["sent" if sent else "failed", sent, note, wall],
+                [LedgerStatus.SENT if sent else LedgerStatus.FAILED, sent, note, wall],
             ).fetchall()]
 
     def retryable_failures(self, as_of: dt.datetime, max_attempts: int) -> pl.DataFrame:
@@ -148,12 +156,12 @@ class ClaimStore:
             [max_attempts, as_of],
         )
 
-    def _record_skipped_and_advance(self, con, won: pl.DataFrame, skipped: pl.DataFrame, stamp: list[pl.Expr]) -> None:
-        reminders = won.filter(pl.col("kind") == "reminder")
+    def _record_skipped_and_advance(self, con: duckdb.DuckDBPyConnection, won: pl.DataFrame, skipped: pl.DataFrame, stamp: list[pl.Expr]) -> None:
+        reminders = won.filter(pl.col("kind") == EmailKind.REMINDER)
         if reminders.is_empty():
             return
         skip_rows = skipped.join(reminders.select("invoice_id"), on="invoice_id", how="semi").with_columns(
-            pl.lit("skipped").alias("status"), *stamp).select(LEDGER_COLUMNS)
+            pl.lit(LedgerStatus.SKIPPED).alias("status"), *stamp).select(LEDGER_COLUMNS)
         advanced = reminders.select("invoice_id", "cycle", "stage", "stage_days")
         with self.registered("skip_rows", skip_rows), self.registered("won_rows", advanced):
             con.execute(f"INSERT INTO reminder_ledger ({', '.join(LEDGER_COLUMNS)}) SELECT * FROM skip_rows ON CONFLICT DO NOTHING")
@@ -167,7 +175,8 @@ class ClaimStore:
             )
 
     def record_outcomes(self, outcomes: pl.DataFrame, sent_at: dt.datetime | None, wall: dt.datetime,
-                        backoff_minutes: float, *, expected_status: str = "claimed", run_id: str | None = None) -> int:
+                        backoff_minutes: float, *, expected_status: LedgerStatus = LedgerStatus.CLAIMED,
+                        run_id: str | None = None) -> int:
         """Columns: idempotency_key, status, message_id, error. One UPDATE for the chunk; returns rows updated.
 
         Every update is guarded by the status it expects: a send's outcome
@@ -178,7 +187,7 @@ class ClaimStore:
         means "when it was claimed" (an outcome learned later, by lookup). A
         `failed` key may be retried after `backoff_minutes * 2^(attempts-1)`.
         """
-        recorded = outcomes.filter(pl.col("status").is_in(["sent", "failed", "unknown", "released"]))
+        recorded = outcomes.filter(pl.col("status").is_in(plain(PROVIDER_STATUSES)))
         with self.registered("outcomes", recorded):
             return len(self.con.execute(
                 """

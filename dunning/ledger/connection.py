@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator
 
 import duckdb
 import polars as pl
@@ -84,11 +84,16 @@ class LedgerConnection:
         except _Rollback:
             pass
 
-    def frame(self, sql: str, params: list | None = None) -> pl.DataFrame:
-        return self.con.sql(sql, params=params or None).pl()
+    def frame(self, sql: str, params: Sequence[object] | None = None) -> pl.DataFrame:
+        result: pl.DataFrame = self.con.sql(sql, params=params or None).pl()  # `.pl()` is typed Any (it may be lazy)
+        return result
 
-    def scalar(self, sql: str, params: list | None = None):
-        return self.con.execute(sql, params or []).fetchone()[0]
+    def scalar(self, sql: str, params: Sequence[object] | None = None) -> object:
+        """The first value of the first row, for a query that always returns one (an aggregate)."""
+        row = self.con.execute(sql, params or []).fetchone()
+        if row is None:
+            raise LookupError(f"query returned no row: {sql}")
+        return row[0]
 
     @contextlib.contextmanager
     def registered(self, name: str, frame: pl.DataFrame) -> Iterator[str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import polars as pl
 
@@ -15,7 +15,7 @@ from dunning.ledger.operations import Operations
 
 
 @contextlib.contextmanager
-def open_ledger(path: str | Path, timeout_seconds: float = 120.0) -> Iterator["DuckDBLedger"]:
+def open_ledger(path: str | Path, timeout_seconds: float = 120.0) -> Iterator[DuckDBLedger]:
     """The ledger at `path` (created if new), waiting up to `timeout_seconds` for another process's lock."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -37,7 +37,7 @@ def _kept(column: str) -> pl.Expr:
         text.str.slice(0, QUARANTINE_MAX_CHARS) + pl.lit("…")).otherwise(text).alias(column)
 
 
-class DuckDBLedger(LedgerConnection, ClaimStore, Operations):
+class DuckDBLedger(ClaimStore, Operations):
     """Everything the pipeline stores, behind methods a PostgreSQL backend could implement too."""
 
     def invoice_state(self) -> pl.DataFrame:
@@ -115,9 +115,11 @@ class DuckDBLedger(LedgerConnection, ClaimStore, Operations):
         """Replace one day's rows of a daily table (and policy, for simulations) in one transaction."""
         if table not in ("invoice_history_daily", "simulated_sends"):
             raise ValueError(f"not a daily table: {table}")
-        where, params = "business_date = ?", [business_date]
+        where = "business_date = ?"
+        params: list[object] = [business_date]
         if policy_id is not None:
-            where, params = where + " AND policy_id = ?", params + [policy_id]
+            where += " AND policy_id = ?"
+            params.append(policy_id)
         with self.transaction() as con, self.registered("partition_rows", rows):
             con.execute(f"DELETE FROM {table} WHERE {where}", params)
             con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM partition_rows")

@@ -55,6 +55,11 @@ def _exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     return bool(row and row[0])
 
 
+def _rows(con: duckdb.DuckDBPyConnection, table: str) -> int:
+    row = con.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return int(row[0]) if row else 0
+
+
 def current_version(con: duckdb.DuckDBPyConnection) -> int:
     """0 for an empty file, 1 for a release-0.1 ledger, else the highest version applied."""
     if _exists(con, "schema_version"):
@@ -75,7 +80,7 @@ def check_not_newer(con: duckdb.DuckDBPyConnection, path: str) -> int:
 def migrate(con: duckdb.DuckDBPyConnection, path: str) -> list[int]:
     """Apply every pending migration in order; returns the versions applied now."""
     version = check_not_newer(con, path)
-    applied = []
+    applied: list[int] = []
     con.execute(_VERSION_TABLE)
     if version == 0:  # a new file: the current schema at once, every migration recorded as applied
         con.execute("BEGIN TRANSACTION")
@@ -83,12 +88,12 @@ def migrate(con: duckdb.DuckDBPyConnection, path: str) -> list[int]:
             con.execute(statement)
         for migration in MIGRATIONS:
             con.execute("INSERT INTO schema_version VALUES (?, ?, ?)",
-                        [migration.version, migration.description, dt.datetime.now(dt.timezone.utc)])
+                        [migration.version, migration.description, dt.datetime.now(dt.UTC)])
         con.execute("COMMIT")
         return [m.version for m in MIGRATIONS]
-    if version == 1 and not con.execute("SELECT count(*) FROM schema_version").fetchone()[0]:
+    if version == 1 and not _rows(con, "schema_version"):
         con.execute("INSERT INTO schema_version VALUES (1, ?, ?)",
-                    [MIGRATIONS[0].description + " (found unversioned)", dt.datetime.now(dt.timezone.utc)])
+                    [MIGRATIONS[0].description + " (found unversioned)", dt.datetime.now(dt.UTC)])
     for migration in MIGRATIONS:
         if migration.version <= version:
             continue
@@ -97,7 +102,7 @@ def migrate(con: duckdb.DuckDBPyConnection, path: str) -> list[int]:
             for statement in migration.statements:
                 con.execute(statement)
             con.execute("INSERT INTO schema_version VALUES (?, ?, ?)",
-                        [migration.version, migration.description, dt.datetime.now(dt.timezone.utc)])
+                        [migration.version, migration.description, dt.datetime.now(dt.UTC)])
         except BaseException:
             con.execute("ROLLBACK")
             raise

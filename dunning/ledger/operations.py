@@ -5,11 +5,27 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 
+from dunning.ledger.connection import LedgerConnection
+from dunning.vocabulary import RunOutcome
+
 PER_RUN_TABLES = ("dunning_audit", "dunning_runs")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    COUNT_NAMES = ("snapshot_rows", "rejected_rows", "due", "sent", "failed", "unknown", "held", "skipped", "emails",
+                   "not_owed_reminded")
+    counts: dict[str, int]
+    rejected_by_rule: list[tuple[str, int]]
+    held_by_reason: list[tuple[str, int]]  # this run's holds and the keys still held from earlier cycles
+    would_send: int  # reminder keys a dry run would have sent
+    provider_stopped: str | None  # the health stop's alert message, when the provider was stopped
 
 
 @dataclass(frozen=True)
@@ -20,7 +36,9 @@ class PauseState:
     changed_at: dt.datetime | None = None
 
 
-class Operations:
+class Operations(LedgerConnection):
+    """The pause flag, alerts, incidents, billing events and per-run rows, on the ledger's connection."""
+
     def pause_state(self) -> PauseState:
         row = self.con.execute("SELECT paused, reason, changed_by, changed_at FROM pause_state WHERE id = 1").fetchone()
         return PauseState(*row) if row else PauseState(False)
@@ -33,7 +51,7 @@ class Operations:
         )
 
     def add_alert(self, kind: str, message: str, at: dt.datetime, run_id: str | None = None,
-                  details: dict | None = None, severity: str = "critical") -> str:
+                  details: dict[str, Any] | None = None, severity: str = "critical") -> str:
         alert_id = uuid.uuid4().hex
         self.con.execute(
             "INSERT INTO alerts (alert_id, created_at, kind, severity, message, run_id, details) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -77,17 +95,19 @@ class Operations:
             return {k for (k,) in self.con.execute(
                 "SELECT idempotency_key FROM reminder_ledger WHERE idempotency_key IN (SELECT k FROM asked_keys)").fetchall()}
 
-    def write_audit(self, run_id: str, audit: pl.DataFrame, counts: dict[str, int], as_of: dt.datetime,
-                    dry_run: bool, snapshot_rows: int, snapshot_path: str | None = None) -> None:
+    def write_audit(self, run_id: str, audit: pl.DataFrame, counts: Mapping[str, int], as_of: dt.datetime,
+                    dry_run: bool, snapshot_rows: int, snapshot_path: str | None = None,
+                    run_outcome: RunOutcome = RunOutcome.COMPLETED) -> None:
+        """The audit rows and the run's summary; `counts` as `audit.summarize` gives them."""
         summary = pl.DataFrame([{
-            "run_id": run_id, "as_of": as_of, "dry_run": dry_run, "finished_wall_at": dt.datetime.now(dt.timezone.utc),
+            "run_id": run_id, "as_of": as_of, "dry_run": dry_run, "finished_wall_at": dt.datetime.now(dt.UTC),
             "snapshot_path": snapshot_path, "snapshot_rows": snapshot_rows,
             "rejected_rows": self.scalar("SELECT count(*) FROM snapshot_quarantine WHERE run_id = ?", [run_id]),
             "due": counts["due"], "sent": counts["sent"], "failed": counts["failed"], "unknown": counts["unknown"],
             "held": counts["held"],
             "skipped": self.scalar("SELECT count(*) FROM reminder_ledger WHERE run_id = ? AND status = 'skipped'", [run_id]),
             "emails": self.scalar("SELECT count(DISTINCT email_id) FROM reminder_ledger WHERE run_id = ? AND status = 'sent'", [run_id]),
-            "not_owed_reminded": counts["not_owed_reminded"], "outcome": counts.get("run_outcome", "completed"),
+            "not_owed_reminded": counts["not_owed_reminded"], "outcome": str(run_outcome),
         }])
         self.replace_run_rows("dunning_audit", run_id, audit)
         self.replace_run_rows("dunning_runs", run_id, summary)
@@ -100,14 +120,14 @@ class Operations:
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
             con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM run_rows")
 
-    def last_run(self) -> dict | None:
+    def last_run(self) -> dict[str, Any] | None:
         rows = self.frame("SELECT * FROM dunning_runs WHERE NOT dry_run ORDER BY finished_wall_at DESC LIMIT 1").to_dicts()
         return rows[0] if rows else None
 
     # The dead man's switch (dunning/liveness.py) reads these. Backfills are stored under run ids
     # "backfill:<day>:<policy>" with dry_run set; they are never live runs.
 
-    def last_live_run(self, completed_only: bool = False) -> dict | None:
+    def last_live_run(self, completed_only: bool = False) -> dict[str, Any] | None:
         """The last live (not dry, not backfill) run; with `completed_only`, the last one that was not halted."""
         done = " AND coalesce(outcome, 'completed') = 'completed'" if completed_only else ""
         rows = self.frame(
@@ -115,13 +135,13 @@ class Operations:
             f"WHERE NOT dry_run AND run_id NOT LIKE 'backfill:%'{done} ORDER BY finished_wall_at DESC LIMIT 1").to_dicts()
         return rows[0] if rows else None
 
-    def last_dry_run(self) -> dict | None:
+    def last_dry_run(self) -> dict[str, Any] | None:
         rows = self.frame(
             "SELECT run_id, as_of, finished_wall_at, due, held FROM dunning_runs "
             "WHERE dry_run AND run_id NOT LIKE 'backfill:%' ORDER BY finished_wall_at DESC LIMIT 1").to_dicts()
         return rows[0] if rows else None
 
-    def last_backfill(self) -> dict | None:
+    def last_backfill(self) -> dict[str, Any] | None:
         rows = self.frame(
             "SELECT run_id, as_of, finished_wall_at FROM dunning_runs "
             "WHERE run_id LIKE 'backfill:%' ORDER BY finished_wall_at DESC LIMIT 1").to_dicts()
@@ -135,7 +155,7 @@ class Operations:
             "WHERE status = 'unknown' AND coalesce(outcome_wall_at, claimed_at) < ?", [before]).fetchall()[0]
         return int(row[0]), row[1], row[2]
 
-    def open_alert(self, kind: str) -> dict | None:
+    def open_alert(self, kind: str) -> dict[str, Any] | None:
         """The oldest unresolved alert of `kind`, if any."""
         rows = self.frame("SELECT alert_id, created_at, kind, message FROM alerts WHERE kind = ? AND resolved_at IS NULL "
                           "ORDER BY created_at LIMIT 1", [kind]).to_dicts()
@@ -150,3 +170,22 @@ class Operations:
         """The pause flag alone; reads every row, so the connection has no unfinished result for a later `frame`."""
         rows = self.con.execute("SELECT paused FROM pause_state WHERE id = 1").fetchall()
         return bool(rows and rows[0][0])
+
+    def run_summary(self, run_id: str) -> RunSummary | None:
+        """What one run did, as the CLI reports it: counts, rejections by rule, holds by reason, a health stop."""
+        rows = self.con.execute(
+            "SELECT snapshot_rows, rejected_rows, due, sent, failed, unknown, held, skipped, emails, not_owed_reminded "
+            "FROM dunning_runs WHERE run_id = ?", [run_id]).fetchall()
+        if not rows:
+            return None
+        counts = dict(zip(RunSummary.COUNT_NAMES, (int(v or 0) for v in rows[0]), strict=True))
+        rules = self.con.execute("SELECT rule, count(*) FROM snapshot_quarantine WHERE run_id = ? GROUP BY rule "
+                                 "ORDER BY 2 DESC, 1", [run_id]).fetchall()
+        held = self.con.execute("SELECT reason, count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'held' "
+                                "GROUP BY reason ORDER BY reason", [run_id]).fetchall()
+        would = self.con.execute("SELECT count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'dry_run' "
+                                 "AND kind = 'reminder'", [run_id]).fetchall()[0][0]
+        stopped = self.con.execute("SELECT message FROM alerts WHERE run_id = ? AND kind = 'provider_unhealthy'",
+                                   [run_id]).fetchall()
+        return RunSummary(counts, [(r, int(n)) for r, n in rules], [(r, int(n)) for r, n in held], int(would),
+                          stopped[0][0] if stopped else None)

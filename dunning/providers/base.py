@@ -15,16 +15,16 @@ per-recipient rejection does not.
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable
 from dataclasses import dataclass
 from email.message import Message
-from typing import Iterable, Literal
 
-Status = Literal["sent", "failed", "unknown", "released"]
+from dunning.vocabulary import LookupStatus, ProviderStatus
 
 
 @dataclass(frozen=True)
 class SendOutcome:
-    status: Status
+    status: ProviderStatus
     message_id: str | None = None
     error: str | None = None
     transport_error: bool = False
@@ -47,14 +47,14 @@ class EmailProvider(abc.ABC):
         """
         return [self.send(m) for m in messages]
 
-    def lookup(self, message_id: str) -> Status | None:
+    def lookup(self, message_id: str) -> LookupStatus | None:
         """Whether the message with `message_id` was accepted; None when this provider cannot tell."""
         return None
 
     def close(self) -> None:
         return None
 
-    def __enter__(self) -> "EmailProvider":
+    def __enter__(self) -> EmailProvider:
         return self
 
     def __exit__(self, *exc: object) -> None:

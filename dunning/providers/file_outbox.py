@@ -11,14 +11,14 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from email.message import Message
 from pathlib import Path
-from typing import Iterable
 
-from dunning.providers.base import EmailProvider, SendOutcome, Status
+from dunning.providers.base import EmailProvider, SendOutcome
 from dunning.render import WIRE_POLICY
-
+from dunning.vocabulary import LookupStatus, SendStatus
 
 MAX_STEM = 200  # file systems allow 255 bytes per name; the Message-ID's domain comes from config
 
@@ -52,8 +52,8 @@ class FileOutbox(EmailProvider):
             os.replace(temporary, target)
         except OSError as exc:
             temporary.unlink(missing_ok=True)
-            return SendOutcome("failed", message_id, f"outbox write failed: {exc}")
-        return SendOutcome("sent", message_id)
+            return SendOutcome(SendStatus.FAILED, message_id, f"outbox write failed: {exc}")
+        return SendOutcome(SendStatus.SENT, message_id)
 
     def send_many(self, messages: Iterable[Message]) -> list[SendOutcome]:
         """Serializes on the caller's thread and writes on one writer thread, so rendering and disk overlap.
@@ -72,5 +72,5 @@ class FileOutbox(EmailProvider):
             self._writer.shutdown(wait=True)
             self._writer = None
 
-    def lookup(self, message_id: str) -> Status | None:
-        return "sent" if self.path_for(message_id).exists() else "failed"
+    def lookup(self, message_id: str) -> LookupStatus | None:
+        return SendStatus.SENT if self.path_for(message_id).exists() else SendStatus.FAILED

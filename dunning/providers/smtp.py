@@ -25,20 +25,22 @@ configuration refuses credentials over a plain connection unless
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import smtplib
 import ssl
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from email.message import Message
 from pathlib import Path
-from typing import Iterable
 
 from dunning.config import Provider
 from dunning.errors import ConfigError
 from dunning.providers.base import EmailProvider, SendOutcome
 from dunning.render import WIRE_POLICY
+from dunning.vocabulary import SendStatus
 
 
 class _Connection:
@@ -54,7 +56,7 @@ class _Connection:
         if self.client is None:
             host, port, timeout = self.settings.host, self.settings.port, self.settings.timeout_seconds
             if self.settings.tls == "implicit":
-                client = smtplib.SMTP_SSL(host, port, timeout=timeout, context=self.tls_context)
+                client: smtplib.SMTP = smtplib.SMTP_SSL(host, port, timeout=timeout, context=self.tls_context)
             else:
                 client = smtplib.SMTP(host, port, timeout=timeout)
             try:
@@ -87,10 +89,8 @@ class _Connection:
 
     def quit(self) -> None:
         if self.client is not None:
-            try:
+            with contextlib.suppress(smtplib.SMTPException, OSError):
                 self.client.quit()
-            except (smtplib.SMTPException, OSError):
-                pass
             self.drop()
 
     def send(self, message: Message) -> SendOutcome:
@@ -105,11 +105,11 @@ class _Connection:
                 raise smtplib.SMTPRecipientsRefused({message["To"]: (code, reply)})
         except (smtplib.SMTPSenderRefused, smtplib.SMTPRecipientsRefused) as exc:
             self.reset()
-            return SendOutcome("failed", message_id, f"rejected before data: {exc!r}"[:500],
+            return SendOutcome(SendStatus.FAILED, message_id, f"rejected before data: {exc!r}"[:500],
                                transport_error=_code_of(exc) == 421)
         except (smtplib.SMTPException, OSError) as exc:  # connect, TLS, login, timeout, dropped connection
             self.drop()
-            return SendOutcome("failed", message_id, f"rejected before data: {exc!r}"[:500], transport_error=True)
+            return SendOutcome(SendStatus.FAILED, message_id, f"rejected before data: {exc!r}"[:500], transport_error=True)
         return self._data(client, message_id, message.as_bytes(policy=WIRE_POLICY))
 
     def _data(self, client: smtplib.SMTP, message_id: str, data: bytes) -> SendOutcome:
@@ -125,7 +125,7 @@ class _Connection:
             code, reply = client.getreply()
         except (smtplib.SMTPException, OSError) as exc:
             self.drop()
-            return SendOutcome("failed", message_id, f"no 354 to DATA, nothing handed over: {exc!r}"[:500],
+            return SendOutcome(SendStatus.FAILED, message_id, f"no 354 to DATA, nothing handed over: {exc!r}"[:500],
                                transport_error=True)
         if code != 354:
             return self._refused(message_id, code, reply, "DATA refused")
@@ -133,24 +133,24 @@ class _Connection:
             client.send(_dot_terminated(data))  # sendall: raises unless every byte, the final dot included, left
         except (smtplib.SMTPException, OSError) as exc:
             self.drop()
-            return SendOutcome("failed", message_id, f"connection lost before the final dot: {exc!r}"[:500],
+            return SendOutcome(SendStatus.FAILED, message_id, f"connection lost before the final dot: {exc!r}"[:500],
                                transport_error=True)
         try:
             code, reply = client.getreply()
         except (smtplib.SMTPException, OSError) as exc:
             self.drop()
-            return SendOutcome("unknown", message_id, f"no answer after the final dot: {exc!r}"[:500],
+            return SendOutcome(SendStatus.UNKNOWN, message_id, f"no answer after the final dot: {exc!r}"[:500],
                                transport_error=True)
         if code != 250:
             return self._refused(message_id, code, reply, "data rejected")
-        return SendOutcome("sent", message_id)
+        return SendOutcome(SendStatus.SENT, message_id)
 
     def _refused(self, message_id: str, code: int, reply: bytes, what: str) -> SendOutcome:
         if code == 421:  # the server is closing the session: a transport problem, and the connection is gone
             self.drop()
         else:
             self.reset()
-        return SendOutcome("failed", message_id, f"{what}: {code} {reply!r}"[:500], transport_error=code == 421)
+        return SendOutcome(SendStatus.FAILED, message_id, f"{what}: {code} {reply!r}"[:500], transport_error=code == 421)
 
 
 def _code_of(exc: smtplib.SMTPException) -> int | None:
@@ -196,7 +196,7 @@ class SmtpProvider(EmailProvider):
         values = tuple(os.environ.get(n) if n else None for n in names)
         missing = [f"provider.{key}: environment variable {name} is not set or empty" if name else
                    f"provider.{key}: not configured (username_env and password_env go together)"
-                   for key, name, value in zip(("username_env", "password_env"), names, values) if not value]
+                   for key, name, value in zip(("username_env", "password_env"), names, values, strict=True) if not value]
         if missing:
             raise ConfigError("; ".join(missing))  # names only: a value never goes into an error
         return values  # type: ignore[return-value]
@@ -221,7 +221,7 @@ class SmtpProvider(EmailProvider):
 
     def send(self, message: Message) -> SendOutcome:
         if self.stopped_reason is not None:
-            return SendOutcome("released", message["Message-ID"], f"not handed over: {self.stopped_reason}"[:500])
+            return SendOutcome(SendStatus.RELEASED, message["Message-ID"], f"not handed over: {self.stopped_reason}"[:500])
         outcome = self._connection().send(message)
         self._count(outcome)
         return outcome

@@ -1,0 +1,131 @@
+"""The pipeline's words: every status, kind, role, tone and reason, each as one closed set of names.
+
+These values used to be bare strings spelled again wherever they were produced
+or compared, so a typo (`"unknwon"`) was a silent miss rather than an error,
+and nothing said which strings belonged together. Here each set is a
+`StrEnum`: a reader sees every allowed value in one place, mypy checks each
+use, and a member *is* its string (`SendStatus.SENT == "sent"`), so SQL
+parameters, DuckDB, polars literals and JSON take members unchanged.
+
+The spellings are a public surface: they are stored in the ledger, the audit
+and the run summary, queried by analysts, and found in ledgers written by
+older releases. Never respell a value; add one only together with whatever
+stores it (`reminder_ledger` has CHECK constraints on `LedgerStatus` and
+`EmailKind`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
+from typing import Literal, TypeAlias, TypeVar
+
+K = TypeVar("K", bound=str)
+V = TypeVar("V")
+
+
+def plain(members: Iterable[str]) -> list[str]:
+    """Members as plain `str`, for a list handed to polars (`is_in`, a Series, a frame's column).
+
+    A single member is fine anywhere (`pl.lit(m)`, `pl.col(c) == m`), but from a
+    list of members polars infers an `Enum` dtype whose categories are the whole
+    class, and then fails on any other value it meets in the same list or column.
+    """
+    return [str(m) for m in members]
+
+
+def plain_keys(mapping: Mapping[K, V]) -> dict[str, V]:
+    """`mapping` with plain `str` keys, for `Expr.replace_strict` (see `plain`)."""
+    return {str(k): v for k, v in mapping.items()}
+
+
+class LedgerStatus(StrEnum):
+    """`reminder_ledger.status`: where one key stands."""
+
+    CLAIMED = "claimed"  # this run may send it; a crash leaves it for the next run to turn `unknown`
+    SENT = "sent"
+    FAILED = "failed"  # definitely not accepted: retried after the backoff
+    UNKNOWN = "unknown"  # may have been accepted: never resent blindly
+    SKIPPED = "skipped"  # a stage passed over because a later one was due; never sent
+
+
+class EmailKind(StrEnum):
+    """`kind` of a key and of the email that carries it (also the `X-Dunning-Kind` header)."""
+
+    REMINDER = "reminder"
+    APOLOGY = "apology"
+    PAYMENT_FAILED = "payment_failed"
+
+
+class PlanRole(StrEnum):
+    """`role` of a row of the cycle's plan."""
+
+    DUE = "due"  # send now
+    RETRY = "retry"  # a failed send whose backoff is over
+    SKIPPED = "skipped"  # record as skipped, never send
+
+
+class Tone(StrEnum):
+    """How firmly a reminder speaks: by the stage's place among the configured stages."""
+
+    GENTLE = "gentle"
+    FIRM = "firm"
+    FINAL = "final"
+
+
+class SendStatus(StrEnum):
+    """The outcome of one due key in this run (`send_batch`'s `status` column)."""
+
+    # from the provider (see `dunning.providers.base`); recorded in the ledger
+    SENT = "sent"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    RELEASED = "released"  # claimed, never handed over (provider stopped): `failed` in the ledger, no attempt
+    # not claimed, or claimed by someone else
+    THROTTLED = "throttled"  # the customer was at the email cap when claimed
+    LOST = "lost"  # another run holds the key
+    # not attempted: the whole batch was held
+    PAUSED = "paused"
+    BREAKER = "breaker"
+    DRY_RUN = "dry_run"
+    SIMULATED = "simulated"  # a backfill: written to `simulated_sends`
+
+
+# What a provider can answer for one message, and what `record_outcomes` writes to the ledger
+ProviderStatus: TypeAlias = Literal[SendStatus.SENT, SendStatus.FAILED, SendStatus.UNKNOWN, SendStatus.RELEASED]
+PROVIDER_STATUSES: tuple[ProviderStatus, ...] = (SendStatus.SENT, SendStatus.FAILED, SendStatus.UNKNOWN,
+                                                 SendStatus.RELEASED)
+# What a provider's lookup of an earlier message can answer definitely
+LookupStatus: TypeAlias = Literal[SendStatus.SENT, SendStatus.FAILED]
+
+
+class AuditOutcome(StrEnum):
+    """`dunning_audit.outcome`: what became of a key this cycle considered."""
+
+    SENT = "sent"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    HELD = "held"  # not sent, for a `HoldReason`
+    DRY_RUN = "dry_run"
+    SIMULATED = "simulated"
+
+
+class RunOutcome(StrEnum):
+    """`dunning_runs.outcome`: how a run that wrote its audit ended."""
+
+    COMPLETED = "completed"
+    HALTED_BY_BREAKER = "halted_by_breaker"
+
+
+class HoldReason(StrEnum):
+    """`dunning_audit.reason`: why a key was not sent (null when it was, or on a dry run or backfill)."""
+
+    NO_EMAIL_ADDRESS = "no_email_address"
+    PAUSED = "paused"
+    BREAKER = "breaker"
+    THROTTLED = "throttled"
+    PROVIDER_FAILURE = "provider_failure"
+    PROVIDER_STOPPED = "provider_stopped"
+    UNKNOWN_OUTCOME = "unknown_outcome"
+    CLAIMED_BY_ANOTHER_RUN = "claimed_by_another_run"
+    NOT_ATTEMPTED = "not_attempted"
