@@ -12,27 +12,49 @@ from resources.dunning import CycleRequest, DunningHome
 
 
 def audit_run_id(context: dg.AssetExecutionContext, clock: CycleClock, policy_id: str) -> str:
-    """Live and dry runs are audited under their run id; a backfill under its day and policy, so a re-run replaces it."""
+    """Live and dry runs are audited under their run id; a backfill under its day and policy, so a re-run
+    replaces it."""
     return context.run.run_id if clock.reads_live_state else f"backfill:{clock.partition_date}:{policy_id}"
 
 
 @dg.asset(**ASSET_DEFAULTS, kinds={"polars", "duckdb"}, pool=LEDGER_POOL, ins={"invoice_snapshot": SNAPSHOT_FOR_AUDIT})
-def dunning_audit(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFrame, reminders_due: pl.DataFrame,
-                  send_batch: pl.DataFrame, dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
+def dunning_audit(
+    context: dg.AssetExecutionContext,
+    invoice_snapshot: pl.DataFrame,
+    reminders_due: pl.DataFrame,
+    send_batch: pl.DataFrame,
+    dunning_home: DunningHome,
+    cycle_request: CycleRequest,
+) -> dg.Output[pl.DataFrame]:
     """One row per key this cycle considered: outcome, reason if not sent, amount stated vs owed."""
     config = dunning_home.settings()
     clock = cycle_request.cycle_clock(context, config)
     run_id = audit_run_id(context, clock, config.policy_id)
     with dunning_home.ledger() as ledger:
         audit = cycle.audit_cycle(
-            ledger, invoice_snapshot, reminders_due, send_batch, run_id=run_id, as_of=clock.as_of,
-            dry_run=not clock.live, snapshot_path=cycle_request.snapshot_path,
+            ledger,
+            invoice_snapshot,
+            reminders_due,
+            send_batch,
+            run_id=run_id,
+            as_of=clock.as_of,
+            dry_run=not clock.live,
+            snapshot_path=cycle_request.snapshot_path,
         )
     counts = audit_rules.summarize(audit)
     held = audit_rules.held_by_reason(audit)
     by_stage = audit_rules.by_stage_and_outcome(audit)
-    summary = audit_rules.markdown_summary(counts, held, dry_run=not clock.live) + "\n\n" + audit_rules.markdown_chart(by_stage)
-    return dg.Output(audit, metadata={
-        **frame_metadata(audit), "summary": dg.MetadataValue.md(summary), **counts,
-        "held_by_reason": dg.MetadataValue.json(held),
-    })
+    summary = (
+        audit_rules.markdown_summary(counts, held, dry_run=not clock.live)
+        + "\n\n"
+        + audit_rules.markdown_chart(by_stage)
+    )
+    return dg.Output(
+        audit,
+        metadata={
+            **frame_metadata(audit),
+            "summary": dg.MetadataValue.md(summary),
+            **counts,
+            "held_by_reason": dg.MetadataValue.json(held),
+        },
+    )

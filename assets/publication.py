@@ -8,16 +8,20 @@ from resources.dunning import CycleRequest, DunningHome
 
 
 @dg.asset(**ASSET_DEFAULTS, kinds={"parquet", "duckdb"}, deps=["dunning_audit"], pool="dunning_ledger")
-def analyst_history(context: dg.AssetExecutionContext, dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.MaterializeResult:
+def analyst_history(
+    context: dg.AssetExecutionContext, dunning_home: DunningHome, cycle_request: CycleRequest
+) -> dg.MaterializeResult:
     """One Parquet file per history table under DIR/analytics, and DIR/analytics.duckdb with views over them.
 
-    Analysts open `analytics.duckdb` read-only (their own tables go in their own file that ATTACHes it): it never locks the
-    pipeline's `dunning.duckdb`, and each publication replaces files atomically.
+    Analysts open `analytics.duckdb` read-only (their own tables go in their own file that ATTACHes it): it never
+    locks the pipeline's `dunning.duckdb`, and each publication replaces files atomically.
     """
     with dunning_home.ledger() as ledger:
         counts = publish(ledger.con, dunning_home.root)
-    return dg.MaterializeResult(metadata={
-        "path": str(dunning_home.root / "analytics.duckdb"),
-        "rows_by_table": dg.MetadataValue.json(counts),
-        "views": dg.MetadataValue.json(sorted(ANALYST_VIEWS)),
-    })
+    return dg.MaterializeResult(
+        metadata={
+            "path": str(dunning_home.root / "analytics.duckdb"),
+            "rows_by_table": dg.MetadataValue.json(counts),
+            "views": dg.MetadataValue.json(sorted(ANALYST_VIEWS)),
+        }
+    )

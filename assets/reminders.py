@@ -10,8 +10,13 @@ from resources.dunning import CycleRequest, DunningHome
 
 
 @dg.asset(**ASSET_DEFAULTS, kinds={"polars"}, pool=LEDGER_POOL)
-def reminders_due(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFrame, billing_events: pl.DataFrame,
-                  dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
+def reminders_due(
+    context: dg.AssetExecutionContext,
+    invoice_snapshot: pl.DataFrame,
+    billing_events: pl.DataFrame,
+    dunning_home: DunningHome,
+    cycle_request: CycleRequest,
+) -> dg.Output[pl.DataFrame]:
     """One row per key this cycle: newly due (`due`), a failed send to retry (`retry`), or passed over (`skipped`).
 
     Reminders come from the snapshot; payment-failed notices (kind
@@ -29,13 +34,16 @@ def reminders_due(context: dg.AssetExecutionContext, invoice_snapshot: pl.DataFr
     plan = cycle.plan_cycle(invoice_snapshot, config, failed, notices)
     due = cycle.due_rows(plan)
     by_stage = dict(due.group_by("stage").len().iter_rows()) if due.height else {}
-    return dg.Output(plan, metadata={
-        **frame_metadata(plan),
-        "due": due.height,
-        "retries": int((due.get_column("role") == "retry").sum()),
-        "payment_failed_notices": int((due.get_column("kind") == "payment_failed").sum()),
-        "due_unsendable": int((~due.get_column("sendable")).sum()) if due.height else 0,
-        "skipped": plan.height - due.height,
-        "emails": int(due.filter(pl.col("sendable")).get_column("email_group").n_unique()) if due.height else 0,
-        "due_by_stage": dg.MetadataValue.json({str(k): v for k, v in by_stage.items()}),
-    })
+    return dg.Output(
+        plan,
+        metadata={
+            **frame_metadata(plan),
+            "due": due.height,
+            "retries": int((due.get_column("role") == "retry").sum()),
+            "payment_failed_notices": int((due.get_column("kind") == "payment_failed").sum()),
+            "due_unsendable": int((~due.get_column("sendable")).sum()) if due.height else 0,
+            "skipped": plan.height - due.height,
+            "emails": int(due.filter(pl.col("sendable")).get_column("email_group").n_unique()) if due.height else 0,
+            "due_by_stage": dg.MetadataValue.json({str(k): v for k, v in by_stage.items()}),
+        },
+    )

@@ -14,8 +14,13 @@ from dunning.vocabulary import SendStatus
 from resources.dunning import CycleRequest, DunningHome
 
 PROVIDER_UNHEALTHY = "provider_unhealthy"
-LIVE_RUN_STATUSES = (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
-                     dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING)
+LIVE_RUN_STATUSES = (
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+)
 
 
 def dead_runs(instance: dg.DagsterInstance, run_ids: list[str]) -> list[str]:
@@ -27,13 +32,29 @@ def dead_runs(instance: dg.DagsterInstance, run_ids: list[str]) -> list[str]:
         if run is not None and run.status not in LIVE_RUN_STATUSES:
             dead.append(run_id)
     return dead
-SIMULATED_COLUMNS = ("idempotency_key", "kind", "invoice_id", "customer_id", "customer_email", "cycle", "stage",
-                     "amount_minor", "currency", "email_id")
+
+
+SIMULATED_COLUMNS = (
+    "idempotency_key",
+    "kind",
+    "invoice_id",
+    "customer_id",
+    "customer_email",
+    "cycle",
+    "stage",
+    "amount_minor",
+    "currency",
+    "email_id",
+)
 
 
 @dg.asset(**ASSET_DEFAULTS, kinds={"email", "duckdb"}, pool=LEDGER_POOL)
-def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, dunning_home: DunningHome,
-               cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
+def send_batch(
+    context: dg.AssetExecutionContext,
+    reminders_due: pl.DataFrame,
+    dunning_home: DunningHome,
+    cycle_request: CycleRequest,
+) -> dg.Output[pl.DataFrame]:
     """One row per sendable key of this cycle with its outcome: sent, failed, unknown, or why it was held.
 
     Keys are claimed under the primary key, and the customer cap re-checked,
@@ -48,15 +69,27 @@ def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, d
         context.log.info(f"dry run: {due.height} key(s) would be claimed and sent; nothing claimed")
         return dg.Output(held_outcomes(due, SendStatus.DRY_RUN), metadata={"dry_run": True, "would_send": due.height})
     if clock.mode is RunMode.BACKFILL:
-        simulated = due.select(pl.lit(clock.partition_date).alias("business_date"), pl.lit(config.policy_id).alias("policy_id"),
-                               pl.lit(context.run.run_id).alias("run_id"), pl.lit(clock.as_of).alias("as_of"), *SIMULATED_COLUMNS)
+        simulated = due.select(
+            pl.lit(clock.partition_date).alias("business_date"),
+            pl.lit(config.policy_id).alias("policy_id"),
+            pl.lit(context.run.run_id).alias("run_id"),
+            pl.lit(clock.as_of).alias("as_of"),
+            *SIMULATED_COLUMNS,
+        )
         with dunning_home.ledger() as ledger:
             ledger.replace_partition("simulated_sends", clock.partition_date, simulated, policy_id=config.policy_id)
-        context.log.info(f"backfill of {clock.partition_date}: {due.height} key(s) recorded in simulated_sends, nothing sent")
-        return dg.Output(held_outcomes(due, SendStatus.SIMULATED), metadata={"simulated": due.height, "policy_id": config.policy_id})
+        context.log.info(
+            f"backfill of {clock.partition_date}: {due.height} key(s) recorded in simulated_sends, nothing sent"
+        )
+        return dg.Output(
+            held_outcomes(due, SendStatus.SIMULATED), metadata={"simulated": due.height, "policy_id": config.policy_id}
+        )
 
     def progress(report, total_emails: int) -> None:
-        context.log.info(f"sent {report.emails}/{total_emails} emails ({report.sent} keys sent, {report.failed} failed, {report.unknown} unknown)")
+        context.log.info(
+            f"sent {report.emails}/{total_emails} emails "
+            f"({report.sent} keys sent, {report.failed} failed, {report.unknown} unknown)"
+        )
         report_send_progress(report.emails, total_emails, report.sent, report.failed, report.unknown)
 
     try:
@@ -64,32 +97,60 @@ def send_batch(context: dg.AssetExecutionContext, reminders_due: pl.DataFrame, d
             pause = ledger.pause_state()
             if pause.paused:
                 context.log.warning(f"paused ({pause.reason}): {due.height} key(s) held, nothing sent")
-                return dg.Output(held_outcomes(due, SendStatus.PAUSED), metadata={"paused": True, "pause_reason": pause.reason or "", "held": due.height})
+                return dg.Output(
+                    held_outcomes(due, SendStatus.PAUSED),
+                    metadata={"paused": True, "pause_reason": pause.reason or "", "held": due.height},
+                )
             with dunning_home.provider(config) as provider:
                 owners = ledger.claim_owners(context.run.run_id)
                 stale = ledger.expire_stale_claims(context.run.run_id, utc_now(), dead_runs(context.instance, owners))
                 resolved = resolve_unknown(ledger, provider, utc_now(), config.retry.backoff_minutes)
                 report, outcomes = send_due(
-                    ledger, provider, due, cycle.skipped_rows(reminders_due), config=config, run_id=context.run.run_id,
-                    as_of=clock.as_of, now=utc_now, cap=cycle.claim_cap(clock.as_of, config), progress=progress,
+                    ledger,
+                    provider,
+                    due,
+                    cycle.skipped_rows(reminders_due),
+                    config=config,
+                    run_id=context.run.run_id,
+                    as_of=clock.as_of,
+                    now=utc_now,
+                    cap=cycle.claim_cap(clock.as_of, config),
+                    progress=progress,
                 )
     except DunningError as error:
         raise fail(error) from None
     if report.provider_stopped:
         with dunning_home.ledger() as ledger:
-            alert_id = raise_alert(ledger, config.alerts, Alert(
-                kind=PROVIDER_UNHEALTHY, message=f"{report.provider_stopped}; {report.released} claimed key(s) released as "
-                f"failed (never handed over), the next cycle retries them after the backoff",
-                created_at=clock.as_of, run_id=context.run.run_id, details={"provider": config.provider.kind,
-                                                                        "released_keys": report.released},
-                dedup_key=f"dunning-provider-{config.provider.kind}"), context.log)
+            alert_id = raise_alert(
+                ledger,
+                config.alerts,
+                Alert(
+                    kind=PROVIDER_UNHEALTHY,
+                    message=f"{report.provider_stopped}; {report.released} claimed key(s) released as "
+                    f"failed (never handed over), the next cycle retries them after the backoff",
+                    created_at=clock.as_of,
+                    run_id=context.run.run_id,
+                    details={"provider": config.provider.kind, "released_keys": report.released},
+                    dedup_key=f"dunning-provider-{config.provider.kind}",
+                ),
+                context.log,
+            )
         context.log.error(f"provider stopped as unhealthy (alert {alert_id}): {report.provider_stopped}")
     if report.failed or report.unknown:
         context.log.warning(f"{report.failed} key(s) failed and {report.unknown} ended unknown; see the audit")
-    return dg.Output(outcomes, metadata={
-        **frame_metadata(outcomes),
-        "emails": report.emails, "sent": report.sent, "failed": report.failed, "unknown": report.unknown,
-        "throttled": report.throttled, "claimed_elsewhere": report.lost, "released": report.released,
-        "provider_stopped": report.provider_stopped or "",
-        "stale_claims_marked_unknown": stale, "unknown_resolved_by_lookup": resolved,
-    })
+    return dg.Output(
+        outcomes,
+        metadata={
+            **frame_metadata(outcomes),
+            "emails": report.emails,
+            "sent": report.sent,
+            "failed": report.failed,
+            "unknown": report.unknown,
+            "throttled": report.throttled,
+            "claimed_elsewhere": report.lost,
+            "released": report.released,
+            "provider_stopped": report.provider_stopped or "",
+            "stale_claims_marked_unknown": stale,
+            "unknown_resolved_by_lookup": resolved,
+        },
+    )

@@ -12,8 +12,19 @@ from dunning.landing import latest_for_day
 from dunning.policy import assign_cycles, stages_frame
 from resources.dunning import CycleRequest, DunningHome
 
-HISTORY_COLUMNS = ("invoice_id", "customer_id", "customer_email", "currency", "amount_due", "amount_paid",
-                   "remaining_minor", "due_date", "status", "days_overdue", "cycle")
+HISTORY_COLUMNS = (
+    "invoice_id",
+    "customer_id",
+    "customer_email",
+    "currency",
+    "amount_due",
+    "amount_paid",
+    "remaining_minor",
+    "due_date",
+    "status",
+    "days_overdue",
+    "cycle",
+)
 
 
 def _snapshot_path(dunning_home: DunningHome, cycle_request: CycleRequest, day) -> str:
@@ -21,13 +32,17 @@ def _snapshot_path(dunning_home: DunningHome, cycle_request: CycleRequest, day) 
         return cycle_request.snapshot_path
     landed = latest_for_day(dunning_home.root / "landing", day)
     if landed is None:
-        raise SnapshotError(f"no snapshot given and none landed for {day} in {dunning_home.root / 'landing'} "
-                            "(name files YYYY-MM-DD*.csv|parquet|json)")
+        raise SnapshotError(
+            f"no snapshot given and none landed for {day} in {dunning_home.root / 'landing'} "
+            "(name files YYYY-MM-DD*.csv|parquet|json)"
+        )
     return str(landed)
 
 
 @dg.asset(**ASSET_DEFAULTS, kinds={"polars", "duckdb", "pandera"}, pool=LEDGER_POOL)
-def invoice_snapshot(context: dg.AssetExecutionContext, dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
+def invoice_snapshot(
+    context: dg.AssetExecutionContext, dunning_home: DunningHome, cycle_request: CycleRequest
+) -> dg.Output[pl.DataFrame]:
     """One row per accepted invoice of the day's snapshot, with its dunning cycle and days overdue.
 
     Rejected rows go to `snapshot_quarantine` with the rule they broke. The
@@ -48,28 +63,51 @@ def invoice_snapshot(context: dg.AssetExecutionContext, dunning_home: DunningHom
                 ledger.quarantine(context.run.run_id, path, loaded.rejected, utc_now())
             if loaded.rejected.height and config.on_invalid_rows == "halt":
                 raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {loaded.summary}")
-            state = ledger.invoice_state() if clock.reads_live_state else ledger.state_as_of(clock.as_of, stages_frame(config))
+            state = (
+                ledger.invoice_state()
+                if clock.reads_live_state
+                else ledger.state_as_of(clock.as_of, stages_frame(config))
+            )
             cycled = assign_cycles(loaded.valid, state, clock.as_of, config, taken_at)
             if clock.live:
                 ledger.record_cycle_changes(clock.as_of, cycled, taken_at)
-                ledger.record_applied_snapshot(context.run.run_id, taken_at, clock.as_of, path, cycle_request.allow_stale, utc_now())
+                ledger.record_applied_snapshot(
+                    context.run.run_id, taken_at, clock.as_of, path, cycle_request.allow_stale, utc_now()
+                )
             if clock.mode is not RunMode.DRY_RUN:
-                ledger.replace_partition("invoice_history_daily", clock.partition_date, cycled.select(
-                    pl.lit(clock.partition_date).alias("business_date"), pl.lit(context.run.run_id).alias("run_id"),
-                    pl.lit(clock.as_of).alias("as_of"), *HISTORY_COLUMNS))
+                ledger.replace_partition(
+                    "invoice_history_daily",
+                    clock.partition_date,
+                    cycled.select(
+                        pl.lit(clock.partition_date).alias("business_date"),
+                        pl.lit(context.run.run_id).alias("run_id"),
+                        pl.lit(clock.as_of).alias("as_of"),
+                        *HISTORY_COLUMNS,
+                    ),
+                )
     except DunningError as error:
         raise fail(error) from None
     if loaded.rejected.height:
         context.log.warning(loaded.summary)
     mode = log_run_mode(context, clock.mode)
-    return dg.Output(cycled, metadata={
-        **frame_metadata(cycled), "mode": mode, "snapshot": path, "rejected_rows": loaded.rejected.height,
-        "rejections": loaded.summary, "owed_invoices": int(cycled.get_column("owed").sum()), "as_of": clock.as_of.isoformat(),
-    })
+    return dg.Output(
+        cycled,
+        metadata={
+            **frame_metadata(cycled),
+            "mode": mode,
+            "snapshot": path,
+            "rejected_rows": loaded.rejected.height,
+            "rejections": loaded.summary,
+            "owed_invoices": int(cycled.get_column("owed").sum()),
+            "as_of": clock.as_of.isoformat(),
+        },
+    )
 
 
 @dg.asset(**ASSET_DEFAULTS, kinds={"stripe", "duckdb"}, pool=LEDGER_POOL)
-def billing_events(context: dg.AssetExecutionContext, dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.Output[pl.DataFrame]:
+def billing_events(
+    context: dg.AssetExecutionContext, dunning_home: DunningHome, cycle_request: CycleRequest
+) -> dg.Output[pl.DataFrame]:
     """One row per distinct accepted billing event (Stripe) delivered to this run, stored once in `billing_events`.
 
     An `invoice.payment_failed` event that cannot be a sound notice (see
@@ -96,6 +134,14 @@ def billing_events(context: dg.AssetExecutionContext, dunning_home: DunningHome,
     ignored = sum(n for t, n in by_type.items() if t != PAYMENT_FAILED)
     if ignored:
         context.log.info(f"{ignored} event(s) of other types counted and ignored: {by_type}")
-    return dg.Output(events, metadata={**frame_metadata(events), "new_events": new, "ignored_events": ignored,
-                                       "rejected_events": loaded.rejected.height, "rejections": loaded.summary(),
-                                       "by_type": dg.MetadataValue.json(by_type)})
+    return dg.Output(
+        events,
+        metadata={
+            **frame_metadata(events),
+            "new_events": new,
+            "ignored_events": ignored,
+            "rejected_events": loaded.rejected.height,
+            "rejections": loaded.summary(),
+            "by_type": dg.MetadataValue.json(by_type),
+        },
+    )

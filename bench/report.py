@@ -5,8 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 TARGETS = {
-    "full_1m": 60.0, "dry_10m": 120.0, "dry_10m_rss_mb": 8192, "newly_due_ratio": 2.0, "noop_10k": 8.0,
-    "file_rate": 2000, "smtp_rate": 300, "naive_ratio": 50.0, "history_growth": 0.20,
+    "full_1m": 60.0,
+    "dry_10m": 120.0,
+    "dry_10m_rss_mb": 8192,
+    "newly_due_ratio": 2.0,
+    "noop_10k": 8.0,
+    "file_rate": 2000,
+    "smtp_rate": 300,
+    "naive_ratio": 50.0,
+    "history_growth": 0.20,
 }
 
 
@@ -20,40 +27,75 @@ def _tier_rows(tier: dict) -> list[str]:
     steps = tier["steps"]["steps"]
     ratio = steps["newly_due"]["s"] / max(tier["floor"]["median_s"], 1e-9)
     rows.append(f"| {tier['tier']} | ledger rows | {tier['ledger_rows']:,} | |")
-    rows.append(f"| {tier['tier']} | keys newly due (ours / floor query) | {tier['steps']['due_keys']:,} / {tier['floor']['newly_due']:,} | |")
+    rows.append(
+        f"| {tier['tier']} | keys newly due (ours / floor query) | "
+        f"{tier['steps']['due_keys']:,} / {tier['floor']['newly_due']:,} | |"
+    )
     if full:
         target = _ok(full["median_s"] <= TARGETS["full_1m"]) if tier["tier"] == "1m" else ""
-        rows.append(f"| {tier['tier']} | full `dunning run`, file outbox (median of {len(full['runs_s'])}) | "
-                    f"{full['median_s']:.1f} s, peak RSS {full['peak_rss_mb']:,} MB | {target} |")
-    target = _ok(dry["median_s"] <= TARGETS["dry_10m"] and dry["peak_rss_mb"] <= TARGETS["dry_10m_rss_mb"]) if tier["tier"] == "10m" else ""
-    rows.append(f"| {tier['tier']} | `dunning run --dry-run` (median) | {dry['median_s']:.1f} s, peak RSS {dry['peak_rss_mb']:,} MB | {target} |")
+        rows.append(
+            f"| {tier['tier']} | full `dunning run`, file outbox (median of {len(full['runs_s'])}) | "
+            f"{full['median_s']:.1f} s, peak RSS {full['peak_rss_mb']:,} MB | {target} |"
+        )
+    target = (
+        _ok(dry["median_s"] <= TARGETS["dry_10m"] and dry["peak_rss_mb"] <= TARGETS["dry_10m_rss_mb"])
+        if tier["tier"] == "10m"
+        else ""
+    )
+    rows.append(
+        f"| {tier['tier']} | `dunning run --dry-run` (median) | "
+        f"{dry['median_s']:.1f} s, peak RSS {dry['peak_rss_mb']:,} MB | {target} |"
+    )
     for name, value in steps.items():
         extra = f", {value['emails']:,} emails, {value['emails_per_s']:,} emails/s" if "emails" in value else ""
         runs = f", median of {len(value['runs_s'])}" if "runs_s" in value else ""
-        rows.append(f"| {tier['tier']} | step `{name}` | {value['s']:.2f} s{runs} (process peak {value['peak_rss_mb']:,} MB){extra} | |")
+        rows.append(
+            f"| {tier['tier']} | step `{name}` | "
+            f"{value['s']:.2f} s{runs} (process peak {value['peak_rss_mb']:,} MB){extra} | |"
+        )
     if "publication" in tier:
         pub = tier["publication"]
-        rows.append(f"| {tier['tier']} | publication with {pub['days']} days of daily history ({pub['history_rows']:,} rows) | "
-                    f"first {pub['first_s']:.2f} s, next run {pub['next_run_s']:.2f} s (copying the table whole: "
-                    f"{pub['whole_table_copy_s']:.2f} s) | |")
+        rows.append(
+            f"| {tier['tier']} | publication with {pub['days']} days of daily history ({pub['history_rows']:,} rows) | "
+            f"first {pub['first_s']:.2f} s, next run {pub['next_run_s']:.2f} s (copying the table whole: "
+            f"{pub['whole_table_copy_s']:.2f} s) | |"
+        )
     rows.append(f"| {tier['tier']} | floor: bare DuckDB anti-join | {tier['floor']['median_s']:.2f} s | |")
-    rows.append(f"| {tier['tier']} | newly-due step / floor | {ratio:.1f}x | {_ok(ratio <= TARGETS['newly_due_ratio'])} |")
+    rows.append(
+        f"| {tier['tier']} | newly-due step / floor | {ratio:.1f}x | {_ok(ratio <= TARGETS['newly_due_ratio'])} |"
+    )
     naive = tier.get("naive")
     if full and naive:
         naive_ratio = naive["extrapolated_s"] / full["median_s"]
-        capped = f"capped at {naive['seconds']} s after {naive['processed']:,} of {naive['of']:,} invoices, extrapolated" if naive["capped"] else "complete"
-        share = f"; {naive['ledger_share']:.0%} of its time in per-invoice queries and commits" if "ledger_share" in naive else ""
-        rows.append(f"| {tier['tier']} | naive poller, same emails rendered ({capped}{share}) | {naive['extrapolated_s']:,.0f} s = {naive_ratio:.0f}x our cycle | "
-                    f"{_ok(naive_ratio >= TARGETS['naive_ratio']) if tier['tier'] == '1m' else ''} |")
-        for key, label, base in (("full_cycle_history_x2", "full cycle", full), ("dry_run_history_x2", "`--dry-run`", dry)):
+        capped = (
+            f"capped at {naive['seconds']} s after {naive['processed']:,} of {naive['of']:,} invoices, extrapolated"
+            if naive["capped"]
+            else "complete"
+        )
+        share = (
+            f"; {naive['ledger_share']:.0%} of its time in per-invoice queries and commits"
+            if "ledger_share" in naive
+            else ""
+        )
+        rows.append(
+            f"| {tier['tier']} | naive poller, same emails rendered ({capped}{share}) | "
+            f"{naive['extrapolated_s']:,.0f} s = {naive_ratio:.0f}x our cycle | "
+            f"{_ok(naive_ratio >= TARGETS['naive_ratio']) if tier['tier'] == '1m' else ''} |"
+        )
+        for key, label, base in (
+            ("full_cycle_history_x2", "full cycle", full),
+            ("dry_run_history_x2", "`--dry-run`", dry),
+        ):
             if key not in tier:
                 continue
             doubled = tier[key]
             growth = doubled["median_s"] / base["median_s"] - 1
-            rows.append(f"| {tier['tier']} | {label} with history doubled ({doubled['ledger_rows']:,} ledger rows; runs "
-                        f"interleaved with the ones above: {', '.join(f'{w:.1f}' for w in doubled['runs_s'])} vs "
-                        f"{', '.join(f'{w:.1f}' for w in base['runs_s'])} s) | {doubled['median_s']:.1f} s ({growth:+.0%}) | "
-                        f"{_ok(growth <= TARGETS['history_growth'])} |")
+            rows.append(
+                f"| {tier['tier']} | {label} with history doubled ({doubled['ledger_rows']:,} ledger rows; runs "
+                f"interleaved with the ones above: {', '.join(f'{w:.1f}' for w in doubled['runs_s'])} vs "
+                f"{', '.join(f'{w:.1f}' for w in base['runs_s'])} s) | {doubled['median_s']:.1f} s ({growth:+.0%}) | "
+                f"{_ok(growth <= TARGETS['history_growth'])} |"
+            )
     return rows
 
 
@@ -65,9 +107,11 @@ def _outbox_rows(tier: dict) -> list[str]:
             continue
         measured = tier[key]
         rate = measured["steps"]["claim_render_send_record"]["emails_per_s"]
-        rows.append(f"| {tier['tier']} | file outbox send rate, ledger included, {where} | {rate:,} emails/s "
-                    f"(bare loop creating the same files there: {measured['disk_files_per_s']:,}/s) | "
-                    f"{_ok(rate >= TARGETS['file_rate'])} |")
+        rows.append(
+            f"| {tier['tier']} | file outbox send rate, ledger included, {where} | {rate:,} emails/s "
+            f"(bare loop creating the same files there: {measured['disk_files_per_s']:,}/s) | "
+            f"{_ok(rate >= TARGETS['file_rate'])} |"
+        )
     return rows
 
 
@@ -75,17 +119,27 @@ def append_markdown(path: Path, report: dict) -> None:
     noop = sorted(report["noop_10k"])[len(report["noop_10k"]) // 2]
     smtp = report["smtp"]
     lines = [
-        f"## {report['when']}", "",
-        f"Machine: {report['machine']}.", f"Command: `{report['command']}` (total {report['total_s']} s).", "",
-        "| tier | measurement | result | target |", "|---|---|---|---|",
+        f"## {report['when']}",
+        "",
+        f"Machine: {report['machine']}.",
+        f"Command: `{report['command']}` (total {report['total_s']} s).",
+        "",
+        "| tier | measurement | result | target |",
+        "|---|---|---|---|",
         f"| 10k | no-op cycle, whole CLI process (median) | {noop:.1f} s | {_ok(noop <= TARGETS['noop_10k'])} |",
-        f"| - | SMTP to local aiosmtpd, ledger included | {smtp['emails_per_s']:,} emails/s ({smtp['emails']:,} in {smtp['seconds']} s) | "
+        f"| - | SMTP to local aiosmtpd, ledger included | "
+        f"{smtp['emails_per_s']:,} emails/s ({smtp['emails']:,} in {smtp['seconds']} s) | "
         f"{_ok(smtp['emails_per_s'] >= TARGETS['smtp_rate'])} |",
     ]
     for tier in report["tiers"]:
         lines += _tier_rows(tier)
         if tier["tier"] in ("100k", "1m"):
             lines += _outbox_rows(tier)
-    header = "" if path.exists() else "# Benchmark results\n\nNewest last; earlier runs are kept so progress is visible. See README \"Benchmarks\".\n\n"
+    header = (
+        ""
+        if path.exists()
+        else "# Benchmark results\n\n"
+        'Newest last; earlier runs are kept so progress is visible. See README "Benchmarks".\n\n'
+    )
     with path.open("a") as handle:
         handle.write(header + "\n".join(lines) + "\n\n")

@@ -27,7 +27,7 @@ from bench.steps import floor_query, naive_poller, publication_with_daily_histor
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "bench" / "data"
-AS_OF = dt.datetime(2026, 11, 30, 9, tzinfo=dt.timezone.utc)
+AS_OF = dt.datetime(2026, 11, 30, 9, tzinfo=dt.UTC)
 TIERS = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000, "10m": 10_000_000}
 DUNNING = Path(sys.executable).parent / "dunning"
 TMPFS = Path("/dev/shm")
@@ -57,8 +57,15 @@ def interleaved_cycle_runs(templates: list[Path], repeat: int, dry_run: bool) ->
             home = template.with_name(template.name + "-run")
             shutil.rmtree(home, ignore_errors=True)
             shutil.copytree(template, home)
-            args = ["--home", str(home), "run", "--snapshot", str(template / "bench-snapshot.parquet"),
-                    "--as-of", AS_OF.isoformat()] + (["--dry-run"] if dry_run else [])
+            args = [
+                "--home",
+                str(home),
+                "run",
+                "--snapshot",
+                str(template / "bench-snapshot.parquet"),
+                "--as-of",
+                AS_OF.isoformat(),
+            ] + (["--dry-run"] if dry_run else [])
             wall, peak, out[i] = timed_cli(args)
             walls[i].append(wall)
             rss[i].append(peak)
@@ -66,8 +73,10 @@ def interleaved_cycle_runs(templates: list[Path], repeat: int, dry_run: bool) ->
             # slowed file creation on the benchmark machine's disk for the seconds after them
             shutil.rmtree(home, ignore_errors=True)
             os.sync()
-    return [{"median_s": statistics.median(w), "runs_s": w, "peak_rss_mb": max(r) // 1024, "summary": o.strip()}
-            for w, r, o in zip(walls, rss, out)]
+    return [
+        {"median_s": statistics.median(w), "runs_s": w, "peak_rss_mb": max(r) // 1024, "summary": o.strip()}
+        for w, r, o in zip(walls, rss, out, strict=True)
+    ]
 
 
 def template_for(name: str, n: int, factor: int) -> tuple[Path, dict]:
@@ -105,15 +114,18 @@ def bench_tier(name: str, repeat: int) -> dict:
 
 
 def machine() -> str:
-    import duckdb
-    import polars
     import dagster
+    import duckdb
     import pandera
+    import polars
 
     cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     memory = subprocess.run(["free", "-g"], capture_output=True, text=True).stdout.splitlines()[1].split()[1]
-    return (f"{platform.machine()}, {cores} cores, {memory} GiB; Python {platform.python_version()}, dagster {dagster.__version__}, "
-            f"duckdb {duckdb.__version__}, polars {polars.__version__}, pandera {pandera.__version__}")
+    return (
+        f"{platform.machine()}, {cores} cores, {memory} GiB; "
+        f"Python {platform.python_version()}, dagster {dagster.__version__}, "
+        f"duckdb {duckdb.__version__}, polars {polars.__version__}, pandera {pandera.__version__}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,13 +136,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     DATA.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    report = {"when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-              "command": "python -m bench.run " + " ".join(argv or sys.argv[1:]), "tiers": []}
+    report = {
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "command": "python -m bench.run " + " ".join(argv or sys.argv[1:]),
+        "tiers": [],
+    }
     noop_template, _ = template_for("10k", TIERS["10k"], 1)
     first = cycle_runs(noop_template, 1, dry_run=False)  # makes the copy's state current, then time a no-op on it
     noop_home = noop_template.with_name(noop_template.name + "-run")
-    report["noop_10k"] = [timed_cli(["--home", str(noop_home), "run", "--snapshot", str(noop_template / "bench-snapshot.parquet"),
-                                     "--as-of", AS_OF.isoformat()])[0] for _ in range(args.repeat)]
+    report["noop_10k"] = [
+        timed_cli(
+            [
+                "--home",
+                str(noop_home),
+                "run",
+                "--snapshot",
+                str(noop_template / "bench-snapshot.parquet"),
+                "--as-of",
+                AS_OF.isoformat(),
+            ]
+        )[0]
+        for _ in range(args.repeat)
+    ]
     report["noop_10k_first_cycle_s"] = first["median_s"]
     report["smtp"] = smtp_rate(DATA / "smtp", AS_OF, emails=3000)
     for tier in args.tiers.split(","):

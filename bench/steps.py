@@ -27,7 +27,8 @@ WITH s AS (SELECT invoice_id, due_date, amount_due, amount_paid, status FROM rea
      st AS (SELECT * FROM (VALUES ('day3', 3, 0.0), ('day7', 7, 0.0), ('day14', 14, 0.25)) t(stage, days, ratio)),
      target AS (
         SELECT s.invoice_id, max(st.days) AS days FROM s JOIN st
-          ON date_diff('day', s.due_date, ?::DATE) >= st.days AND (s.amount_due - s.amount_paid) >= st.ratio * s.amount_due
+          ON date_diff('day', s.due_date, ?::DATE) >= st.days
+         AND (s.amount_due - s.amount_paid) >= st.ratio * s.amount_due
         WHERE s.status = 'open' AND s.amount_due > s.amount_paid GROUP BY s.invoice_id)
 SELECT count(*) FROM target t
 WHERE NOT EXISTS (SELECT 1 FROM reminder_ledger l JOIN st ON st.stage = l.stage
@@ -82,6 +83,7 @@ def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, 
 
     loaded = step("load_validate", lambda: cycle.load_snapshot(home / "bench-snapshot.parquet", config))
     with open_ledger(home / "dunning.duckdb") as ledger:
+
         def newly_due():
             cycled = cycle.cycle_snapshot(ledger, loaded.valid, config, as_of)
             return cycled, cycle.plan_cycle(cycled, config, ledger.retryable_failures(as_of, config.retry.max_attempts))
@@ -93,26 +95,50 @@ def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, 
         def claim_only():
             with ledger.simulation():
                 for start in range(0, due.height, 20_000):
-                    ledger.claim(due.slice(start, 20_000), cycle.skipped_rows(plan).head(0), "bench-claim", as_of,
-                                 cycle.claim_cap(as_of, config))
+                    ledger.claim(
+                        due.slice(start, 20_000),
+                        cycle.skipped_rows(plan).head(0),
+                        "bench-claim",
+                        as_of,
+                        cycle.claim_cap(as_of, config),
+                    )
 
         step("claim", claim_only)
         outbox = (outbox_root or home) / "outbox"
         if send:
-            report, outcomes = step("claim_render_send_record", lambda: send_due(
-                ledger, FileOutbox(outbox), due, cycle.skipped_rows(plan), config=config, run_id="bench",
-                as_of=as_of, now=lambda: dt.datetime.now(dt.timezone.utc), cap=cycle.claim_cap(as_of, config)))
+            report, outcomes = step(
+                "claim_render_send_record",
+                lambda: send_due(
+                    ledger,
+                    FileOutbox(outbox),
+                    due,
+                    cycle.skipped_rows(plan),
+                    config=config,
+                    run_id="bench",
+                    as_of=as_of,
+                    now=lambda: dt.datetime.now(dt.UTC),
+                    cap=cycle.claim_cap(as_of, config),
+                ),
+            )
             timings["claim_render_send_record"]["emails"] = report.emails
-            timings["claim_render_send_record"]["emails_per_s"] = round(report.emails / max(timings["claim_render_send_record"]["s"], 1e-9))
+            timings["claim_render_send_record"]["emails_per_s"] = round(
+                report.emails / max(timings["claim_render_send_record"]["s"], 1e-9)
+            )
         else:
             outcomes = held_outcomes(due, SendStatus.DRY_RUN)
-        step("audit", lambda: cycle.audit_cycle(ledger, cycled, plan, outcomes, run_id="bench", as_of=as_of,
-                                                dry_run=not send, snapshot_path=None))
+        step(
+            "audit",
+            lambda: cycle.audit_cycle(
+                ledger, cycled, plan, outcomes, run_id="bench", as_of=as_of, dry_run=not send, snapshot_path=None
+            ),
+        )
         step("publication", lambda: publish(ledger.con, home))
     result = {"due_keys": cycle.due_rows(plan).height, "sendable_keys": due.height, "steps": timings}
     if send:
         email_bytes = sum(p.stat().st_size for p in outbox.iterdir()) // max(report.emails, 1)
-        floor_rate = disk_floor(outbox.with_name("disk-floor"), report.emails, email_bytes)  # right after, on the same disk
+        floor_rate = disk_floor(
+            outbox.with_name("disk-floor"), report.emails, email_bytes
+        )  # right after, on the same disk
         shutil.rmtree(outbox, ignore_errors=True)
         result |= {"outbox": str(outbox), "disk_files_per_s": floor_rate, "email_bytes": email_bytes}
     shutil.rmtree(home, ignore_errors=True)
@@ -123,8 +149,12 @@ def step_timings(template: Path, as_of: dt.datetime, outbox_root: Path | None = 
     """Each step in a child process; `outbox_root` puts the outbox elsewhere (a tmpfs, to take the disk out);
     `send=False` skips the send step (the 10M tier, where the targets are about the decision, not the emails)."""
     extra = [str(outbox_root or "-"), "send" if send else "no-send"]
-    result = subprocess.run([sys.executable, "-m", "bench.steps", str(template), as_of.isoformat(), *extra],
-                            capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.steps", str(template), as_of.isoformat(), *extra],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     if result.returncode != 0:
         raise RuntimeError(result.stderr[-3000:])
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -156,7 +186,8 @@ def naive_poller(template: Path, as_of: dt.datetime, cap_seconds: float) -> dict
 
     home = _scratch(template, "naive")
     snapshot = pl.read_parquet(home / "bench-snapshot.parquet").filter(
-        (pl.col("status") == "open") & (pl.col("amount_due") > pl.col("amount_paid")))
+        (pl.col("status") == "open") & (pl.col("amount_due") > pl.col("amount_paid"))
+    )
     days = (pl.lit(as_of.date()) - pl.col("due_date")).dt.total_days()
     overdue = snapshot.with_columns(days.alias("days_overdue")).filter(pl.col("days_overdue") >= 3)
     outbox = FileOutbox(home / "naive-outbox")
@@ -166,17 +197,30 @@ def naive_poller(template: Path, as_of: dt.datetime, cap_seconds: float) -> dict
         for row in overdue.iter_rows(named=True):
             remaining = row["amount_due"] - row["amount_paid"]
             days_overdue = row["days_overdue"]
-            stage = "day14" if days_overdue >= 14 and remaining >= 0.25 * row["amount_due"] else "day7" if days_overdue >= 7 else "day3"
+            stage = (
+                "day14"
+                if days_overdue >= 14 and remaining >= 0.25 * row["amount_due"]
+                else "day7"
+                if days_overdue >= 7
+                else "day3"
+            )
             key = f"dunning:{row['invoice_id']}:1:{stage}"
             asked = time.perf_counter()
             new = con.execute("SELECT 1 FROM reminder_ledger WHERE idempotency_key = ?", [key]).fetchone() is None
             if new:
-                con.execute("INSERT INTO reminder_ledger (idempotency_key, kind, invoice_id, customer_id, status, claimed_at) "
-                            "VALUES (?, 'reminder', ?, ?, 'sent', ?)", [key, row["invoice_id"], row["customer_id"], as_of])
+                con.execute(
+                    "INSERT INTO reminder_ledger (idempotency_key, kind, invoice_id, customer_id, status, claimed_at) "
+                    "VALUES (?, 'reminder', ?, ?, 'sent', ?)",
+                    [key, row["invoice_id"], row["customer_id"], as_of],
+                )
             ledger_s += time.perf_counter() - asked
             if new and row["customer_email"]:
                 record = {**row, "amount_minor": remaining, "idempotency_key": key, "tone": "gentle"}
-                outbox.send(reminder_email([record], sender="billing@example.com", message_id=f"<{key}@example.com>", as_of=as_of))
+                outbox.send(
+                    reminder_email(
+                        [record], sender="billing@example.com", message_id=f"<{key}@example.com>", as_of=as_of
+                    )
+                )
                 sent += 1
             processed += 1
             if time.perf_counter() - started > cap_seconds:
@@ -186,9 +230,15 @@ def naive_poller(template: Path, as_of: dt.datetime, cap_seconds: float) -> dict
     elapsed = time.perf_counter() - started
     shutil.rmtree(home, ignore_errors=True)
     rate = processed / elapsed
-    return {"processed": processed, "of": overdue.height, "seconds": round(elapsed, 1), "capped": processed < overdue.height,
-            "extrapolated_s": round(overdue.height / rate, 1), "sent_in_sample": sent,
-            "ledger_share": round(ledger_s / elapsed, 2)}
+    return {
+        "processed": processed,
+        "of": overdue.height,
+        "seconds": round(elapsed, 1),
+        "capped": processed < overdue.height,
+        "extrapolated_s": round(overdue.height / rate, 1),
+        "sent_in_sample": sent,
+        "ledger_share": round(ledger_s / elapsed, 2),
+    }
 
 
 def publication_with_daily_history(template: Path, as_of: dt.datetime, days: int = 30) -> dict:
@@ -199,13 +249,18 @@ def publication_with_daily_history(template: Path, as_of: dt.datetime, days: int
 
     home = _scratch(template, "publication")
     snapshot = str(home / "bench-snapshot.parquet")
-    history_columns = ("business_date, run_id, as_of, invoice_id, customer_id, customer_email, currency, amount_due, "
-                       "amount_paid, amount_due - amount_paid, due_date, status, 0, 1")
+    history_columns = (
+        "business_date, run_id, as_of, invoice_id, customer_id, customer_email, currency, amount_due, "
+        "amount_paid, amount_due - amount_paid, due_date, status, 0, 1"
+    )
 
     def add_day(ledger, day: dt.date) -> None:
-        ledger.con.execute(f"INSERT INTO invoice_history_daily SELECT {history_columns} FROM "
-                           f"(SELECT ?::DATE AS business_date, 'run-' || ? AS run_id, ?::TIMESTAMPTZ AS as_of, * "
-                           f"FROM read_parquet(?))", [day, str(day), as_of, snapshot])
+        ledger.con.execute(
+            f"INSERT INTO invoice_history_daily SELECT {history_columns} FROM "
+            f"(SELECT ?::DATE AS business_date, 'run-' || ? AS run_id, ?::TIMESTAMPTZ AS as_of, * "
+            f"FROM read_parquet(?))",
+            [day, str(day), as_of, snapshot],
+        )
 
     first_day = as_of.date() - dt.timedelta(days=days)
     with open_ledger(home / "dunning.duckdb") as ledger:
@@ -223,8 +278,13 @@ def publication_with_daily_history(template: Path, as_of: dt.datetime, days: int
         ledger.con.execute(f"COPY invoice_history_daily TO '{home / 'whole.parquet'}' (FORMAT parquet)")
         whole_table = time.perf_counter() - started
     shutil.rmtree(home, ignore_errors=True)
-    return {"days": days + 1, "history_rows": rows, "first_s": round(first, 2), "next_run_s": round(next_run, 2),
-            "whole_table_copy_s": round(whole_table, 2)}
+    return {
+        "days": days + 1,
+        "history_rows": rows,
+        "first_s": round(first, 2),
+        "next_run_s": round(next_run, 2),
+        "whole_table_copy_s": round(whole_table, 2),
+    }
 
 
 def smtp_rate(directory: Path, as_of: dt.datetime, emails: int) -> dict:
@@ -262,15 +322,35 @@ def smtp_rate(directory: Path, as_of: dt.datetime, emails: int) -> dict:
         due = cycle.sendable_due(plan).head(emails)
         with open_ledger(directory / "dunning.duckdb") as ledger, provider:
             started = time.perf_counter()
-            report, _ = send_due(ledger, provider, due, cycle.skipped_rows(plan), config=config, run_id="smtp", as_of=as_of,
-                                 now=lambda: dt.datetime.now(dt.timezone.utc))
+            report, _ = send_due(
+                ledger,
+                provider,
+                due,
+                cycle.skipped_rows(plan),
+                config=config,
+                run_id="smtp",
+                as_of=as_of,
+                now=lambda: dt.datetime.now(dt.UTC),
+            )
             elapsed = time.perf_counter() - started
     finally:
         controller.stop()
-    return {"emails": report.emails, "received": Count.received, "seconds": round(elapsed, 2),
-            "emails_per_s": round(report.emails / elapsed)}
+    return {
+        "emails": report.emails,
+        "received": Count.received,
+        "seconds": round(elapsed, 2),
+        "emails_per_s": round(report.emails / elapsed),
+    }
 
 
 if __name__ == "__main__":
-    print(json.dumps(_steps(Path(sys.argv[1]), dt.datetime.fromisoformat(sys.argv[2]),
-                            None if sys.argv[3] == "-" else Path(sys.argv[3]), send=sys.argv[4] == "send")))
+    print(
+        json.dumps(
+            _steps(
+                Path(sys.argv[1]),
+                dt.datetime.fromisoformat(sys.argv[2]),
+                None if sys.argv[3] == "-" else Path(sys.argv[3]),
+                send=sys.argv[4] == "send",
+            )
+        )
+    )

@@ -9,9 +9,9 @@ after it will not run to do so.
 import dagster as dg
 import polars as pl
 
-from dunning.breaker import BREAKER_CHECK
 from dunning import audit as audit_rules
 from dunning import cycle
+from dunning.breaker import BREAKER_CHECK
 from dunning.clock import RunMode
 from resources.dunning import CycleRequest, DunningHome
 
@@ -31,12 +31,21 @@ def reminder_batch_problems(plan: pl.DataFrame) -> dict[str, int]:
         "malformed_keys": int((~plan.get_column("idempotency_key").str.contains(KEY_PATTERN)).sum()),
         "not_owed": int((~due.get_column("owed")).sum()),
         "non_positive_amounts": int((due.get_column("amount_minor") <= 0).sum()),
-        "invoices_with_two_due_stages": int(due.filter(pl.col("kind") == "reminder").get_column("invoice_id").is_duplicated().sum()),
+        "invoices_with_two_due_stages": int(
+            due.filter(pl.col("kind") == "reminder").get_column("invoice_id").is_duplicated().sum()
+        ),
     }
 
 
-@dg.asset_check(asset="reminders_due", name=REMINDERS_SOUND, blocking=True,
-                description="Every due reminder has a unique well-formed key, is for an owed invoice, and each invoice is due at most one stage.")
+@dg.asset_check(
+    asset="reminders_due",
+    name=REMINDERS_SOUND,
+    blocking=True,
+    description=(
+        "Every due reminder has a unique well-formed key, is for an owed invoice, "
+        "and each invoice is due at most one stage."
+    ),
+)
 def reminders_due_are_sound(reminders_due: pl.DataFrame) -> dg.AssetCheckResult:
     problems = reminder_batch_problems(reminders_due)
     return dg.AssetCheckResult(
@@ -46,11 +55,24 @@ def reminders_due_are_sound(reminders_due: pl.DataFrame) -> dg.AssetCheckResult:
     )
 
 
-@dg.asset_check(asset="reminders_due", name=BREAKER, blocking=True, pool="dunning_ledger",
-                additional_ins={"invoice_snapshot": SNAPSHOT_FOR_AUDIT},
-                description="Circuit breaker: no customer may get more than breaker.max_emails emails in any breaker.window_hours window, counting this batch and the ledger's recent sends.")
-def circuit_breaker(context: dg.AssetCheckExecutionContext, reminders_due: pl.DataFrame, invoice_snapshot: pl.DataFrame,
-                    dunning_home: DunningHome, cycle_request: CycleRequest) -> dg.AssetCheckResult:
+@dg.asset_check(
+    asset="reminders_due",
+    name=BREAKER,
+    blocking=True,
+    pool="dunning_ledger",
+    additional_ins={"invoice_snapshot": SNAPSHOT_FOR_AUDIT},
+    description=(
+        "Circuit breaker: no customer may get more than breaker.max_emails emails in any breaker.window_hours "
+        "window, counting this batch and the ledger's recent sends."
+    ),
+)
+def circuit_breaker(
+    context: dg.AssetCheckExecutionContext,
+    reminders_due: pl.DataFrame,
+    invoice_snapshot: pl.DataFrame,
+    dunning_home: DunningHome,
+    cycle_request: CycleRequest,
+) -> dg.AssetCheckResult:
     config = dunning_home.settings()
     clock = cycle_request.cycle_clock(context, config)
     with dunning_home.ledger() as ledger:
@@ -60,8 +82,17 @@ def circuit_breaker(context: dg.AssetCheckExecutionContext, reminders_due: pl.Da
         alert_id = None
         if not verdict.passed and not paused and not backfill:
             alert_id = cycle.record_breaker_trip(
-                ledger, verdict, invoice_snapshot, reminders_due, config, run_id=context.run.run_id, as_of=clock.as_of,
-                dry_run=clock.mode is RunMode.DRY_RUN, snapshot_path=cycle_request.snapshot_path, logger=context.log)
+                ledger,
+                verdict,
+                invoice_snapshot,
+                reminders_due,
+                config,
+                run_id=context.run.run_id,
+                as_of=clock.as_of,
+                dry_run=clock.mode is RunMode.DRY_RUN,
+                snapshot_path=cycle_request.snapshot_path,
+                logger=context.log,
+            )
     offenders = verdict.offenders.head(50).select("customer_id", "emails_in_window").rows()
     return dg.AssetCheckResult(
         # paused or a backfill: nothing will be sent; the metadata still says who would have tripped it
@@ -69,16 +100,25 @@ def circuit_breaker(context: dg.AssetCheckExecutionContext, reminders_due: pl.Da
         severity=dg.AssetCheckSeverity.ERROR,
         description=verdict.describe(),
         metadata={
-            "pandera_check": BREAKER_CHECK, "max_emails": config.breaker.max_emails,
-            "window_hours": config.breaker.window_hours, "customers_over_cap": verdict.offenders.height,
-            "offenders": dg.MetadataValue.json({c: n for c, n in offenders}), "paused": paused, "backfill": backfill,
+            "pandera_check": BREAKER_CHECK,
+            "max_emails": config.breaker.max_emails,
+            "window_hours": config.breaker.window_hours,
+            "customers_over_cap": verdict.offenders.height,
+            "offenders": dg.MetadataValue.json({c: n for c, n in offenders}),
+            "paused": paused,
+            "backfill": backfill,
             "alert_id": alert_id or "",
         },
     )
 
 
-@dg.asset_check(asset="dunning_audit", name=NO_UNOWED_REMINDERS,
-                description="No reminder was sent for an invoice that was not owed, and every sent amount equals the remaining balance.")
+@dg.asset_check(
+    asset="dunning_audit",
+    name=NO_UNOWED_REMINDERS,
+    description=(
+        "No reminder was sent for an invoice that was not owed, and every sent amount equals the remaining balance."
+    ),
+)
 def no_reminders_for_unowed_invoices(dunning_audit: pl.DataFrame) -> dg.AssetCheckResult:
     unowed = audit_rules.not_owed_reminded(dunning_audit)
     mismatched = audit_rules.amount_mismatches(dunning_audit)

@@ -38,16 +38,23 @@ class Alert:
 
 
 def _post_json(url: str, payload: dict[str, Any], timeout: float) -> None:
-    request = urllib.request.Request(url, data=json.dumps(payload, default=str).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(payload, default=str).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (configured URL)
         if response.status >= 300:
             raise urllib.error.HTTPError(url, response.status, "unexpected status", response.headers, None)
 
 
 def webhook_payload(alert: Alert) -> dict[str, Any]:
-    return {"text": f"[dunning] {alert.kind}: {alert.message}", "kind": alert.kind, "severity": alert.severity,
-            "run_id": alert.run_id, "created_at": alert.created_at.isoformat(), "details": alert.details}
+    return {
+        "text": f"[dunning] {alert.kind}: {alert.message}",
+        "kind": alert.kind,
+        "severity": alert.severity,
+        "run_id": alert.run_id,
+        "created_at": alert.created_at.isoformat(),
+        "details": alert.details,
+    }
 
 
 def pagerduty_payload(alert: Alert, routing_key: str) -> dict[str, Any]:
@@ -84,14 +91,20 @@ def deliver(alert: Alert, settings: Alerts, logger: logging.Logger | None = None
     if settings.pagerduty_routing_key_env:
         key = os.environ.get(settings.pagerduty_routing_key_env)
         if not key:
-            results.append(f"pagerduty: not sent (environment variable {settings.pagerduty_routing_key_env} is not set)")
+            results.append(
+                f"pagerduty: not sent (environment variable {settings.pagerduty_routing_key_env} is not set)"
+            )
         else:
-            results.append(_attempt("pagerduty", settings.pagerduty_url, pagerduty_payload(alert, key), settings, (key,)))
+            results.append(
+                _attempt("pagerduty", settings.pagerduty_url, pagerduty_payload(alert, key), settings, (key,))
+            )
     return results
 
 
 def raise_alert(ledger: AlertStore, settings: Alerts, alert: Alert, logger: logging.Logger | None = None) -> str:
     """Store the alert, deliver it, and record where it went. Returns the alert id."""
-    alert_id = ledger.add_alert(alert.kind, alert.message, alert.created_at, alert.run_id, alert.details, alert.severity)
+    alert_id = ledger.add_alert(
+        alert.kind, alert.message, alert.created_at, alert.run_id, alert.details, alert.severity
+    )
     ledger.mark_alert_delivered(alert_id, "; ".join(deliver(alert, settings, logger)))
     return alert_id

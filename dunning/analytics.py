@@ -39,7 +39,9 @@ VIEW_FILE = "analytics.duckdb"
 # it as "no WAL" when it opens the file (read-only or not), and a commit into the file fails loudly
 # ("Cannot open file .../analytics.duckdb.wal"), instead of leaving a log of an older file at this path that
 # breaks every open of the new one ("WAL does not match database file"). The target names the way out.
-WAL_GUARD_TARGET = ".analytics.duckdb.is-replaced-by-each-publication/keep-your-tables-in-your-own-file-and-ATTACH-this-one-READ_ONLY"
+WAL_GUARD_TARGET = (
+    ".analytics.duckdb.is-replaced-by-each-publication/keep-your-tables-in-your-own-file-and-ATTACH-this-one-READ_ONLY"
+)
 
 # table -> the expression naming a row's day; these are published as DIR/analytics/<table>/<day>.parquet
 # (rows without a day, if any, as `undated.parquet`)
@@ -51,16 +53,27 @@ PARTITIONED_TABLES = {
 }
 UNDATED = "undated"
 PUBLISHED_TABLES = (
-    "reminder_ledger", "invoice_history_daily", "invoice_cycles", "dunning_audit", "dunning_runs", "alerts",
-    "incidents", "snapshot_quarantine", "billing_events", "simulated_sends", "pause_state",
+    "reminder_ledger",
+    "invoice_history_daily",
+    "invoice_cycles",
+    "dunning_audit",
+    "dunning_runs",
+    "alerts",
+    "incidents",
+    "snapshot_quarantine",
+    "billing_events",
+    "simulated_sends",
+    "pause_state",
 )
 
 ANALYST_VIEWS = {
     "contact_history": """
-        SELECT customer_id, any_value(customer_email) AS customer_email, email_id, any_value(message_id) AS message_id,
+        SELECT customer_id, any_value(customer_email) AS customer_email, email_id,
+               any_value(message_id) AS message_id,
                any_value(kind) AS kind, string_agg(DISTINCT stage, ',' ORDER BY stage) AS stages,
                count(*) AS keys, string_agg(invoice_id, ',' ORDER BY invoice_id) AS invoices,
-               sum(amount_minor) AS amount_minor, any_value(currency) AS currency, count(DISTINCT currency) AS currencies,
+               sum(amount_minor) AS amount_minor, any_value(currency) AS currency,
+               count(DISTINCT currency) AS currencies,
                any_value(status) AS outcome, min(claimed_at) AS claimed_at, min(sent_at) AS sent_at
         FROM reminder_ledger WHERE status <> 'skipped'
         GROUP BY customer_id, email_id""",
@@ -73,17 +86,21 @@ ANALYST_VIEWS = {
             WHERE status = 'paid' OR remaining_minor = 0 GROUP BY invoice_id)
         SELECT r.stage, count(*) AS invoices_reached,
                count(p.first_seen_paid) FILTER (WHERE p.first_seen_paid >= r.reminded_at::DATE) AS paid_after,
-               round(count(p.first_seen_paid) FILTER (WHERE p.first_seen_paid >= r.reminded_at::DATE) / count(*), 4) AS paid_rate,
-               median(date_diff('day', r.reminded_at::DATE, p.first_seen_paid)) FILTER (WHERE p.first_seen_paid >= r.reminded_at::DATE) AS median_days_to_pay
+               round(count(p.first_seen_paid) FILTER (WHERE p.first_seen_paid >= r.reminded_at::DATE) / count(*), 4)
+                   AS paid_rate,
+               median(date_diff('day', r.reminded_at::DATE, p.first_seen_paid))
+                   FILTER (WHERE p.first_seen_paid >= r.reminded_at::DATE) AS median_days_to_pay
         FROM reached r LEFT JOIN paid p USING (invoice_id) GROUP BY r.stage""",
     "owed_vs_reminded": """
         WITH owed AS (
             SELECT business_date, currency, count(*) AS owed_invoices, sum(remaining_minor) AS owed_minor
             FROM invoice_history_daily WHERE status = 'open' AND remaining_minor > 0 AND days_overdue > 0 GROUP BY ALL),
         reminded AS (
-            SELECT sent_at::DATE AS business_date, currency, count(*) AS reminded_invoices, sum(amount_minor) AS reminded_minor
+            SELECT sent_at::DATE AS business_date, currency, count(*) AS reminded_invoices,
+                   sum(amount_minor) AS reminded_minor
             FROM reminder_ledger WHERE kind = 'reminder' AND status = 'sent' GROUP BY ALL)
-        SELECT business_date, currency, coalesce(owed_invoices, 0) AS owed_invoices, coalesce(owed_minor, 0) AS owed_minor,
+        SELECT business_date, currency, coalesce(owed_invoices, 0) AS owed_invoices,
+               coalesce(owed_minor, 0) AS owed_minor,
                coalesce(reminded_invoices, 0) AS reminded_invoices, coalesce(reminded_minor, 0) AS reminded_minor
         FROM owed FULL JOIN reminded USING (business_date, currency)""",
     "open_problems": """
@@ -95,10 +112,12 @@ ANALYST_VIEWS = {
         WHERE a.outcome = 'held' AND NOT a.dry_run
           AND a.run_id = (SELECT run_id FROM dunning_runs WHERE NOT dry_run ORDER BY finished_wall_at DESC LIMIT 1)""",
     "breaker_trips_and_incidents": """
-        SELECT created_at AS happened_at, 'breaker trip' AS what, run_id AS reference, message AS detail FROM alerts WHERE kind = 'breaker'
+        SELECT created_at AS happened_at, 'breaker trip' AS what, run_id AS reference, message AS detail
+        FROM alerts WHERE kind = 'breaker'
         UNION ALL
         SELECT last_recovery_at, 'flood incident', incident_id,
-               flooded_customers || ' flooded customer(s), ' || apologies_sent || ' apology(ies) sent' FROM incidents""",
+               flooded_customers || ' flooded customer(s), ' || apologies_sent || ' apology(ies) sent'
+        FROM incidents""",
 }
 
 
@@ -115,8 +134,11 @@ def _count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
     return int(row[0])
 
 
-def _copy_to(con: duckdb.DuckDBPyConnection, source: str, params: list[object] | None = None) -> Callable[[Path], object]:
-    """A writer for `_replace_atomically`: `COPY source TO <path>` as Parquet (`source`: a table or a `(SELECT ...)`)."""
+def _copy_to(
+    con: duckdb.DuckDBPyConnection, source: str, params: list[object] | None = None
+) -> Callable[[Path], object]:
+    """A writer for `_replace_atomically`: `COPY source TO <path>` as Parquet
+    (`source`: a table or a `(SELECT ...)`)."""
     return lambda path: con.execute(f"COPY {source} TO {_literal(path)} (FORMAT parquet)", params)
 
 
@@ -157,10 +179,14 @@ def _publish_by_day(con: duckdb.DuckDBPyConnection, table: str, day: str, target
     current = {
         UNDATED if d is None else str(d): f"{rows}:{content}"
         for d, rows, content in con.execute(
-            f"SELECT {day} AS day, count(*), bit_xor(hash(t)) FROM {table} t GROUP BY ALL").fetchall()
+            f"SELECT {day} AS day, count(*), bit_xor(hash(t)) FROM {table} t GROUP BY ALL"
+        ).fetchall()
     }
-    changed = [name for name, fingerprint in current.items()
-               if published.get(name) != fingerprint or not (target / f"{name}.parquet").exists()]
+    changed = [
+        name
+        for name, fingerprint in current.items()
+        if published.get(name) != fingerprint or not (target / f"{name}.parquet").exists()
+    ]
     if changed:
         _write_days(con, table, day, target, changed)
     for name in set(published) - set(current):
@@ -186,13 +212,20 @@ def _write_days(con: duckdb.DuckDBPyConnection, table: str, day: str, target: Pa
         if len(files) == 1:
             os.replace(files[0], target / f"{name}.parquet")
         else:  # DuckDB split a large day into several files: write that day alone, as one file
-            _replace_atomically(target / f"{name}.parquet", _copy_to(
-                con, f"(SELECT * FROM {table} WHERE {day} IS NOT DISTINCT FROM ?::DATE)", [None if name == UNDATED else name]))
+            _replace_atomically(
+                target / f"{name}.parquet",
+                _copy_to(
+                    con,
+                    f"(SELECT * FROM {table} WHERE {day} IS NOT DISTINCT FROM ?::DATE)",
+                    [None if name == UNDATED else name],
+                ),
+            )
     shutil.rmtree(staging, ignore_errors=True)
 
 
 def _publish_view_file(target: Path, directory: Path) -> None:
-    """Rebuild `analytics.duckdb`, rename it into place and make sure it opens; raise if it still does not after one rebuild.
+    """Rebuild `analytics.duckdb`, rename it into place and make sure it opens; raise if it still does not after
+    one rebuild.
 
     An analyst may have opened the old file read-write and written to it, leaving `analytics.duckdb.wal`
     (if their process died, or while it lives). That log belongs to the old file: after the rename DuckDB
@@ -208,7 +241,9 @@ def _publish_view_file(target: Path, directory: Path) -> None:
         _build_view_file(target, directory, guard=True)
         _check_opens(target)
     except (duckdb.Error, OSError) as first:
-        log.warning("%s did not open after publication (%s); rebuilding it once more, without the WAL guard", target, first)
+        log.warning(
+            "%s did not open after publication (%s); rebuilding it once more, without the WAL guard", target, first
+        )
         try:
             _build_view_file(target, directory, guard=False)
             _check_opens(target)
@@ -231,7 +266,8 @@ def _wal(path: Path) -> Path:
 
 
 def _remove_wal(database: Path, guard: bool) -> None:
-    """Remove whatever sits at the database's WAL path (unless it is the guard, and a guard is wanted); then place the guard."""
+    """Remove whatever sits at the database's WAL path (unless it is the guard, and a guard is wanted); then place
+    the guard."""
     wal = _wal(database)
     if guard and wal.is_symlink() and os.readlink(wal) == WAL_GUARD_TARGET and not wal.exists():
         return
@@ -244,7 +280,11 @@ def _remove_wal(database: Path, guard: bool) -> None:
     try:
         os.symlink(WAL_GUARD_TARGET, wal)
     except OSError as error:  # a file system without symbolic links: the file still opens, unguarded
-        log.warning("could not place the guard at %s (%s): a live analyst's write may break it until the next publication", wal, error)
+        log.warning(
+            "could not place the guard at %s (%s): a live analyst's write may break it until the next publication",
+            wal,
+            error,
+        )
         return
     if wal.exists():  # someone made its target: a log written there would be read, so no guard at all
         wal.unlink()
@@ -264,11 +304,14 @@ def _check_opens(path: Path) -> None:
     finally:
         con.close()
     if views != len(PUBLISHED_TABLES) + len(ANALYST_VIEWS):
-        raise duckdb.InvalidInputException(f"{path} holds {views} views, not {len(PUBLISHED_TABLES) + len(ANALYST_VIEWS)}")
+        raise duckdb.InvalidInputException(
+            f"{path} holds {views} views, not {len(PUBLISHED_TABLES) + len(ANALYST_VIEWS)}"
+        )
 
 
 def _warn_about_analyst_tables(path: Path) -> None:
-    """Warn, naming them, when the file about to be replaced holds tables (not views) an analyst wrote: they will be gone.
+    """Warn, naming them, when the file about to be replaced holds tables (not views) an analyst wrote: they will
+    be gone.
 
     Read-only, before any log is removed (so tables still only in a dead analyst's log count too); a file that
     does not open, or is held read-write by an analyst, is skipped: it never stops publication.
@@ -278,17 +321,25 @@ def _warn_about_analyst_tables(path: Path) -> None:
     try:
         con = duckdb.connect(str(path), read_only=True)
         try:
-            tables = [f"{schema}.{name}" if schema != "main" else name for schema, name in con.execute(
-                "SELECT table_schema, table_name FROM information_schema.tables "
-                "WHERE table_type = 'BASE TABLE' AND table_catalog = current_database() ORDER BY ALL").fetchall()]
+            tables = [
+                f"{schema}.{name}" if schema != "main" else name
+                for schema, name in con.execute(
+                    "SELECT table_schema, table_name FROM information_schema.tables "
+                    "WHERE table_type = 'BASE TABLE' AND table_catalog = current_database() ORDER BY ALL"
+                ).fetchall()
+            ]
         finally:
             con.close()
     except (duckdb.Error, OSError) as error:  # a broken or locked old file must never stop publication
         log.debug("could not look inside %s before replacing it: %s", path, error)
         return
     if tables:
-        log.warning("%s holds table(s) the pipeline did not create: %s. Publication replaces the file and they are lost; "
-                    "keep your own tables in your own DuckDB file and ATTACH this one READ_ONLY", path, ", ".join(tables))
+        log.warning(
+            "%s holds table(s) the pipeline did not create: %s. Publication replaces the file and they are lost; "
+            "keep your own tables in your own DuckDB file and ATTACH this one READ_ONLY",
+            path,
+            ", ".join(tables),
+        )
 
 
 def _write_views(path: Path, directory: Path) -> None:

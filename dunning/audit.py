@@ -62,38 +62,76 @@ def build_audit(
 ) -> pl.DataFrame:
     """`due`: this cycle's due reminder rows (with `sendable`); `outcomes`: key -> status for the sendable ones."""
     owed = snapshot.select("invoice_id", "owed", pl.col("remaining_minor").alias("snapshot_remaining"))
-    rows = due.join(outcomes.select("idempotency_key", pl.col("status").alias("sent_status"),
-                                    pl.col("message_id").alias("sent_message_id")), on="idempotency_key", how="left")
-    status = pl.when(~pl.col("sendable")).then(pl.lit(_NO_EMAIL)).otherwise(pl.col("sent_status").fill_null(_NOT_ATTEMPTED))
+    rows = due.join(
+        outcomes.select(
+            "idempotency_key", pl.col("status").alias("sent_status"), pl.col("message_id").alias("sent_message_id")
+        ),
+        on="idempotency_key",
+        how="left",
+    )
+    status = (
+        pl.when(~pl.col("sendable")).then(pl.lit(_NO_EMAIL)).otherwise(pl.col("sent_status").fill_null(_NOT_ATTEMPTED))
+    )
     verdicts = plain_keys(OUTCOMES) | {_NO_EMAIL: NOT_SENDABLE, _NOT_ATTEMPTED: NOT_ATTEMPTED}
     outcome_of = {key: str(verdict.outcome) for key, verdict in verdicts.items()}
     reason_of = {key: None if verdict.reason is None else str(verdict.reason) for key, verdict in verdicts.items()}
     current = rows.with_columns(status.alias("_status")).select(
-        "idempotency_key", "kind", "invoice_id", "customer_id", "cycle", "stage",
+        "idempotency_key",
+        "kind",
+        "invoice_id",
+        "customer_id",
+        "cycle",
+        "stage",
         pl.col("_status").replace_strict(outcome_of, return_dtype=pl.String).alias("outcome"),
         pl.col("_status").replace_strict(reason_of, return_dtype=pl.String).alias("reason"),
         pl.when(pl.col("_status") == SendStatus.SENT).then(pl.col("amount_minor")).alias("amount_stated_minor"),
-        "currency", pl.when(pl.col("_status") == SendStatus.SENT).then(pl.col("sent_message_id")).alias("message_id"),
+        "currency",
+        pl.when(pl.col("_status") == SendStatus.SENT).then(pl.col("sent_message_id")).alias("message_id"),
     )
     earlier = earlier_open_problems.select(
-        "idempotency_key", "kind", "invoice_id", "customer_id", "cycle", "stage",
+        "idempotency_key",
+        "kind",
+        "invoice_id",
+        "customer_id",
+        "cycle",
+        "stage",
         pl.lit(AuditOutcome.HELD).alias("outcome"),
         # a reason, never an outcome: a status with no reason of its own (none today) gets none
-        pl.col("status").replace_strict(plain_keys(EARLIER_REASONS), default=None, return_dtype=pl.String).alias("reason"),
-        pl.lit(None, dtype=pl.Int64).alias("amount_stated_minor"), "currency", "message_id",
+        pl.col("status")
+        .replace_strict(plain_keys(EARLIER_REASONS), default=None, return_dtype=pl.String)
+        .alias("reason"),
+        pl.lit(None, dtype=pl.Int64).alias("amount_stated_minor"),
+        "currency",
+        "message_id",
     ).filter(~pl.col("idempotency_key").is_in(current.select("idempotency_key").to_series().implode()))
     combined = pl.concat([current, earlier.cast(current.schema)], how="vertical")
     return combined.join(owed, on="invoice_id", how="left").select(
-        pl.lit(run_id).alias("run_id"), pl.lit(as_of).alias("as_of"), pl.lit(dry_run).alias("dry_run"),
-        "idempotency_key", "kind", "invoice_id", "customer_id", "cycle", "stage", "outcome", "reason",
-        "owed", "amount_stated_minor", pl.col("snapshot_remaining").alias("remaining_minor"), "currency", "message_id",
+        pl.lit(run_id).alias("run_id"),
+        pl.lit(as_of).alias("as_of"),
+        pl.lit(dry_run).alias("dry_run"),
+        "idempotency_key",
+        "kind",
+        "invoice_id",
+        "customer_id",
+        "cycle",
+        "stage",
+        "outcome",
+        "reason",
+        "owed",
+        "amount_stated_minor",
+        pl.col("snapshot_remaining").alias("remaining_minor"),
+        "currency",
+        "message_id",
     )
 
 
 def not_owed_reminded(audit: pl.DataFrame) -> pl.DataFrame:
     """Reminders sent in this cycle for invoices that were not owed: must always be empty."""
-    return audit.filter((pl.col("kind") == EmailKind.REMINDER) & (pl.col("outcome") == AuditOutcome.SENT)
-                        & ~pl.col("owed").fill_null(False))
+    return audit.filter(
+        (pl.col("kind") == EmailKind.REMINDER)
+        & (pl.col("outcome") == AuditOutcome.SENT)
+        & ~pl.col("owed").fill_null(False)
+    )
 
 
 def amount_mismatches(audit: pl.DataFrame) -> pl.DataFrame:
@@ -107,7 +145,13 @@ def still_held_expr() -> pl.Expr:
     return (pl.col("outcome") == AuditOutcome.HELD) & pl.col("reason").is_in(plain(EARLIER_REASONS.values()))
 
 
-SUMMARIZED_OUTCOMES = (AuditOutcome.SENT, AuditOutcome.FAILED, AuditOutcome.UNKNOWN, AuditOutcome.HELD, AuditOutcome.DRY_RUN)
+SUMMARIZED_OUTCOMES = (
+    AuditOutcome.SENT,
+    AuditOutcome.FAILED,
+    AuditOutcome.UNKNOWN,
+    AuditOutcome.HELD,
+    AuditOutcome.DRY_RUN,
+)
 
 
 def summarize(audit: pl.DataFrame) -> dict[str, int]:
@@ -128,10 +172,13 @@ def held_by_reason(audit: pl.DataFrame) -> dict[str, int]:
 
 def markdown_summary(counts: dict[str, int], held: dict[str, int], *, dry_run: bool) -> str:
     lines = [
-        f"**Dunning cycle{' (dry run)' if dry_run else ''}**", "",
-        "| outcome | keys |", "|---|---|",
+        f"**Dunning cycle{' (dry run)' if dry_run else ''}**",
+        "",
+        "| outcome | keys |",
+        "|---|---|",
         *[f"| {k} | {counts[k]} |" for k in ("due", "sent", "failed", "unknown", "held", "dry_run")],
-        "", f"Reminders sent for invoices not owed: **{counts['not_owed_reminded']}** (must be 0).",
+        "",
+        f"Reminders sent for invoices not owed: **{counts['not_owed_reminded']}** (must be 0).",
     ]
     if held:
         lines += ["", "Held, by reason: " + ", ".join(f"{r} {n}" for r, n in held.items())]
@@ -139,8 +186,12 @@ def markdown_summary(counts: dict[str, int], held: dict[str, int], *, dry_run: b
 
 
 def by_stage_and_outcome(audit: pl.DataFrame) -> pl.DataFrame:
-    return (audit.with_columns(pl.coalesce("stage", "kind").alias("stage"))
-            .group_by("stage", "outcome").len().sort("stage", "outcome"))
+    return (
+        audit.with_columns(pl.coalesce("stage", "kind").alias("stage"))
+        .group_by("stage", "outcome")
+        .len()
+        .sort("stage", "outcome")
+    )
 
 
 def markdown_chart(counts: pl.DataFrame, width: int = 40) -> str:

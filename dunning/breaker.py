@@ -25,8 +25,11 @@ def breaker_schema(breaker: Breaker) -> pa.DataFrameSchema:
             "customer_id": pa.Column(str, nullable=False, unique=True),
             "emails_in_window": pa.Column(
                 pl.Int64,
-                pa.Check.le(breaker.max_emails, name=BREAKER_CHECK,
-                            error=f"more than {breaker.max_emails} emails in {breaker.window_hours} h"),
+                pa.Check.le(
+                    breaker.max_emails,
+                    name=BREAKER_CHECK,
+                    error=f"more than {breaker.max_emails} emails in {breaker.window_hours} h",
+                ),
             ),
         },
         name="customer_email_counts",
@@ -45,20 +48,26 @@ class BreakerVerdict:
             return "breaker: every customer within the cap"
         names = ", ".join(
             f"{c} ({n} emails: {r} already sent + {b} in this batch)"
-            for c, n, r, b in self.offenders.head(limit).select(
-                "customer_id", "emails_in_window", "recent_emails", "batch_emails").rows()
+            for c, n, r, b in self.offenders.head(limit)
+            .select("customer_id", "emails_in_window", "recent_emails", "batch_emails")
+            .rows()
         )
         more = f" and {self.offenders.height - limit} more" if self.offenders.height > limit else ""
-        return (f"circuit breaker tripped: {self.offenders.height} customer(s) would receive more than "
-                f"{self.breaker.max_emails} emails in {self.breaker.window_hours} h: {names}{more}")
+        return (
+            f"circuit breaker tripped: {self.offenders.height} customer(s) would receive more than "
+            f"{self.breaker.max_emails} emails in {self.breaker.window_hours} h: {names}{more}"
+        )
 
 
 def email_counts(batch: pl.DataFrame, recent: pl.DataFrame) -> pl.DataFrame:
     """`batch`: sendable due rows with `customer_id`, `email_group`; `recent`: customer_id, emails."""
     in_batch = batch.group_by("customer_id").agg(pl.col("email_group").n_unique().cast(pl.Int64).alias("batch_emails"))
     return (
-        in_batch.join(recent.select("customer_id", pl.col("emails").cast(pl.Int64).alias("recent_emails")),
-                      on="customer_id", how="left")
+        in_batch.join(
+            recent.select("customer_id", pl.col("emails").cast(pl.Int64).alias("recent_emails")),
+            on="customer_id",
+            how="left",
+        )
         .with_columns(pl.col("recent_emails").fill_null(0))
         .with_columns((pl.col("batch_emails") + pl.col("recent_emails")).alias("emails_in_window"))
         .sort("emails_in_window", "customer_id", descending=[True, False])

@@ -30,8 +30,9 @@ def parse_as_of(text: str | None, flag: str = "--as-of") -> dt.datetime:
     except OverflowError:
         value = EARLIEST - dt.timedelta(days=1)
     if not EARLIEST <= value < LATEST:
-        raise UserInputError(f"{flag} {text!r} is outside the supported range "
-                             f"{EARLIEST:%Y-%m-%d} to {LATEST:%Y-%m-%d} (UTC)")
+        raise UserInputError(
+            f"{flag} {text!r} is outside the supported range {EARLIEST:%Y-%m-%d} to {LATEST:%Y-%m-%d} (UTC)"
+        )
     return value
 
 
@@ -65,8 +66,9 @@ class CycleClock:
         return self.mode is not RunMode.BACKFILL
 
 
-def cycle_clock(run_clock: dt.datetime, partition: dt.date | None, zone: ZoneInfo, *, dry_run: bool,
-                as_of_given: bool) -> CycleClock:
+def cycle_clock(
+    run_clock: dt.datetime, partition: dt.date | None, zone: ZoneInfo, *, dry_run: bool, as_of_given: bool
+) -> CycleClock:
     """The run's clock and mode. A run for a past day's partition (a backfill) is evaluated at the end of
     that business day (unless a clock was given) and is never live; a future partition is refused."""
     today = run_clock.astimezone(zone).date()

@@ -34,12 +34,20 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"  # the name of an environment varia
 
 
 def http_url(value: str | None, key: str) -> str | None:
-    """An absolute http(s) URL with a host, or ValueError naming `key` (the value is not echoed: it may hold a token)."""
+    """An absolute http(s) URL with a host, or ValueError naming `key` (the value is not echoed: it may hold a
+    token)."""
     if value is None:
         return None
     parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname or len(value) > 2048 or any(c.isspace() for c in value):
-        raise ValueError(f"{key} must be an http:// or https:// URL with a host (the value is not shown: it may hold a token)")
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or len(value) > 2048
+        or any(c.isspace() for c in value)
+    ):
+        raise ValueError(
+            f"{key} must be an http:// or https:// URL with a host (the value is not shown: it may hold a token)"
+        )
     return value
 
 
@@ -99,11 +107,18 @@ class Provider(_Strict):
     def _transport_is_coherent(self) -> Provider:
         if self.starttls and self.tls == "implicit":
             raise ValueError("provider.starttls and provider.tls: implicit cannot both be set")
-        if (self.kind == "smtp" and (self.username_env or self.password_env) and not self.starttls
-                and self.tls == "none" and not self.allow_insecure_auth):
-            raise ValueError("provider.username_env/password_env: credentials would be sent unencrypted; "
-                             "set provider.starttls: true or provider.tls: implicit, "
-                             "or provider.allow_insecure_auth: true to accept that")
+        if (
+            self.kind == "smtp"
+            and (self.username_env or self.password_env)
+            and not self.starttls
+            and self.tls == "none"
+            and not self.allow_insecure_auth
+        ):
+            raise ValueError(
+                "provider.username_env/password_env: credentials would be sent unencrypted; "
+                "set provider.starttls: true or provider.tls: implicit, "
+                "or provider.allow_insecure_auth: true to accept that"
+            )
         return self
 
     @property

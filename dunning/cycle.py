@@ -42,7 +42,9 @@ def load_snapshot(path: str | Path, config: DunningConfig) -> ValidatedSnapshot:
     """Read and validate; raises SnapshotError only when the file itself is unusable."""
     valid, rejected = validate_snapshot(read_snapshot(path, config.zone))
     # one contiguous chunk per column: every later step on a many-chunked frame paid for a rechunk again
-    return ValidatedSnapshot(valid.drop("amount_due_raw", "amount_paid_raw", "due_date_raw", strict=False).rechunk(), rejected)
+    return ValidatedSnapshot(
+        valid.drop("amount_due_raw", "amount_paid_raw", "due_date_raw", strict=False).rechunk(), rejected
+    )
 
 
 def snapshot_taken_at(valid: pl.DataFrame, as_of: dt.datetime) -> dt.datetime:
@@ -55,9 +57,11 @@ def refuse_stale(ledger: Ledger, taken_at: dt.datetime, allow_stale: bool) -> No
     """A whole snapshot older than the last one a live run applied is refused unless explicitly allowed."""
     latest = ledger.latest_applied_snapshot()
     if latest and taken_at < latest[0] and not allow_stale:
-        raise SnapshotError(f"snapshot taken at {taken_at.isoformat()} is older than the last applied one "
-                            f"(taken at {latest[0].isoformat()}, run {latest[1][:8]}); pass --allow-stale to apply it "
-                            "anyway (it still reopens no cycle a newer snapshot closed)")
+        raise SnapshotError(
+            f"snapshot taken at {taken_at.isoformat()} is older than the last applied one "
+            f"(taken at {latest[0].isoformat()}, run {latest[1][:8]}); pass --allow-stale to apply it "
+            "anyway (it still reopens no cycle a newer snapshot closed)"
+        )
 
 
 def cycle_snapshot(ledger: Ledger, valid: pl.DataFrame, config: DunningConfig, as_of: dt.datetime) -> pl.DataFrame:
@@ -69,8 +73,9 @@ def _aligned(part: pl.DataFrame, schema: pl.Schema) -> pl.DataFrame:
     return part.select([pl.col(c) if c in part.columns else pl.lit(None).alias(c) for c in schema]).cast(schema)
 
 
-def plan_cycle(cycled: pl.DataFrame, config: DunningConfig, failed: pl.DataFrame | None = None,
-               notices: pl.DataFrame | None = None) -> pl.DataFrame:
+def plan_cycle(
+    cycled: pl.DataFrame, config: DunningConfig, failed: pl.DataFrame | None = None, notices: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """Every key this cycle must record: `role` due, retry (a failed send whose backoff is over) or skipped.
 
     `notices` are payment-failed notices from billing events (kind `payment_failed`), sent and gated like reminders.
@@ -78,7 +83,8 @@ def plan_cycle(cycled: pl.DataFrame, config: DunningConfig, failed: pl.DataFrame
     planned = plan_reminders(cycled, config)
     # Message-IDs are computed per chunk when keys are claimed (`send_due`); retries and notices bring theirs
     due = with_email_groups(planned.filter(pl.col("role") == PlanRole.DUE), config).with_columns(
-        pl.lit(None, dtype=pl.String).alias("email_id"), pl.lit(None, dtype=pl.String).alias("message_id"))
+        pl.lit(None, dtype=pl.String).alias("email_id"), pl.lit(None, dtype=pl.String).alias("message_id")
+    )
     parts = [due]
     if failed is not None and failed.height:
         parts.append(plan_retries(cycled, failed, due, config))
@@ -117,26 +123,64 @@ def claim_cap(as_of: dt.datetime, config: DunningConfig) -> ClaimCap:
     return ClaimCap(config.breaker.max_emails, *breaker_window(as_of, config.breaker))
 
 
-def audit_cycle(ledger: Ledger, snapshot: pl.DataFrame, plan: pl.DataFrame, outcomes: pl.DataFrame, *, run_id: str,
-                as_of: dt.datetime, dry_run: bool, snapshot_path: str | None,
-                run_outcome: RunOutcome = RunOutcome.COMPLETED) -> pl.DataFrame:
+def audit_cycle(
+    ledger: Ledger,
+    snapshot: pl.DataFrame,
+    plan: pl.DataFrame,
+    outcomes: pl.DataFrame,
+    *,
+    run_id: str,
+    as_of: dt.datetime,
+    dry_run: bool,
+    snapshot_path: str | None,
+    run_outcome: RunOutcome = RunOutcome.COMPLETED,
+) -> pl.DataFrame:
     """Build and store this cycle's audit and run summary; returns the audit rows."""
-    audit = build_audit(due_rows(plan), outcomes, ledger.open_problems(), snapshot, run_id=run_id, as_of=as_of, dry_run=dry_run)
+    audit = build_audit(
+        due_rows(plan), outcomes, ledger.open_problems(), snapshot, run_id=run_id, as_of=as_of, dry_run=dry_run
+    )
     ledger.write_audit(run_id, audit, summarize(audit), as_of, dry_run, snapshot.height, snapshot_path, run_outcome)
     return audit
 
 
-def record_breaker_trip(ledger: Ledger, verdict: BreakerVerdict, snapshot: pl.DataFrame, plan: pl.DataFrame,
-                        config: DunningConfig, *, run_id: str, as_of: dt.datetime, dry_run: bool,
-                        snapshot_path: str | None, logger: logging.Logger | None = None) -> str | None:
+def record_breaker_trip(
+    ledger: Ledger,
+    verdict: BreakerVerdict,
+    snapshot: pl.DataFrame,
+    plan: pl.DataFrame,
+    config: DunningConfig,
+    *,
+    run_id: str,
+    as_of: dt.datetime,
+    dry_run: bool,
+    snapshot_path: str | None,
+    logger: logging.Logger | None = None,
+) -> str | None:
     """One alert for the trip (none on a dry run) and the held reminders in the audit; returns the alert id."""
-    audit_cycle(ledger, snapshot, plan, held_outcomes(sendable_due(plan), SendStatus.BREAKER), run_id=run_id, as_of=as_of,
-                dry_run=dry_run, snapshot_path=snapshot_path, run_outcome=RunOutcome.HALTED_BY_BREAKER)
+    audit_cycle(
+        ledger,
+        snapshot,
+        plan,
+        held_outcomes(sendable_due(plan), SendStatus.BREAKER),
+        run_id=run_id,
+        as_of=as_of,
+        dry_run=dry_run,
+        snapshot_path=snapshot_path,
+        run_outcome=RunOutcome.HALTED_BY_BREAKER,
+    )
     if dry_run:
         return None
     offenders = verdict.offenders.select("customer_id", "emails_in_window", "recent_emails", "batch_emails").to_dicts()
-    alert = Alert(kind="breaker", message=verdict.describe(), created_at=as_of, run_id=run_id,
-                  details={"max_emails": config.breaker.max_emails, "window_hours": config.breaker.window_hours,
-                           "customers": offenders},
-                  dedup_key="dunning-breaker-" + ",".join(sorted(o["customer_id"] for o in offenders))[:200])
+    alert = Alert(
+        kind="breaker",
+        message=verdict.describe(),
+        created_at=as_of,
+        run_id=run_id,
+        details={
+            "max_emails": config.breaker.max_emails,
+            "window_hours": config.breaker.window_hours,
+            "customers": offenders,
+        },
+        dedup_key="dunning-breaker-" + ",".join(sorted(o["customer_id"] for o in offenders))[:200],
+    )
     return raise_alert(ledger, config.alerts, alert, logger)

@@ -32,16 +32,49 @@ EMAIL_MISSING_SHARE = 0.01
 PARTIAL_SHARE_OF_OPEN = 0.25
 MIN_AMOUNT, MAX_AMOUNT = 500, 500_000  # minor units (cents, or whole yen)
 
-_NAME_HEADS = ("Northwind", "Blue Harbor", "Alder", "Kestrel", "Quarry Lane", "Meridian", "Tamarack",
-               "Sakura", "Halvorsen", "Copperfield", "Lindqvist", "Orchard", "Vantage", "Brightwater")
-_NAME_TRADES = ("Logistics", "Bakery", "Studio", "Analytics", "Dental", "Freight", "Outfitters",
-                "Robotics", "Printing", "Consulting", "Foods", "Architects")
+_NAME_HEADS = (
+    "Northwind",
+    "Blue Harbor",
+    "Alder",
+    "Kestrel",
+    "Quarry Lane",
+    "Meridian",
+    "Tamarack",
+    "Sakura",
+    "Halvorsen",
+    "Copperfield",
+    "Lindqvist",
+    "Orchard",
+    "Vantage",
+    "Brightwater",
+)
+_NAME_TRADES = (
+    "Logistics",
+    "Bakery",
+    "Studio",
+    "Analytics",
+    "Dental",
+    "Freight",
+    "Outfitters",
+    "Robotics",
+    "Printing",
+    "Consulting",
+    "Foods",
+    "Architects",
+)
 _NAME_FORMS = ("Ltd", "GmbH", "Inc.", "SAS", "K.K.", "LLC", "B.V.")
 
 SNAPSHOT_SCHEMA = {
-    "invoice_id": pl.Utf8, "customer_id": pl.Utf8, "customer_email": pl.Utf8, "customer_name": pl.Utf8,
-    "currency": pl.Utf8, "amount_due": pl.Int64, "amount_paid": pl.Int64, "due_date": pl.Date,
-    "status": pl.Utf8, "billing_period": pl.Utf8,
+    "invoice_id": pl.Utf8,
+    "customer_id": pl.Utf8,
+    "customer_email": pl.Utf8,
+    "customer_name": pl.Utf8,
+    "currency": pl.Utf8,
+    "amount_due": pl.Int64,
+    "amount_paid": pl.Int64,
+    "due_date": pl.Date,
+    "status": pl.Utf8,
+    "billing_period": pl.Utf8,
 }
 
 
@@ -73,11 +106,17 @@ def _customers(n_customers: int, seed: int) -> pl.DataFrame:
     customer_id = pl.lit("cus_") + (pl.col("n") + 1).cast(pl.Utf8).str.zfill(width)
     return pl.select(n=pl.int_range(n_customers, dtype=pl.Int64)).select(
         customer_id=customer_id,
-        customer_email=pl.when(_uniform(seed, 1) >= EMAIL_MISSING_SHARE)
-        .then(pl.lit("billing+") + customer_id + pl.lit("@example.com")),
+        customer_email=pl.when(_uniform(seed, 1) >= EMAIL_MISSING_SHARE).then(
+            pl.lit("billing+") + customer_id + pl.lit("@example.com")
+        ),
         customer_name=pl.concat_str(
-            [_pick_name(_uniform(seed, 2), _NAME_HEADS), _pick_name(_uniform(seed, 3), _NAME_TRADES),
-             _pick_name(_uniform(seed, 4), _NAME_FORMS)], separator=" "),
+            [
+                _pick_name(_uniform(seed, 2), _NAME_HEADS),
+                _pick_name(_uniform(seed, 3), _NAME_TRADES),
+                _pick_name(_uniform(seed, 4), _NAME_FORMS),
+            ],
+            separator=" ",
+        ),
         currency=_pick(_uniform(seed, 5), CURRENCY_SHARES),
     )
 
@@ -96,32 +135,47 @@ def generate_snapshot(
         customer_n=(_uniform(seed, 10).pow(1.5) * n_customers).cast(pl.Int64).clip(0, n_customers - 1),
         status=_pick(_uniform(seed, 11), STATUS_SHARES),
         amount_due=(MIN_AMOUNT * (MAX_AMOUNT / MIN_AMOUNT) ** _uniform(seed, 12))
-        .round().cast(pl.Int64).clip(MIN_AMOUNT, MAX_AMOUNT),
+        .round()
+        .cast(pl.Int64)
+        .clip(MIN_AMOUNT, MAX_AMOUNT),
     )
     customer_cols = _customers(n_customers, seed).select(pl.all().gather(frame["customer_n"]))
 
     is_partial = (pl.col("status") == "open") & (_uniform(seed, 13) < PARTIAL_SHARE_OF_OPEN)
     # Among partial payments, about 30% have paid 90% or more (the "almost settled" case).
-    paid_fraction = (pl.when(_uniform(seed, 14) < 0.3).then(0.90 + 0.09 * _uniform(seed, 15))
-                     .otherwise(0.05 + 0.85 * _uniform(seed, 15)))
+    paid_fraction = (
+        pl.when(_uniform(seed, 14) < 0.3)
+        .then(0.90 + 0.09 * _uniform(seed, 15))
+        .otherwise(0.05 + 0.85 * _uniform(seed, 15))
+    )
     partial_amount = (pl.col("amount_due") * paid_fraction).floor().cast(pl.Int64)
     u_days = _uniform(seed, 16)
     due_offset_days = (
-        pl.when(pl.col("status") == "open").then(-40 + (u_days * 61).floor())   # 40 days overdue .. 20 ahead
-        .when(pl.col("status") == "draft").then(5 + (u_days * 26).floor())      # 5 .. 30 days ahead
-        .otherwise(-(u_days * 91).floor())                                       # 90 .. 0 days ago
+        pl.when(pl.col("status") == "open")
+        .then(-40 + (u_days * 61).floor())  # 40 days overdue .. 20 ahead
+        .when(pl.col("status") == "draft")
+        .then(5 + (u_days * 26).floor())  # 5 .. 30 days ahead
+        .otherwise(-(u_days * 91).floor())  # 90 .. 0 days ago
     ).cast(pl.Int64)
     width = max(7, len(str(n_invoices)))
 
-    return pl.concat([frame, customer_cols], how="horizontal").with_columns(
-        invoice_id=pl.lit("in_") + (pl.col("n") + 1).cast(pl.Utf8).str.zfill(width),
-        amount_paid=pl.when(pl.col("status") == "paid").then(pl.col("amount_due"))
-        .when(is_partial).then(partial_amount.clip(1, pl.col("amount_due") - 1))
-        .otherwise(0).cast(pl.Int64),
-        due_date=pl.lit(as_of, dtype=pl.Date) + pl.duration(days=due_offset_days),
-    ).with_columns(
-        billing_period=pl.col("due_date").dt.month_start().dt.offset_by("-1mo").dt.strftime("%Y-%m"),
-    ).select([pl.col(name).cast(dtype) for name, dtype in SNAPSHOT_SCHEMA.items()])
+    return (
+        pl.concat([frame, customer_cols], how="horizontal")
+        .with_columns(
+            invoice_id=pl.lit("in_") + (pl.col("n") + 1).cast(pl.Utf8).str.zfill(width),
+            amount_paid=pl.when(pl.col("status") == "paid")
+            .then(pl.col("amount_due"))
+            .when(is_partial)
+            .then(partial_amount.clip(1, pl.col("amount_due") - 1))
+            .otherwise(0)
+            .cast(pl.Int64),
+            due_date=pl.lit(as_of, dtype=pl.Date) + pl.duration(days=due_offset_days),
+        )
+        .with_columns(
+            billing_period=pl.col("due_date").dt.month_start().dt.offset_by("-1mo").dt.strftime("%Y-%m"),
+        )
+        .select([pl.col(name).cast(dtype) for name, dtype in SNAPSHOT_SCHEMA.items()])
+    )
 
 
 def with_invalid_rows(df: pl.DataFrame, *, seed: int = 7) -> pl.DataFrame:
@@ -156,7 +210,9 @@ def with_invalid_rows(df: pl.DataFrame, *, seed: int = 7) -> pl.DataFrame:
         {"due_date": "2026-13-45"},
     ]
     assert len(breakages) == INVALID_ROW_COUNT
-    bad_rows = [template | {"invoice_id": fresh_id} | broken for fresh_id, broken in zip(fresh_ids, breakages, strict=True)]
+    bad_rows = [
+        template | {"invoice_id": fresh_id} | broken for fresh_id, broken in zip(fresh_ids, breakages, strict=True)
+    ]
     bad = pl.DataFrame(bad_rows, schema={name: pl.Utf8 for name in text.columns}, orient="row")
     return pl.concat([text, bad], how="vertical")
 
@@ -179,8 +235,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m dunning.demo", description="Write a synthetic invoice snapshot.")
     parser.add_argument("--out", type=Path, required=True, help="output file, .csv or .parquet")
     parser.add_argument("--invoices", type=int, default=2000, help="number of valid invoices (default 2000)")
-    parser.add_argument("--as-of", type=dt.date.fromisoformat, default=None,
-                        help="snapshot date YYYY-MM-DD (default: today, UTC)")
+    parser.add_argument(
+        "--as-of", type=dt.date.fromisoformat, default=None, help="snapshot date YYYY-MM-DD (default: today, UTC)"
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--no-invalid", action="store_true", help="do not append malformed rows")
     args = parser.parse_args(argv)

@@ -35,11 +35,19 @@ from dunning.stripe import read_events
 from dunning.vocabulary import EmailKind, PlanRole
 
 PAYMENT_FAILED = "invoice.payment_failed"
-EVENTS_SCHEMA = pl.Schema({
-    "event_id": pl.String(), "type": pl.String(), "created_at": pl.Datetime("us", "UTC"), "invoice_id": pl.String(),
-    "customer_id": pl.String(), "customer_email": pl.String(), "currency": pl.String(), "amount_remaining": pl.Int64(),
-    "payload": pl.String(),
-})
+EVENTS_SCHEMA = pl.Schema(
+    {
+        "event_id": pl.String(),
+        "type": pl.String(),
+        "created_at": pl.Datetime("us", "UTC"),
+        "invoice_id": pl.String(),
+        "customer_id": pl.String(),
+        "customer_email": pl.String(),
+        "currency": pl.String(),
+        "amount_remaining": pl.Int64(),
+        "payload": pl.String(),
+    }
+)
 REJECTED_SCHEMA = pl.Schema({"event_id": pl.String, "type": pl.String, "reason": pl.String, "payload": pl.String})
 
 MAX_ID = 200  # as for snapshot ids: keys stay short enough for the ledger and SMTP lines
@@ -61,8 +69,13 @@ class LoadedEvents:
         """One line for the operator: how many were rejected, by rule (rules are fixed text, never data)."""
         if self.rejected.is_empty():
             return "no billing events rejected"
-        by_rule = (self.rejected.select(pl.col("reason").str.split("; ")).explode("reason")
-                   .group_by("reason").len().sort(["len", "reason"], descending=[True, False]))
+        by_rule = (
+            self.rejected.select(pl.col("reason").str.split("; "))
+            .explode("reason")
+            .group_by("reason")
+            .len()
+            .sort(["len", "reason"], descending=[True, False])
+        )
         rules = ", ".join(f"{r} ({n})" for r, n in by_rule.rows())
         return f"{self.rejected.height} billing event(s) rejected into event_quarantine: {rules}"
 
@@ -149,8 +162,10 @@ def rejection_reasons(event: Any) -> list[str]:
     elif invoice is None:
         reasons.append("data.object is not an invoice")
     else:
-        reasons += [_identifier_problem("invoice id", invoice.get("id")),
-                    _identifier_problem("customer", _customer(invoice.get("customer")))]
+        reasons += [
+            _identifier_problem("invoice id", invoice.get("id")),
+            _identifier_problem("customer", _customer(invoice.get("customer"))),
+        ]
         currency = invoice.get("currency")
         if not isinstance(currency, str):
             reasons.append("currency is not a string" if currency is not None else "currency is missing")
@@ -176,14 +191,17 @@ def _payload(event: Any) -> str | None:
 
 
 def event_row(event: dict[str, Any]) -> dict[str, Any]:
-    """One EVENTS_SCHEMA row; fields that are missing or of the wrong kind are null (validation decides what that means)."""
+    """One EVENTS_SCHEMA row; fields that are missing or of the wrong kind are null (validation decides what that
+    means)."""
     invoice = (_invoice(event) if event["type"].startswith("invoice.") else None) or {}
     remaining = _remaining(invoice)
     currency = _storable(invoice.get("currency"))
     return {
-        "event_id": _storable(event["id"]), "type": _storable(event["type"]),
+        "event_id": _storable(event["id"]),
+        "type": _storable(event["type"]),
         "created_at": _timestamp(event.get("created")),
-        "invoice_id": _storable(invoice.get("id")), "customer_id": _storable(_customer(invoice.get("customer"))),
+        "invoice_id": _storable(invoice.get("id")),
+        "customer_id": _storable(_customer(invoice.get("customer"))),
         "customer_email": _storable(invoice.get("customer_email")),
         "currency": currency.upper() if currency is not None else None,
         "amount_remaining": remaining if _is_int(remaining) and -INT64_MAX <= remaining <= INT64_MAX else None,
@@ -206,8 +224,14 @@ def split_events(events: Iterable[Any]) -> LoadedEvents:
             reasons = ["event is nested too deeply to store"]  # the notice's event must be kept as received
         if reasons:
             kind = event.get("type") if isinstance(event, dict) else None
-            rejected.append({"event_id": event_id, "type": _storable(kind), "reason": "; ".join(reasons),
-                             "payload": _payload(event)})
+            rejected.append(
+                {
+                    "event_id": event_id,
+                    "type": _storable(kind),
+                    "reason": "; ".join(reasons),
+                    "payload": _payload(event),
+                }
+            )
         else:
             accepted.append(row)
     return LoadedEvents(pl.DataFrame(accepted, schema=EVENTS_SCHEMA), pl.DataFrame(rejected, schema=REJECTED_SCHEMA))
@@ -228,8 +252,11 @@ def notice_rows(events: pl.DataFrame, snapshot: pl.DataFrame, already_recorded: 
     events = events.filter(pl.col("type") == PAYMENT_FAILED)
     if events.is_empty():  # the usual hourly run: no need to index the whole snapshot by customer
         return pl.DataFrame()
-    directory = snapshot.filter(pl.col("customer_email").is_not_null()).group_by("customer_id").agg(
-        pl.col("customer_email").first().alias("snapshot_email"), pl.col("customer_name").drop_nulls().first())
+    directory = (
+        snapshot.filter(pl.col("customer_email").is_not_null())
+        .group_by("customer_id")
+        .agg(pl.col("customer_email").first().alias("snapshot_email"), pl.col("customer_name").drop_nulls().first())
+    )
     notices = (
         events.filter(pl.col("type") == PAYMENT_FAILED)
         .with_columns(pl.concat_str([pl.lit("event:"), pl.col("event_id")]).alias("idempotency_key"))
@@ -240,8 +267,10 @@ def notice_rows(events: pl.DataFrame, snapshot: pl.DataFrame, already_recorded: 
     keys = notices.get_column("idempotency_key").to_list()
     ids = [email_id([k]) for k in keys]
     return notices.with_columns(
-        pl.lit(EmailKind.PAYMENT_FAILED).alias("kind"), pl.lit(PlanRole.DUE).alias("role"),
-        pl.col("amount_remaining").alias("amount_minor"), pl.col("amount_remaining").alias("remaining_minor"),
+        pl.lit(EmailKind.PAYMENT_FAILED).alias("kind"),
+        pl.lit(PlanRole.DUE).alias("role"),
+        pl.col("amount_remaining").alias("amount_minor"),
+        pl.col("amount_remaining").alias("remaining_minor"),
         (pl.col("amount_remaining").fill_null(0) > 0).alias("owed"),
         sendable_expr().alias("sendable"),
         pl.col("idempotency_key").alias("email_group"),

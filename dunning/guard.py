@@ -59,8 +59,10 @@ class GuardReport:
 
 def unique_constraint_in_force(ledger: DuckDBLedger) -> tuple[bool, str]:
     probe = f"guard-probe:{uuid.uuid4().hex}"
-    insert = ("INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status) "
-              "VALUES (?, 'reminder', 'guard-probe', 'skipped')")
+    insert = (
+        "INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status) "
+        "VALUES (?, 'reminder', 'guard-probe', 'skipped')"
+    )
     try:
         with ledger.simulation():
             ledger.con.execute(insert, [probe])
@@ -70,8 +72,9 @@ def unique_constraint_in_force(ledger: DuckDBLedger) -> tuple[bool, str]:
     return False, "a duplicate idempotency_key was accepted: reminder_ledger has no unique key on idempotency_key"
 
 
-def simulated_double_pass(ledger: DuckDBLedger, snapshot_path: str | Path, config: DunningConfig,
-                          as_of: dt.datetime) -> list[tuple[str, bool, str]]:
+def simulated_double_pass(
+    ledger: DuckDBLedger, snapshot_path: str | Path, config: DunningConfig, as_of: dt.datetime
+) -> list[tuple[str, bool, str]]:
     loaded = cycle.load_snapshot(snapshot_path, config)
     results: list[tuple[str, bool, str]] = []
     with ledger.simulation():
@@ -81,23 +84,42 @@ def simulated_double_pass(ledger: DuckDBLedger, snapshot_path: str | Path, confi
         verdict = cycle.check_breaker(ledger, plan, as_of, config)
         results.append(("first pass within the breaker", verdict.passed, verdict.describe()))
         due = cycle.sendable_due(plan)
-        send_due(ledger, SimulatedProvider(), due, cycle.skipped_rows(plan), config=config, run_id=SIMULATION_RUN,
-                 as_of=as_of, now=lambda: as_of, cap=cycle.claim_cap(as_of, config), render=_placeholder)
+        send_due(
+            ledger,
+            SimulatedProvider(),
+            due,
+            cycle.skipped_rows(plan),
+            config=config,
+            run_id=SIMULATION_RUN,
+            as_of=as_of,
+            now=lambda: as_of,
+            cap=cycle.claim_cap(as_of, config),
+            render=_placeholder,
+        )
         again = cycle.sendable_due(cycle.plan_cycle(cycle.cycle_snapshot(ledger, loaded.valid, config, as_of), config))
         keys = again.get_column("idempotency_key").head(5).to_list()
-        results.append(("second pass finds nothing newly due", again.is_empty(),
-                        f"first pass would send {due.height} key(s); second pass finds {again.height}"
-                        + (f" (e.g. {', '.join(keys)})" if keys else "")))
+        results.append(
+            (
+                "second pass finds nothing newly due",
+                again.is_empty(),
+                f"first pass would send {due.height} key(s); second pass finds {again.height}"
+                + (f" (e.g. {', '.join(keys)})" if keys else ""),
+            )
+        )
     return results
 
 
-def prove_guard(ledger: DuckDBLedger, snapshot_path: str | Path, config: DunningConfig, as_of: dt.datetime,
-                breaker_wired: bool) -> GuardReport:
+def prove_guard(
+    ledger: DuckDBLedger, snapshot_path: str | Path, config: DunningConfig, as_of: dt.datetime, breaker_wired: bool
+) -> GuardReport:
     report = GuardReport()
     report.add("unique key on reminder_ledger", *unique_constraint_in_force(ledger))
-    report.add("breaker configured", breaker_wired and config.breaker.max_emails >= 1,
-               f"at most {config.breaker.max_emails} emails per customer in {config.breaker.window_hours} h; "
-               + ("gates send_batch as a blocking check" if breaker_wired else "NOT wired as a blocking check"))
+    report.add(
+        "breaker configured",
+        breaker_wired and config.breaker.max_emails >= 1,
+        f"at most {config.breaker.max_emails} emails per customer in {config.breaker.window_hours} h; "
+        + ("gates send_batch as a blocking check" if breaker_wired else "NOT wired as a blocking check"),
+    )
     for name, passed, detail in simulated_double_pass(ledger, snapshot_path, config, as_of):
         report.add(name, passed, detail)
     return report

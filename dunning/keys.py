@@ -28,7 +28,14 @@ def event_key(event_id: str) -> str:
 def reminder_key_expr() -> pl.Expr:
     """`reminder_key` over columns `invoice_id`, `cycle`, `stage`."""
     return pl.concat_str(
-        [pl.lit("dunning:"), pl.col("invoice_id"), pl.lit(":"), pl.col("cycle").cast(pl.String), pl.lit(":"), pl.col("stage")]
+        [
+            pl.lit("dunning:"),
+            pl.col("invoice_id"),
+            pl.lit(":"),
+            pl.col("cycle").cast(pl.String),
+            pl.lit(":"),
+            pl.col("stage"),
+        ]
     )
 
 

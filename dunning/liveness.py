@@ -64,11 +64,16 @@ def assess(ledger: Ledger, settings: Alerts, now: dt.datetime) -> Liveness:
     hours = hours_between(last["finished_wall_at"], now) if last else None
     count, oldest, key = ledger.unknown_waiting_since(now - dt.timedelta(hours=settings.unknown_after_hours))
     return Liveness(
-        now=now, stale_after_hours=settings.stale_after_hours, unknown_after_hours=settings.unknown_after_hours,
-        last_live_run=last, hours_since_last_live_run=hours,
+        now=now,
+        stale_after_hours=settings.stale_after_hours,
+        unknown_after_hours=settings.unknown_after_hours,
+        last_live_run=last,
+        hours_since_last_live_run=hours,
         stale_runs=hours is not None and hours > settings.stale_after_hours,
         paused=ledger.is_paused(),
-        unknown_overdue=count, oldest_unknown_since=oldest, oldest_unknown_key=key,
+        unknown_overdue=count,
+        oldest_unknown_since=oldest,
+        oldest_unknown_key=key,
     )
 
 
@@ -80,33 +85,55 @@ def stale_runs_message(state: Liveness) -> str:
     last, hours = state.last_live_run, state.hours_since_last_live_run
     if last is None or hours is None:
         return "no live run recorded yet"
-    return (f"no live run has completed for {hours:.1f} h "
-            f"(alerts.stale_after_hours: {_hours(state.stale_after_hours)}); last: {last['run_id'][:8]} "
-            f"finished {wall(last['finished_wall_at'])}")
+    return (
+        f"no live run has completed for {hours:.1f} h "
+        f"(alerts.stale_after_hours: {_hours(state.stale_after_hours)}); last: {last['run_id'][:8]} "
+        f"finished {wall(last['finished_wall_at'])}"
+    )
 
 
 def stale_unknown_message(state: Liveness) -> str:
-    return (f"{state.unknown_overdue} unknown key(s) waiting over {_hours(state.unknown_after_hours)} h for a human "
-            f"(oldest {state.oldest_unknown_key} since {wall(state.oldest_unknown_since)}); "
-            f"check with the provider, then `dunning resolve KEY --sent|--not-sent`")
+    return (
+        f"{state.unknown_overdue} unknown key(s) waiting over {_hours(state.unknown_after_hours)} h for a human "
+        f"(oldest {state.oldest_unknown_key} since {wall(state.oldest_unknown_since)}); "
+        f"check with the provider, then `dunning resolve KEY --sent|--not-sent`"
+    )
 
 
 def _alert(state: Liveness, kind: str) -> Alert:
     if kind == STALE_RUNS:
         last = state.last_live_run or {}
-        return Alert(kind=kind, message=stale_runs_message(state), created_at=state.now, severity="critical",
-                     details={"last_live_run": last.get("run_id"), "finished_wall_at": last.get("finished_wall_at"),
-                              "hours": round(state.hours_since_last_live_run or 0.0, 2),
-                              "stale_after_hours": state.stale_after_hours},
-                     dedup_key=f"dunning-{kind}-{last.get('run_id')}")
-    return Alert(kind=kind, message=stale_unknown_message(state), created_at=state.now, severity="critical",
-                 details={"count": state.unknown_overdue, "oldest_key": state.oldest_unknown_key,
-                          "oldest_since": state.oldest_unknown_since, "unknown_after_hours": state.unknown_after_hours},
-                 dedup_key=f"dunning-{kind}-{state.oldest_unknown_key}")
+        return Alert(
+            kind=kind,
+            message=stale_runs_message(state),
+            created_at=state.now,
+            severity="critical",
+            details={
+                "last_live_run": last.get("run_id"),
+                "finished_wall_at": last.get("finished_wall_at"),
+                "hours": round(state.hours_since_last_live_run or 0.0, 2),
+                "stale_after_hours": state.stale_after_hours,
+            },
+            dedup_key=f"dunning-{kind}-{last.get('run_id')}",
+        )
+    return Alert(
+        kind=kind,
+        message=stale_unknown_message(state),
+        created_at=state.now,
+        severity="critical",
+        details={
+            "count": state.unknown_overdue,
+            "oldest_key": state.oldest_unknown_key,
+            "oldest_since": state.oldest_unknown_since,
+            "unknown_after_hours": state.unknown_after_hours,
+        },
+        dedup_key=f"dunning-{kind}-{state.oldest_unknown_key}",
+    )
 
 
-def watch(ledger: Ledger, settings: Alerts, now: dt.datetime,
-          logger: logging.Logger | None = None) -> tuple[Liveness, dict[str, str]]:
+def watch(
+    ledger: Ledger, settings: Alerts, now: dt.datetime, logger: logging.Logger | None = None
+) -> tuple[Liveness, dict[str, str]]:
     """Assess, then page or resolve: returns the state and, per kind, `raised`, `still open`, `resolved` or `clear`."""
     state = assess(ledger, settings, now)
     actions: dict[str, str] = {}
@@ -129,8 +156,9 @@ def describe(state: Liveness, actions: dict[str, str] | None = None) -> str:
     if last is None or hours is None:
         runs = "no live run recorded yet"
     else:
-        runs = (f"last live run {last['run_id'][:8]} {hours:.1f} h ago"
-                + (" (stale" + (", paused: not paged" if state.paused else "") + ")" if state.stale_runs else ""))
+        runs = f"last live run {last['run_id'][:8]} {hours:.1f} h ago" + (
+            " (stale" + (", paused: not paged" if state.paused else "") + ")" if state.stale_runs else ""
+        )
     unknown = f"{state.unknown_overdue} unknown key(s) over {_hours(state.unknown_after_hours)} h"
     done = "; ".join(f"{kind}: {action}" for kind, action in actions.items())
     return f"{runs}; {unknown}" + (f" [{done}]" if done else "")

@@ -21,7 +21,9 @@ from dunning.safe_text import ADDRESS_PATTERN, MAX_ADDRESS
 from dunning.vocabulary import EmailKind, PlanRole, Tone, plain
 
 CYCLE_ACTION = pl.Enum(["open", "close"])
-STATE_SCHEMA = pl.Schema({"invoice_id": pl.String, "cycle": pl.Int32, "cycle_open": pl.Boolean, "last_stage_days": pl.Int32})
+STATE_SCHEMA = pl.Schema(
+    {"invoice_id": pl.String, "cycle": pl.Int32, "cycle_open": pl.Boolean, "last_stage_days": pl.Int32}
+)
 # optional in a state frame: when the snapshot that last opened or closed the invoice's cycle was taken
 CHANGED_AT = "changed_snapshot_at"
 CHANGED_AT_TYPE = pl.Datetime("us", "UTC")
@@ -68,8 +70,13 @@ def sendable_expr() -> pl.Expr:
     return (address.str.contains(ADDRESS_PATTERN) & (address.str.len_bytes() <= MAX_ADDRESS)).fill_null(False)
 
 
-def assign_cycles(snapshot: pl.DataFrame, state: pl.DataFrame, as_of: dt.datetime, config: DunningConfig,
-                  snapshot_taken_at: dt.datetime | None = None) -> pl.DataFrame:
+def assign_cycles(
+    snapshot: pl.DataFrame,
+    state: pl.DataFrame,
+    as_of: dt.datetime,
+    config: DunningConfig,
+    snapshot_taken_at: dt.datetime | None = None,
+) -> pl.DataFrame:
     """The snapshot with `remaining_minor`, `days_overdue`, `owed`, and the dunning `cycle`.
 
     A cycle opens when an invoice is first seen open, unpaid and past due; it
@@ -86,23 +93,37 @@ def assign_cycles(snapshot: pl.DataFrame, state: pl.DataFrame, as_of: dt.datetim
     today = business_date(as_of, config)
     first_stage_days = min(1, min(s.days_overdue for s in config.stages))
     status = pl.col("status")
-    joined = with_balances(snapshot).with_columns(
-        (pl.lit(today) - pl.col("due_date")).dt.total_days().cast(pl.Int32).alias("days_overdue"),
-    ).join(_state(state), on="invoice_id", how="left")
+    joined = (
+        with_balances(snapshot)
+        .with_columns(
+            (pl.lit(today) - pl.col("due_date")).dt.total_days().cast(pl.Int32).alias("days_overdue"),
+        )
+        .join(_state(state), on="invoice_id", how="left")
+    )
     is_settled = (status == "paid") | (status == "void") | ((status == "open") & (pl.col("remaining_minor") <= 0))
     flags = joined.select(
         (pl.col("owed") & (pl.col("days_overdue") >= first_stage_days)).alias("past_due"),
         is_settled.alias("settled"),
         pl.col("cycle_open").fill_null(False).alias("was_open"),
-        (pl.col(CHANGED_AT) > pl.lit(snapshot_taken_at or as_of, dtype=CHANGED_AT_TYPE)).fill_null(False).alias("stale"),
+        (pl.col(CHANGED_AT) > pl.lit(snapshot_taken_at or as_of, dtype=CHANGED_AT_TYPE))
+        .fill_null(False)
+        .alias("stale"),
     )
-    past_due, settled, was_open = flags.get_column("past_due"), flags.get_column("settled"), flags.get_column("was_open")
+    past_due, settled, was_open = (
+        flags.get_column("past_due"),
+        flags.get_column("settled"),
+        flags.get_column("was_open"),
+    )
     fresh = ~flags.get_column("stale")
     opens, closes = past_due & ~was_open & fresh, settled & was_open & fresh
     return joined.with_columns(
         pl.when(opens).then(pl.col("cycle").fill_null(0) + 1).otherwise(pl.col("cycle")).cast(pl.Int32).alias("cycle"),
-        pl.when(opens).then(pl.lit("open", dtype=CYCLE_ACTION)).when(closes).then(pl.lit("close", dtype=CYCLE_ACTION))
-        .otherwise(None).alias("cycle_action"),
+        pl.when(opens)
+        .then(pl.lit("open", dtype=CYCLE_ACTION))
+        .when(closes)
+        .then(pl.lit("close", dtype=CYCLE_ACTION))
+        .otherwise(None)
+        .alias("cycle_action"),
         pl.when(opens).then(None).otherwise(pl.col("last_stage_days")).cast(pl.Int32).alias("last_stage_days"),
         ((past_due & (was_open | fresh)) | (was_open & ~settled)).alias("in_cycle"),
     ).drop("cycle_open", CHANGED_AT)
@@ -129,34 +150,64 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     # jump a stage are crossed with the stages to spell out their skipped keys. (Crossing every in-cycle
     # invoice with the stages, with all its columns, was half of this step.)
     above_record = pl.col("last_stage_days").fill_null(-1)
-    reached = [(s.days_overdue, (pl.col("days_overdue") >= s.days_overdue) & (pl.lit(s.days_overdue) > above_record)
-                & (pl.col("remaining_minor") >= s.min_remaining_ratio * pl.col("amount_due"))) for s in config.stages]
+    reached = [
+        (
+            s.days_overdue,
+            (pl.col("days_overdue") >= s.days_overdue)
+            & (pl.lit(s.days_overdue) > above_record)
+            & (pl.col("remaining_minor") >= s.min_remaining_ratio * pl.col("amount_due")),
+        )
+        for s in config.stages
+    ]
     target = pl.max_horizontal([pl.when(rule).then(pl.lit(days, dtype=pl.Int32)) for days, rule in reached])
-    jumps = pl.any_horizontal([(pl.lit(days) > above_record) & (pl.lit(days) < pl.col("target_days")) for days, _ in reached])
+    jumps = pl.any_horizontal(
+        [(pl.lit(days) > above_record) & (pl.lit(days) < pl.col("target_days")) for days, _ in reached]
+    )
     stages = stages_frame(config).drop("min_remaining_ratio")
     targets = (
-        cycled.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"), "days_overdue", "last_stage_days",
-                      "remaining_minor", "amount_due", (pl.col("in_cycle") & pl.col("owed")).alias("candidate"))
+        cycled.select(
+            pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"),
+            "days_overdue",
+            "last_stage_days",
+            "remaining_minor",
+            "amount_due",
+            (pl.col("in_cycle") & pl.col("owed")).alias("candidate"),
+        )
         .filter("candidate")
         .select("row", target.alias("target_days"))
         .drop_nulls("target_days")
     )
     targeted = cycled.gather(targets.get_column("row")).with_columns(targets.get_column("target_days"))
     due = targeted.join(stages.with_columns(pl.col("stage_days").alias("target_days")), on="target_days", how="inner")
-    skipped = targeted.filter(jumps).join(stages, how="cross").filter(
-        (pl.col("stage_days") > above_record) & (pl.col("stage_days") < pl.col("target_days")))
+    skipped = (
+        targeted.filter(jumps)
+        .join(stages, how="cross")
+        .filter((pl.col("stage_days") > above_record) & (pl.col("stage_days") < pl.col("target_days")))
+    )
     return (
         pl.concat([due, skipped.select(due.columns)], how="vertical", rechunk=True)
         .with_columns(
-            pl.when(pl.col("stage_days") == pl.col("target_days")).then(pl.lit(PlanRole.DUE))
-            .otherwise(pl.lit(PlanRole.SKIPPED)).alias("role"),
+            pl.when(pl.col("stage_days") == pl.col("target_days"))
+            .then(pl.lit(PlanRole.DUE))
+            .otherwise(pl.lit(PlanRole.SKIPPED))
+            .alias("role"),
             reminder_key_expr().alias("idempotency_key"),
             pl.lit(EmailKind.REMINDER).alias("kind"),
             pl.col("remaining_minor").alias("amount_minor"),
             sendable_expr().alias("sendable"),
         )
-        .select(*cycled.columns, "sendable", "stage", "stage_rank", "stage_days", "tone", "role", "idempotency_key", "kind",
-                "amount_minor")
+        .select(
+            *cycled.columns,
+            "sendable",
+            "stage",
+            "stage_rank",
+            "stage_days",
+            "tone",
+            "role",
+            "idempotency_key",
+            "kind",
+            "amount_minor",
+        )
         .sort("source_row", "stage_rank")  # the snapshot's order; an email sorts its own invoices
     )
 
@@ -170,15 +221,18 @@ def plan_retries(cycled: pl.DataFrame, failed: pl.DataFrame, due: pl.DataFrame, 
     instead.
     """
     current = cycled.filter(pl.col("in_cycle") & pl.col("owed")).join(
-        due.select("invoice_id"), on="invoice_id", how="anti")
+        due.select("invoice_id"), on="invoice_id", how="anti"
+    )
     return (
         failed.select("idempotency_key", "invoice_id", "cycle", "stage", "email_id", "message_id")
         .join(stages_frame(config).drop("min_remaining_ratio"), on="stage", how="inner")
         .join(current, on=["invoice_id", "cycle"], how="inner")
         .filter(pl.col("stage_days") == pl.col("last_stage_days"))
         .with_columns(
-            pl.lit(PlanRole.RETRY).alias("role"), pl.lit(EmailKind.REMINDER).alias("kind"),
-            pl.col("remaining_minor").alias("amount_minor"), pl.col("email_id").alias("email_group"),
+            pl.lit(PlanRole.RETRY).alias("role"),
+            pl.lit(EmailKind.REMINDER).alias("kind"),
+            pl.col("remaining_minor").alias("amount_minor"),
+            pl.col("email_id").alias("email_group"),
             sendable_expr().alias("sendable"),
         )
     )

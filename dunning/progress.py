@@ -15,5 +15,17 @@ PROGRESS_LOGGER.setLevel(logging.INFO)
 
 
 def report_send_progress(emails_done: int, emails_total: int, sent: int, failed: int, unknown: int) -> None:
-    PROGRESS_LOGGER.info("sent %d/%d emails", emails_done, emails_total, extra={
-        "dunning_progress": {"done": emails_done, "total": emails_total, "sent": sent, "failed": failed, "unknown": unknown}})
+    PROGRESS_LOGGER.info(
+        "sent %d/%d emails",
+        emails_done,
+        emails_total,
+        extra={
+            "dunning_progress": {
+                "done": emails_done,
+                "total": emails_total,
+                "sent": sent,
+                "failed": failed,
+                "unknown": unknown,
+            }
+        },
+    )

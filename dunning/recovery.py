@@ -28,8 +28,9 @@ from dunning.render import apology_email
 from dunning.sending import Record, SendReport, send_due
 from dunning.vocabulary import EmailKind
 
-SENDS_SCHEMA = pl.Schema({"customer_id": pl.String(), "address": pl.String(), "sent_at": pl.Datetime("us", "UTC"),
-                          "message_id": pl.String()})
+SENDS_SCHEMA = pl.Schema(
+    {"customer_id": pl.String(), "address": pl.String(), "sent_at": pl.Datetime("us", "UTC"), "message_id": pl.String()}
+)
 
 
 @dataclass
@@ -70,16 +71,25 @@ def read_sent_log(path: str | Path, snapshot: pl.DataFrame) -> tuple[pl.DataFram
     log = log.with_columns(
         pl.col("to").str.strip_chars().str.to_lowercase().alias("address"),
         pl.col("sent_at").str.to_datetime(strict=False, time_zone="UTC").alias("sent_at"),
-        (pl.col("customer_id") if "customer_id" in log.columns else pl.lit(None, dtype=pl.String)).alias("given_customer"),
+        (pl.col("customer_id") if "customer_id" in log.columns else pl.lit(None, dtype=pl.String)).alias(
+            "given_customer"
+        ),
         (pl.col("message_id") if "message_id" in log.columns else pl.lit(None, dtype=pl.String)).alias("message_id"),
     )
     unparsable = log.filter(pl.col("sent_at").is_null())
     if unparsable.height:
-        raise SnapshotError(f"sent log {path}: {unparsable.height} row(s) with an unparsable sent_at, e.g. {unparsable['sent_at'].head(1).to_list()}")
-    directory = snapshot.filter(pl.col("customer_email").is_not_null()).select(
-        pl.col("customer_email").str.to_lowercase().alias("address"), "customer_id").unique("address", keep="first")
+        raise SnapshotError(
+            f"sent log {path}: {unparsable.height} row(s) with an unparsable sent_at, "
+            f"e.g. {unparsable['sent_at'].head(1).to_list()}"
+        )
+    directory = (
+        snapshot.filter(pl.col("customer_email").is_not_null())
+        .select(pl.col("customer_email").str.to_lowercase().alias("address"), "customer_id")
+        .unique("address", keep="first")
+    )
     mapped = log.join(directory, on="address", how="left").with_columns(
-        pl.coalesce("given_customer", "customer_id").alias("customer_id"))
+        pl.coalesce("given_customer", "customer_id").alias("customer_id")
+    )
     unmapped = sorted(set(mapped.filter(pl.col("customer_id").is_null()).get_column("address").to_list()))
     return mapped.filter(pl.col("customer_id").is_not_null()).select(SENDS_SCHEMA.keys()).cast(SENDS_SCHEMA), unmapped
 
@@ -87,41 +97,80 @@ def read_sent_log(path: str | Path, snapshot: pl.DataFrame) -> tuple[pl.DataFram
 def flooded_customers(sends: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     """Customers whose emails in some rolling `window_hours` exceeded `max_emails`, with the flood's extent."""
     if sends.is_empty():
-        return pl.DataFrame(schema={"customer_id": pl.String, "emails": pl.UInt32, "max_in_window": pl.UInt32,
-                                    "first_at": SENDS_SCHEMA["sent_at"], "last_at": SENDS_SCHEMA["sent_at"]})
-    deduped = pl.concat([sends.filter(pl.col("message_id").is_null()),
-                         sends.filter(pl.col("message_id").is_not_null()).unique(["customer_id", "message_id"])])
-    windows = deduped.sort("customer_id", "sent_at").rolling(
-        index_column="sent_at", period=f"{config.breaker.window_hours}h", group_by="customer_id"
-    ).agg(pl.len().alias("in_window"))
-    over = windows.group_by("customer_id").agg(pl.col("in_window").max().alias("max_in_window")).filter(
-        pl.col("max_in_window") > config.breaker.max_emails)
-    extent = deduped.group_by("customer_id").agg(pl.len().alias("emails"), pl.col("sent_at").min().alias("first_at"),
-                                                 pl.col("sent_at").max().alias("last_at"), pl.col("address").drop_nulls().first())
+        return pl.DataFrame(
+            schema={
+                "customer_id": pl.String,
+                "emails": pl.UInt32,
+                "max_in_window": pl.UInt32,
+                "first_at": SENDS_SCHEMA["sent_at"],
+                "last_at": SENDS_SCHEMA["sent_at"],
+            }
+        )
+    deduped = pl.concat(
+        [
+            sends.filter(pl.col("message_id").is_null()),
+            sends.filter(pl.col("message_id").is_not_null()).unique(["customer_id", "message_id"]),
+        ]
+    )
+    windows = (
+        deduped.sort("customer_id", "sent_at")
+        .rolling(index_column="sent_at", period=f"{config.breaker.window_hours}h", group_by="customer_id")
+        .agg(pl.len().alias("in_window"))
+    )
+    over = (
+        windows.group_by("customer_id")
+        .agg(pl.col("in_window").max().alias("max_in_window"))
+        .filter(pl.col("max_in_window") > config.breaker.max_emails)
+    )
+    extent = deduped.group_by("customer_id").agg(
+        pl.len().alias("emails"),
+        pl.col("sent_at").min().alias("first_at"),
+        pl.col("sent_at").max().alias("last_at"),
+        pl.col("address").drop_nulls().first(),
+    )
     return extent.join(over, on="customer_id", how="inner").sort("customer_id")
 
 
 def apology_rows(flooded: pl.DataFrame, snapshot: pl.DataFrame, incident_id: str, domain: str) -> pl.DataFrame:
     """One ledger row per flooded customer we can reach, addressed to their current email."""
-    current = snapshot.filter(sendable_expr()).group_by("customer_id").agg(
-        pl.col("customer_email").first().alias("snapshot_email"), pl.col("customer_name").drop_nulls().first())
+    current = (
+        snapshot.filter(sendable_expr())
+        .group_by("customer_id")
+        .agg(pl.col("customer_email").first().alias("snapshot_email"), pl.col("customer_name").drop_nulls().first())
+    )
     rows = flooded.join(current, on="customer_id", how="left").with_columns(
-        pl.coalesce("snapshot_email", "address").alias("customer_email"))
+        pl.coalesce("snapshot_email", "address").alias("customer_email")
+    )
     keys = [apology_key(incident_id, c) for c in rows.get_column("customer_id")]
     ids = [email_id([k]) for k in keys]
     return rows.with_columns(
-        pl.Series("idempotency_key", keys, dtype=pl.String), pl.lit(EmailKind.APOLOGY).alias("kind"),
-        pl.lit(None, dtype=pl.String).alias("invoice_id"), pl.lit(None, dtype=pl.Int32).alias("cycle"),
-        pl.lit(None, dtype=pl.String).alias("stage"), pl.lit(None, dtype=pl.Int32).alias("stage_days"),
-        pl.lit(None, dtype=pl.Int64).alias("amount_minor"), pl.lit(None, dtype=pl.String).alias("currency"),
-        pl.Series("email_group", keys, dtype=pl.String), pl.Series("email_id", ids, dtype=pl.String),
+        pl.Series("idempotency_key", keys, dtype=pl.String),
+        pl.lit(EmailKind.APOLOGY).alias("kind"),
+        pl.lit(None, dtype=pl.String).alias("invoice_id"),
+        pl.lit(None, dtype=pl.Int32).alias("cycle"),
+        pl.lit(None, dtype=pl.String).alias("stage"),
+        pl.lit(None, dtype=pl.Int32).alias("stage_days"),
+        pl.lit(None, dtype=pl.Int64).alias("amount_minor"),
+        pl.lit(None, dtype=pl.String).alias("currency"),
+        pl.Series("email_group", keys, dtype=pl.String),
+        pl.Series("email_id", ids, dtype=pl.String),
         pl.Series("message_id", [message_id([k], domain) for k in keys], dtype=pl.String),
     )
 
 
-def recover(ledger: DuckDBLedger, provider: EmailProvider, snapshot: pl.DataFrame, config: DunningConfig, *,
-            incident_id: str, run_id: str, as_of: dt.datetime, since: dt.datetime,
-            sent_log: str | Path | None, now: Callable[[], dt.datetime]) -> RecoveryReport:
+def recover(
+    ledger: DuckDBLedger,
+    provider: EmailProvider,
+    snapshot: pl.DataFrame,
+    config: DunningConfig,
+    *,
+    incident_id: str,
+    run_id: str,
+    as_of: dt.datetime,
+    since: dt.datetime,
+    sent_log: str | Path | None,
+    now: Callable[[], dt.datetime],
+) -> RecoveryReport:
     sends = ledger_sends(ledger, since, as_of)
     unmapped: list[str] = []
     if sent_log:
@@ -135,11 +184,31 @@ def recover(ledger: DuckDBLedger, provider: EmailProvider, snapshot: pl.DataFram
     def render(records: list[Record]) -> Message:
         record = records[0]
         statement = owed.filter(pl.col("customer_id") == record["customer_id"]).to_dicts()
-        return apology_email(record, statement, to=record["customer_email"], sender=config.provider.from_address,
-                             key=record["idempotency_key"], message_id=record["message_id"], as_of=as_of, locale=config.locale)
+        return apology_email(
+            record,
+            statement,
+            to=record["customer_email"],
+            sender=config.provider.from_address,
+            key=record["idempotency_key"],
+            message_id=record["message_id"],
+            as_of=as_of,
+            locale=config.locale,
+        )
 
-    report, _ = send_due(ledger, provider, reachable, reachable.head(0), config=config, run_id=run_id, as_of=as_of,
-                         now=now, cap=None, render=render)
-    ledger.record_incident(incident_id, now(), since, "ledger+sent-log" if sent_log else "ledger", flooded.height, report.sent)
+    report, _ = send_due(
+        ledger,
+        provider,
+        reachable,
+        reachable.head(0),
+        config=config,
+        run_id=run_id,
+        as_of=as_of,
+        now=now,
+        cap=None,
+        render=render,
+    )
+    ledger.record_incident(
+        incident_id, now(), since, "ledger+sent-log" if sent_log else "ledger", flooded.height, report.sent
+    )
     unreachable = sorted(set(rows.get_column("customer_id")) - set(reachable.get_column("customer_id")))
     return RecoveryReport(flooded, unmapped, unreachable, report)

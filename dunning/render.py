@@ -75,7 +75,9 @@ def _invoice_lines(rows: Sequence[dict[str, Any]], locale: str) -> list[dict[str
     ]
 
 
-def currency_totals(rows: Sequence[dict[str, Any]], locale: str, amount_field: str = "amount_minor") -> list[dict[str, str]]:
+def currency_totals(
+    rows: Sequence[dict[str, Any]], locale: str, amount_field: str = "amount_minor"
+) -> list[dict[str, str]]:
     totals: dict[str, int] = defaultdict(int)
     for r in rows:
         totals[r["currency"]] += int(r[amount_field])
@@ -143,8 +145,18 @@ def _boundary(message_id: str, parts: Sequence[str]) -> str:
     return boundary
 
 
-def _message(*, to: str, sender: str, subject: str, message_id: str, kind: EmailKind, keys: Sequence[str],
-             text: str, html: str, when: dt.datetime) -> Message:
+def _message(
+    *,
+    to: str,
+    sender: str,
+    subject: str,
+    message_id: str,
+    kind: EmailKind,
+    keys: Sequence[str],
+    text: str,
+    html: str,
+    when: dt.datetime,
+) -> Message:
     """multipart/alternative built with the `email` package's compat32 classes.
 
     The modern `EmailMessage` API parses every header it is given and cost
@@ -158,9 +170,15 @@ def _message(*, to: str, sender: str, subject: str, message_id: str, kind: Email
         raise EmailBuildError(f"recipient is not a single valid address: {to!r}"[:300])
     message = MIMEMultipart("alternative")
     try:
-        for name, value in (("From", sender), ("To", to), ("Subject", subject),
-                            ("Date", format_datetime(when.astimezone(dt.UTC))), ("Message-ID", message_id),
-                            ("X-Dunning-Kind", str(kind)), ("X-Dunning-Keys", ",".join(keys))):
+        for name, value in (
+            ("From", sender),
+            ("To", to),
+            ("Subject", subject),
+            ("Date", format_datetime(when.astimezone(dt.UTC))),
+            ("Message-ID", message_id),
+            ("X-Dunning-Kind", str(kind)),
+            ("X-Dunning-Keys", ",".join(keys)),
+        ):
             # a Header is a documented header value (RFC 2047 when not ASCII); typeshed's MIMEMultipart takes str only
             message[name] = header_value(name, value)  # type: ignore[assignment]
     except ValueError as exc:
@@ -171,8 +189,9 @@ def _message(*, to: str, sender: str, subject: str, message_id: str, kind: Email
     return message
 
 
-def reminder_email(rows: Sequence[dict[str, Any]], *, sender: str, message_id: str, as_of: dt.datetime,
-                   locale: str = "en_US") -> Message:
+def reminder_email(
+    rows: Sequence[dict[str, Any]], *, sender: str, message_id: str, as_of: dt.datetime, locale: str = "en_US"
+) -> Message:
     """One reminder email covering `rows` (one per invoice; same recipient), in the firmest tone among them."""
     rows = sorted(rows, key=lambda r: r["invoice_id"])
     tone = max((Tone(r["tone"]) for r in rows), key=TONE_ORDER.__getitem__)
@@ -186,31 +205,56 @@ def reminder_email(rows: Sequence[dict[str, Any]], *, sender: str, message_id: s
         "as_of_date": as_of.date().isoformat(),
     }
     return _message(
-        to=rows[0]["customer_email"], sender=sender, subject=SUBJECTS[tone].format(what=what),
-        message_id=message_id, kind=EmailKind.REMINDER, keys=[r["idempotency_key"] for r in rows],
+        to=rows[0]["customer_email"],
+        sender=sender,
+        subject=SUBJECTS[tone].format(what=what),
+        message_id=message_id,
+        kind=EmailKind.REMINDER,
+        keys=[r["idempotency_key"] for r in rows],
         text=_ENV.get_template("reminder.txt.j2").render(context),
-        html=_ENV.get_template("reminder.html.j2").render(context), when=as_of,
+        html=_ENV.get_template("reminder.html.j2").render(context),
+        when=as_of,
     )
 
 
-def apology_email(flood: dict[str, Any], statement: Sequence[dict[str, Any]], *, to: str, sender: str, key: str,
-                  message_id: str, as_of: dt.datetime, locale: str = "en_US") -> Message:
+def apology_email(
+    flood: dict[str, Any],
+    statement: Sequence[dict[str, Any]],
+    *,
+    to: str,
+    sender: str,
+    key: str,
+    message_id: str,
+    as_of: dt.datetime,
+    locale: str = "en_US",
+) -> Message:
     """One apology: what happened (`flood`: emails, first_at, last_at) and what is owed now (`statement` rows)."""
     context = {
         "customer_name": flood.get("customer_name"),
         "emails": flood["emails"],
         "first_at": flood["first_at"].strftime("%Y-%m-%d %H:%M UTC"),
         "last_at": flood["last_at"].strftime("%Y-%m-%d %H:%M UTC"),
-        "invoices": [{"invoice_id": r["invoice_id"], "due_date": r["due_date"].isoformat(),
-                      "remaining": format_amount(r["remaining_minor"], r["currency"], locale)} for r in statement],
+        "invoices": [
+            {
+                "invoice_id": r["invoice_id"],
+                "due_date": r["due_date"].isoformat(),
+                "remaining": format_amount(r["remaining_minor"], r["currency"], locale),
+            }
+            for r in statement
+        ],
         "totals": currency_totals(statement, locale, amount_field="remaining_minor"),
         "as_of_date": as_of.date().isoformat(),
     }
     return _message(
-        to=to, sender=sender, subject="We are sorry about the payment emails you received",
-        message_id=message_id, kind=EmailKind.APOLOGY, keys=[key],
+        to=to,
+        sender=sender,
+        subject="We are sorry about the payment emails you received",
+        message_id=message_id,
+        kind=EmailKind.APOLOGY,
+        keys=[key],
         text=_ENV.get_template("apology.txt.j2").render(context),
-        html=_ENV.get_template("apology.html.j2").render(context), when=as_of,
+        html=_ENV.get_template("apology.html.j2").render(context),
+        when=as_of,
     )
 
 
@@ -218,14 +262,22 @@ def payment_failed_email(record: dict[str, Any], *, sender: str, as_of: dt.datet
     """The notice for one `invoice.payment_failed` event."""
     amount = record.get("amount_minor")
     context = {
-        "customer_name": record.get("customer_name"), "invoice_id": record["invoice_id"],
-        "amount": format_amount(amount, record["currency"], locale) if amount is not None and record.get("currency") else "The balance",
+        "customer_name": record.get("customer_name"),
+        "invoice_id": record["invoice_id"],
+        "amount": format_amount(amount, record["currency"], locale)
+        if amount is not None and record.get("currency")
+        else "The balance",
     }
     return _message(
-        to=record["customer_email"], sender=sender, subject=f"Payment failed for invoice {record['invoice_id']}",
-        message_id=record["message_id"], kind=EmailKind.PAYMENT_FAILED, keys=[record["idempotency_key"]],
+        to=record["customer_email"],
+        sender=sender,
+        subject=f"Payment failed for invoice {record['invoice_id']}",
+        message_id=record["message_id"],
+        kind=EmailKind.PAYMENT_FAILED,
+        keys=[record["idempotency_key"]],
         text=_ENV.get_template("payment_failed.txt.j2").render(context),
-        html=_ENV.get_template("payment_failed.html.j2").render(context), when=as_of,
+        html=_ENV.get_template("payment_failed.html.j2").render(context),
+        when=as_of,
     )
 
 

@@ -53,7 +53,9 @@ def header_value(name: str, value: str) -> str | Header:
 
 def for_terminal(text: str) -> str:
     """Control and escape characters from data shown as `\\xNN`; the newlines and tabs of our own output kept."""
-    return CONTROL.sub(lambda m: m.group() if m.group() in "\n\t" else m.group().encode("unicode_escape").decode("ascii"), text)
+    return CONTROL.sub(
+        lambda m: m.group() if m.group() in "\n\t" else m.group().encode("unicode_escape").decode("ascii"), text
+    )
 
 
 def _cut_url(match: re.Match[str]) -> str:

@@ -27,7 +27,9 @@ from dunning.providers.base import EmailProvider, SendOutcome
 from dunning.render import render_for
 from dunning.vocabulary import LedgerStatus, SendStatus
 
-OUTCOME_SCHEMA = pl.Schema({"idempotency_key": pl.String, "status": pl.String, "message_id": pl.String, "error": pl.String})
+OUTCOME_SCHEMA = pl.Schema(
+    {"idempotency_key": pl.String, "status": pl.String, "message_id": pl.String, "error": pl.String}
+)
 Record = dict[str, Any]  # one due row, as `DataFrame.to_dicts` gives it
 OutcomeRow = tuple[str, SendStatus, str | None, str | None]  # one OUTCOME_SCHEMA row
 
@@ -65,8 +67,9 @@ class SendReport:
 
 def held_outcomes(due: pl.DataFrame, status: SendStatus) -> pl.DataFrame:
     """One outcome row per due key that this run did not attempt, saying why (`paused`, `dry_run`, `breaker`)."""
-    return due.select("idempotency_key", pl.lit(status).alias("status"), "message_id",
-                      pl.lit(None, dtype=pl.String).alias("error")).cast(OUTCOME_SCHEMA)
+    return due.select(
+        "idempotency_key", pl.lit(status).alias("status"), "message_id", pl.lit(None, dtype=pl.String).alias("error")
+    ).cast(OUTCOME_SCHEMA)
 
 
 def with_email_groups(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
@@ -84,7 +87,9 @@ def with_email_ids(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     """
     grouped = due if "email_group" in due.columns else with_email_groups(due, config)
     if "email_id" not in grouped.columns:
-        grouped = grouped.with_columns(pl.lit(None, dtype=pl.String).alias("email_id"), pl.lit(None, dtype=pl.String).alias("message_id"))
+        grouped = grouped.with_columns(
+            pl.lit(None, dtype=pl.String).alias("email_id"), pl.lit(None, dtype=pl.String).alias("message_id")
+        )
     missing = grouped.filter(pl.col("email_id").is_null())
     if missing.is_empty():
         return grouped
@@ -92,16 +97,21 @@ def with_email_ids(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     try:
         con.register("grouped_keys", missing.select("email_group", "idempotency_key").to_arrow())
         ids = con.sql(
-            "SELECT email_group, left(sha256(string_agg(idempotency_key, ',' ORDER BY idempotency_key)), 32) AS new_email_id "
+            "SELECT email_group, "
+            "left(sha256(string_agg(idempotency_key, ',' ORDER BY idempotency_key)), 32) AS new_email_id "
             "FROM grouped_keys GROUP BY email_group"
         ).pl()
     finally:
         con.close()
     domain = config.provider.message_domain
-    return grouped.join(ids, on="email_group", how="left").with_columns(
-        pl.coalesce("email_id", "new_email_id").alias("email_id"),
-        pl.coalesce("message_id", pl.format("<{}@{}>", pl.col("new_email_id"), pl.lit(domain))).alias("message_id"),
-    ).drop("new_email_id")
+    return (
+        grouped.join(ids, on="email_group", how="left")
+        .with_columns(
+            pl.coalesce("email_id", "new_email_id").alias("email_id"),
+            pl.coalesce("message_id", pl.format("<{}@{}>", pl.col("new_email_id"), pl.lit(domain))).alias("message_id"),
+        )
+        .drop("new_email_id")
+    )
 
 
 def _chunks(due: pl.DataFrame, emails_per_chunk: int) -> Iterator[pl.DataFrame]:
@@ -114,8 +124,12 @@ def _chunks(due: pl.DataFrame, emails_per_chunk: int) -> Iterator[pl.DataFrame]:
 RENEW_EVERY_GROUPS = 200  # emails handed over between two looks at the claims' lease
 
 
-def _send_groups(provider: EmailProvider, groups: list[list[Record]], render: Callable[[list[Record]], Message],
-                 renew: Callable[[], None] = lambda: None) -> list[tuple[list[Record], SendOutcome]]:
+def _send_groups(
+    provider: EmailProvider,
+    groups: list[list[Record]],
+    render: Callable[[list[Record]], Message],
+    renew: Callable[[], None] = lambda: None,
+) -> list[tuple[list[Record], SendOutcome]]:
     """Each group with its outcome, in batches with a lease renewal between them.
 
     An email that cannot be built (data no header may hold, a recipient that
@@ -126,12 +140,13 @@ def _send_groups(provider: EmailProvider, groups: list[list[Record]], render: Ca
     for start in range(0, len(groups), RENEW_EVERY_GROUPS):
         if start:
             renew()
-        results += _send_batch(provider, groups[start:start + RENEW_EVERY_GROUPS], render)
+        results += _send_batch(provider, groups[start : start + RENEW_EVERY_GROUPS], render)
     return results
 
 
-def _send_batch(provider: EmailProvider, groups: list[list[Record]],
-                render: Callable[[list[Record]], Message]) -> list[tuple[list[Record], SendOutcome]]:
+def _send_batch(
+    provider: EmailProvider, groups: list[list[Record]], render: Callable[[list[Record]], Message]
+) -> list[tuple[list[Record], SendOutcome]]:
     built_errors: dict[int, SendOutcome] = {}
     handed_over: list[int] = []
 
@@ -140,8 +155,11 @@ def _send_batch(provider: EmailProvider, groups: list[list[Record]],
             try:
                 message = render(records)
             except (ValueError, TypeError, LookupError, OSError) as exc:  # EmailBuildError, HeaderParseError, …
-                built_errors[index] = SendOutcome(SendStatus.FAILED, records[0].get("message_id"),
-                                                  f"email not built: {type(exc).__name__}: {exc}"[:500])
+                built_errors[index] = SendOutcome(
+                    SendStatus.FAILED,
+                    records[0].get("message_id"),
+                    f"email not built: {type(exc).__name__}: {exc}"[:500],
+                )
                 continue
             handed_over.append(index)
             yield message
@@ -191,8 +209,10 @@ def send_due(
     further chunk is claimed; `report.provider_stopped` says why.
     """
     if render is None:
+
         def render(records: list[Record]) -> Message:
             return render_for(records, sender=config.provider.from_address, as_of=as_of, locale=config.locale)
+
     report = SendReport()
     outcomes: list[pl.DataFrame] = []
     lease = dt.timedelta(minutes=config.claim_lease_minutes)
@@ -212,11 +232,20 @@ def send_due(
         won = claim.won
         report.claimed += len(won)
         report.count(SendStatus.THROTTLED, len(claim.throttled))
-        rows: list[OutcomeRow] = [(k, SendStatus.THROTTLED, None, "customer at the email cap when claimed")
-                                  for k in sorted(claim.throttled)]
+        rows: list[OutcomeRow] = [
+            (k, SendStatus.THROTTLED, None, "customer at the email cap when claimed") for k in sorted(claim.throttled)
+        ]
         lost = set(chunk.get_column("idempotency_key")) - won - claim.throttled
         report.count(SendStatus.LOST, len(lost))
-        rows += [(k, SendStatus.LOST, None, "claimed by another run" if not claim.lost else "claim transaction lost a conflict") for k in sorted(lost)]
+        rows += [
+            (
+                k,
+                SendStatus.LOST,
+                None,
+                "claimed by another run" if not claim.lost else "claim transaction lost a conflict",
+            )
+            for k in sorted(lost)
+        ]
         grouped: dict[str, list[Record]] = {}
         for record in chunk.filter(pl.col("idempotency_key").is_in(list(won))).to_dicts():
             grouped.setdefault(record["email_group"], []).append(record)
@@ -224,7 +253,10 @@ def send_due(
             if outcome.status != SendStatus.RELEASED:  # a released email was never handed over
                 report.emails += 1
             report.count(outcome.status, len(records))
-            rows.extend((r["idempotency_key"], outcome.status, outcome.message_id or records[0]["message_id"], outcome.error) for r in records)
+            rows.extend(
+                (r["idempotency_key"], outcome.status, outcome.message_id or records[0]["message_id"], outcome.error)
+                for r in records
+            )
         chunk_outcomes = pl.DataFrame(rows, schema=OUTCOME_SCHEMA, orient="row")
         ledger.record_outcomes(chunk_outcomes, as_of, now(), config.retry.backoff_minutes, run_id=run_id)
         outcomes.append(chunk_outcomes)

@@ -17,8 +17,14 @@ from dunning.errors import SnapshotError
 from dunning.stripe import SNAPSHOT_FIELDS, load_stripe_invoices
 
 REQUIRED_COLUMNS = (
-    "invoice_id", "customer_id", "customer_email", "currency",
-    "amount_due", "amount_paid", "due_date", "status",
+    "invoice_id",
+    "customer_id",
+    "customer_email",
+    "currency",
+    "amount_due",
+    "amount_paid",
+    "due_date",
+    "status",
 )
 OPTIONAL_COLUMNS = ("customer_name", "billing_period", "snapshot_at")
 PARSED_COLUMNS = ("amount_due", "amount_paid", "due_date")

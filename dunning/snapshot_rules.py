@@ -20,10 +20,17 @@ from dunning.safe_text import CONTROL_CLASS
 STATUSES = ("draft", "open", "paid", "void", "uncollectible")
 # Currencies some territory uses as legal tender today (CLDR): not XXX/XAU/XTS (no-currency, gold, testing),
 # not historic codes such as DEM, which no customer can pay in
-CURRENCIES = tuple(sorted({
-    code for territory in babel.core.get_global("territory_currencies")
-    for code in babel.numbers.get_territory_currencies(territory, dt.date.today(), tender=True, non_tender=False)
-}))
+CURRENCIES = tuple(
+    sorted(
+        {
+            code
+            for territory in babel.core.get_global("territory_currencies")
+            for code in babel.numbers.get_territory_currencies(
+                territory, dt.date.today(), tender=True, non_tender=False
+            )
+        }
+    )
+)
 # longest accepted text per column: ids stay short enough for keys (<= 256) and SMTP lines (<= 998)
 MAX_LENGTH = {"invoice_id": 200, "customer_id": 200, "customer_email": 254, "customer_name": 256, "billing_period": 64}
 TEXT_COLUMNS = ("invoice_id", "customer_id", "customer_email", "customer_name", "billing_period", "currency", "status")
@@ -86,7 +93,9 @@ class SnapshotRows(pa.DataFrameModel):
 
     @pa.dataframe_check(name="paid_not_above_due")
     def _paid_not_above_due(cls, data: pa.PolarsData) -> pl.LazyFrame:
-        return data.lazyframe.select(((pl.col("amount_paid") <= pl.col("amount_due")) | (pl.col("amount_due") < 0)).fill_null(True))
+        return data.lazyframe.select(
+            ((pl.col("amount_paid") <= pl.col("amount_due")) | (pl.col("amount_due") < 0)).fill_null(True)
+        )
 
     @pa.dataframe_check(name="unique_invoice_id")
     def _unique_invoice_id(cls, data: pa.PolarsData) -> pl.LazyFrame:
@@ -112,7 +121,9 @@ def validate_snapshot(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     rules = (
         cases.select(
             pl.col("index").cast(pl.Int64).alias("_row"),
-            pl.struct("column", "check").map_elements(lambda s: _rule(s["column"], s["check"]), return_dtype=pl.String).alias("rule"),
+            pl.struct("column", "check")
+            .map_elements(lambda s: _rule(s["column"], s["check"]), return_dtype=pl.String)
+            .alias("rule"),
         )
         .unique(maintain_order=True)
         .group_by("_row", maintain_order=True)
@@ -129,7 +140,11 @@ def summarize_rejections(rejected: pl.DataFrame, limit: int = 10) -> str:
     if rejected.is_empty():
         return "no rows rejected"
     by_rule = (
-        rejected.select(pl.col("rule").str.split("; ")).explode("rule").group_by("rule").len().sort("len", descending=True)
+        rejected.select(pl.col("rule").str.split("; "))
+        .explode("rule")
+        .group_by("rule")
+        .len()
+        .sort("len", descending=True)
     )
     rules = ", ".join(f"{r} ({n})" for r, n in by_rule.rows())
     rows = "; ".join(

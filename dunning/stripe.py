@@ -21,8 +21,17 @@ from zoneinfo import ZoneInfo
 from dunning.errors import SnapshotError
 
 SNAPSHOT_FIELDS = (
-    "invoice_id", "customer_id", "customer_email", "customer_name", "currency",
-    "amount_due", "amount_paid", "due_date", "status", "billing_period", "snapshot_at",
+    "invoice_id",
+    "customer_id",
+    "customer_email",
+    "customer_name",
+    "currency",
+    "amount_due",
+    "amount_paid",
+    "due_date",
+    "status",
+    "billing_period",
+    "snapshot_at",
 )
 
 
@@ -72,10 +81,12 @@ def invoices_from_json(payload: Any, source: str) -> list[dict[str, Any]]:
     elif isinstance(payload, list):
         items = payload
     else:
-        raise SnapshotError(f"{source}: JSON is not a Stripe invoice list (expected an object with \"object\": \"list\")")
+        raise SnapshotError(f'{source}: JSON is not a Stripe invoice list (expected an object with "object": "list")')
     if not isinstance(items, list):
-        raise SnapshotError(f"{source}: the list's \"data\" is not an array")
-    bad = [i for i, item in enumerate(items) if not isinstance(item, dict) or item.get("object", "invoice") != "invoice"]
+        raise SnapshotError(f'{source}: the list\'s "data" is not an array')
+    bad = [
+        i for i, item in enumerate(items) if not isinstance(item, dict) or item.get("object", "invoice") != "invoice"
+    ]
     if bad:
         raise SnapshotError(f"{source}: entries {bad[:10]} are not Stripe invoice objects")
     return items
@@ -100,7 +111,9 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark from a Windows export is not an error
     except UnicodeDecodeError as exc:
-        raise SnapshotError(f"{path}: not UTF-8 text (byte {exc.start} is invalid); Stripe sends JSON as UTF-8") from None
+        raise SnapshotError(
+            f"{path}: not UTF-8 text (byte {exc.start} is invalid); Stripe sends JSON as UTF-8"
+        ) from None
     except OSError as exc:
         raise SnapshotError(f"{path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
     try:
@@ -115,11 +128,18 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     except RecursionError:
         raise SnapshotError(f"{path}: JSON nested too deeply to read") from None
     except ValueError as exc:  # not a JSONDecodeError: e.g. an integer longer than Python's digit limit
-        raise SnapshotError(f"{path}: not valid JSON ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        raise SnapshotError(
+            f"{path}: not valid JSON ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        ) from None
     events = list(events)
-    bad = [i for i, e in enumerate(events)
-           if not (isinstance(e, dict) and all(isinstance(e.get(k), str) and e.get(k) for k in ("id", "type")))]
+    bad = [
+        i
+        for i, e in enumerate(events)
+        if not (isinstance(e, dict) and all(isinstance(e.get(k), str) and e.get(k) for k in ("id", "type")))
+    ]
     if bad:
-        raise SnapshotError(f"{path}: entries {bad[:10]}{' and more' if len(bad) > 10 else ''} are not Stripe events "
-                            "(need an object with a string 'id' and 'type'; entries counted from 0)")
+        raise SnapshotError(
+            f"{path}: entries {bad[:10]}{' and more' if len(bad) > 10 else ''} are not Stripe events "
+            "(need an object with a string 'id' and 'type'; entries counted from 0)"
+        )
     return events

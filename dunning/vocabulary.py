@@ -93,8 +93,12 @@ class SendStatus(StrEnum):
 
 # What a provider can answer for one message, and what `record_outcomes` writes to the ledger
 ProviderStatus: TypeAlias = Literal[SendStatus.SENT, SendStatus.FAILED, SendStatus.UNKNOWN, SendStatus.RELEASED]
-PROVIDER_STATUSES: tuple[ProviderStatus, ...] = (SendStatus.SENT, SendStatus.FAILED, SendStatus.UNKNOWN,
-                                                 SendStatus.RELEASED)
+PROVIDER_STATUSES: tuple[ProviderStatus, ...] = (
+    SendStatus.SENT,
+    SendStatus.FAILED,
+    SendStatus.UNKNOWN,
+    SendStatus.RELEASED,
+)
 # What a provider's lookup of an earlier message can answer definitely
 LookupStatus: TypeAlias = Literal[SendStatus.SENT, SendStatus.FAILED]
 

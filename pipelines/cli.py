@@ -20,12 +20,12 @@ from pathlib import Path
 import dagster as dg
 
 from dunning.clock import parse_as_of, utc_now
-from dunning.safe_text import for_terminal
-from dunning.stripe import read_events
 from dunning.config import load_config
 from dunning.errors import DunningError, GuardNotLive, StorageError, UserInputError
 from dunning.guard import prove_guard
 from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.safe_text import for_terminal
+from dunning.stripe import read_events
 from pipelines import report
 from pipelines.cli_args import build_parser
 from pipelines.instance import end_run_failed, get_instance, last_own_run, owner_tags, runs_written_since
@@ -87,15 +87,29 @@ def _instance(home: Path) -> dg.DagsterInstance:
     return instance
 
 
-def _cycle_run_config(home: Path, config_path: str | None, *, snapshot_path: str | None = None, as_of: str | None = None,
-                      dry_run: bool = False, events_path: str | None = None, verbose: bool = False,
-                      allow_stale: bool = False) -> dict:
+def _cycle_run_config(
+    home: Path,
+    config_path: str | None,
+    *,
+    snapshot_path: str | None = None,
+    as_of: str | None = None,
+    dry_run: bool = False,
+    events_path: str | None = None,
+    verbose: bool = False,
+    allow_stale: bool = False,
+) -> dict:
     return {
         "resources": {
             "dunning_home": {"config": {"home": str(home), "config_path": config_path}},
-            "cycle_request": {"config": {"snapshot_path": snapshot_path, "as_of": as_of, "dry_run": dry_run,
-                                         "allow_stale": allow_stale,
-                                         "events_path": events_path}},
+            "cycle_request": {
+                "config": {
+                    "snapshot_path": snapshot_path,
+                    "as_of": as_of,
+                    "dry_run": dry_run,
+                    "allow_stale": allow_stale,
+                    "events_path": events_path,
+                }
+            },
         },
         "loggers": {"console": {"config": {"log_level": "INFO" if verbose else "CRITICAL"}}},
     }
@@ -111,17 +125,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     if events:
         read_events(Path(events))  # a bad events file: one line, exit 2, before Dagster starts or anything is written
     instance = _instance(home)
-    run_config = _cycle_run_config(home, config_path, snapshot_path=snapshot, as_of=as_of.isoformat(),
-                                   dry_run=bool(args.dry_run), events_path=events, verbose=args.verbose,
-                                   allow_stale=bool(args.allow_stale))
+    run_config = _cycle_run_config(
+        home,
+        config_path,
+        snapshot_path=snapshot,
+        as_of=as_of.isoformat(),
+        dry_run=bool(args.dry_run),
+        events_path=events,
+        verbose=args.verbose,
+        allow_stale=bool(args.allow_stale),
+    )
     with open_ledger(home / "dunning.duckdb") as ledger:
         paused = ledger.pause_state().paused
     partition = as_of.astimezone(config.zone).date().isoformat()
-    tags = {"dunning/trigger": "cli", "dunning/dry_run": str(bool(args.dry_run)).lower(),
-            "dunning/paused": str(paused).lower(), "dagster/partition": partition, **owner_tags()}
+    tags = {
+        "dunning/trigger": "cli",
+        "dunning/dry_run": str(bool(args.dry_run)).lower(),
+        "dunning/paused": str(paused).lower(),
+        "dagster/partition": partition,
+        **owner_tags(),
+    }
     with send_progress_bar(args.progress):
-        result = dg.execute_job(dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config,
-                                tags=tags, raise_on_error=False)
+        result = dg.execute_job(
+            dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config, tags=tags, raise_on_error=False
+        )
     prune_run_frames(home)
     with open_ledger(home / "dunning.duckdb") as ledger:
         text, code = report.run_report(result, ledger, as_of=as_of, dry_run=bool(args.dry_run))
@@ -147,9 +174,15 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     day = start
     while day <= end:
         run_config = _cycle_run_config(home, config_path)  # no clock: a past partition is evaluated at its day's end
-        tags = {"dagster/partition": day.isoformat(), "dagster/backfill": backfill_id, "dunning/trigger": "backfill", **owner_tags()}
-        result = dg.execute_job(dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config, tags=tags,
-                                raise_on_error=False)
+        tags = {
+            "dagster/partition": day.isoformat(),
+            "dagster/backfill": backfill_id,
+            "dunning/trigger": "backfill",
+            **owner_tags(),
+        }
+        result = dg.execute_job(
+            dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config, tags=tags, raise_on_error=False
+        )
         if result.success:
             say(f"{day}: rebuilt (policy {config.policy_id}); nothing sent")
         else:
@@ -172,8 +205,10 @@ def cmd_pause(args: argparse.Namespace) -> int:
     home = _home(args)
     with open_ledger(home / "dunning.duckdb") as ledger:
         ledger.set_pause(True, args.reason, _operator(), utc_now())
-    say(f"dunning paused: no reminders will be sent until `dunning resume` proves the guard is live"
-          f"{' (' + args.reason + ')' if args.reason else ''}")
+    say(
+        f"dunning paused: no reminders will be sent until `dunning resume` proves the guard is live"
+        f"{' (' + args.reason + ')' if args.reason else ''}"
+    )
     return 0
 
 
@@ -216,14 +251,27 @@ def cmd_recover(args: argparse.Namespace) -> int:
     since = parse_as_of(args.since, "--since").isoformat() if args.since else None
     instance = _instance(home)
     run_config = {
-        "ops": {"send_flood_apologies": {"config": {"incident_id": args.incident, "snapshot_path": snapshot,
-                                                     "since": since, "sent_log_path": sent_log, "as_of": as_of.isoformat()}}},
+        "ops": {
+            "send_flood_apologies": {
+                "config": {
+                    "incident_id": args.incident,
+                    "snapshot_path": snapshot,
+                    "since": since,
+                    "sent_log_path": sent_log,
+                    "as_of": as_of.isoformat(),
+                }
+            }
+        },
         "resources": {"dunning_home": {"config": {"home": str(home), "config_path": config_path}}},
         "loggers": {"console": {"config": {"log_level": "CRITICAL"}}},
     }
-    with dg.execute_job(dg.reconstructable(flood_recovery), instance=instance, run_config=run_config,
-                        tags={"dunning/trigger": "cli", "dunning/incident": args.incident, **owner_tags()},
-                        raise_on_error=False) as result:
+    with dg.execute_job(
+        dg.reconstructable(flood_recovery),
+        instance=instance,
+        run_config=run_config,
+        tags={"dunning/trigger": "cli", "dunning/incident": args.incident, **owner_tags()},
+        raise_on_error=False,
+    ) as result:
         text, code = report.recovery_report(result)
     say(text, file=sys.stderr if code else sys.stdout)
     return code
@@ -231,12 +279,17 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 def cmd_resolve(args: argparse.Namespace) -> int:
     home = _home(args)
-    note = f"resolved by {_operator()}: {'sent' if args.sent else 'not sent'}" + (f" ({args.note})" if args.note else "")
+    note = f"resolved by {_operator()}: {'sent' if args.sent else 'not sent'}" + (
+        f" ({args.note})" if args.note else ""
+    )
     with open_ledger(home / "dunning.duckdb") as ledger:
         done = ledger.resolve_by_hand(args.keys, args.sent, note, utc_now())
     missing = sorted(set(args.keys) - set(done))
     if done:
-        say(f"{len(done)} key(s) marked {'sent' if args.sent else 'not sent (a later cycle retries them)'}: {', '.join(sorted(done))}")
+        say(
+            f"{len(done)} key(s) marked {'sent' if args.sent else 'not sent (a later cycle retries them)'}: "
+            f"{', '.join(sorted(done))}"
+        )
     if missing:
         raise UserInputError(f"not in the ledger as unknown, left unchanged: {', '.join(missing)}")
     return 0
@@ -250,8 +303,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "backfill": cmd_backfill, "pause": cmd_pause, "resume": cmd_resume, "recover": cmd_recover,
-            "resolve": cmd_resolve, "status": cmd_status}
+COMMANDS = {
+    "run": cmd_run,
+    "backfill": cmd_backfill,
+    "pause": cmd_pause,
+    "resume": cmd_resume,
+    "recover": cmd_recover,
+    "resolve": cmd_resolve,
+    "status": cmd_status,
+}
 
 
 _SEEN: dict = {}  # what this invocation got to: its start, the home, the instance (to name them in an error)
@@ -293,8 +353,10 @@ def _unexpected(error: Exception, args: argparse.Namespace) -> tuple[str, int]:
         first = (str(error).strip().splitlines() or [""])[0][:300]
         where = ", ".join(part for part in (step and f"step {step}", run_id and f"run {run_id[:8]}") if part)
         hint = "run again with -v for the traceback" if hasattr(args, "verbose") else "please report it"
-        text = (f"unexpected error{f' ({where})' if where else ''}: {type(error).__name__}: {first}; {hint}"
-                f"{' or see the run in the Dagster UI' if run_id else ''}")
+        text = (
+            f"unexpected error{f' ({where})' if where else ''}: {type(error).__name__}: {first}; {hint}"
+            f"{' or see the run in the Dagster UI' if run_id else ''}"
+        )
         code = 1
     if run is not None:
         end_run_failed(instance, run, text)
@@ -313,8 +375,11 @@ def main(argv: list[str] | None = None) -> int:
         code = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at interpreter exit
         if code == 0 and quiet.dropped:
-            say(f"dunning: warning: {len(quiet.dropped)} log line(s) could not be written to the Dagster instance "
-                f"({quiet.dropped[0]})", file=sys.stderr)
+            say(
+                f"dunning: warning: {len(quiet.dropped)} log line(s) could not be written to the Dagster instance "
+                f"({quiet.dropped[0]})",
+                file=sys.stderr,
+            )
         return code
     except DunningError as error:
         say(f"dunning: {error}", file=sys.stderr)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
 
 def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> argparse.ArgumentParser:
@@ -18,11 +18,18 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     run.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present, else built-in defaults)")
     run.add_argument("--events", help="Stripe events (JSON, JSON array or JSON Lines)")
     run.add_argument("--dry-run", action="store_true", help="compute and audit everything; claim and send nothing")
-    run.add_argument("--allow-stale", action="store_true",
-                     help="apply a snapshot taken before the last applied one (it still reopens no closed cycle)")
+    run.add_argument(
+        "--allow-stale",
+        action="store_true",
+        help="apply a snapshot taken before the last applied one (it still reopens no closed cycle)",
+    )
     run.add_argument("-v", "--verbose", action="store_true", help="show Dagster's step logs")
-    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                     help="progress bar for the sends on stderr (default: when stderr is a terminal)")
+    run.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar for the sends on stderr (default: when stderr is a terminal)",
+    )
     run.set_defaults(handler=handlers["run"])
 
     backfill = commands.add_parser("backfill", help="rebuild history and audit for past days; never sends")
@@ -49,7 +56,9 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     recover.add_argument("--incident", required=True, help="incident id; one apology per customer per incident")
     recover.add_argument("--snapshot", required=True, help="current snapshot: what each customer owes now")
     recover.add_argument("--since", help="look for floods after this time (default: 7 days before --as-of)")
-    recover.add_argument("--sent-log", help="provider send log CSV (to, sent_at; optional customer_id, invoice_id, subject)")
+    recover.add_argument(
+        "--sent-log", help="provider send log CSV (to, sent_at; optional customer_id, invoice_id, subject)"
+    )
     recover.add_argument("--as-of", help="the clock (default: now)")
     recover.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present)")
     recover.set_defaults(handler=handlers["recover"])
@@ -59,7 +68,9 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     resolve.add_argument("keys", nargs="+", help="idempotency keys (see `dunning status`)")
     answer = resolve.add_mutually_exclusive_group(required=True)
     answer.add_argument("--sent", action="store_true", help="the customer got it: never send it again")
-    answer.add_argument("--not-sent", dest="sent", action="store_false", help="it did not arrive: retry it like a failure")
+    answer.add_argument(
+        "--not-sent", dest="sent", action="store_false", help="it did not arrive: retry it like a failure"
+    )
     resolve.add_argument("--note", help="what you checked, for the record")
     resolve.set_defaults(handler=handlers["resolve"])
 

@@ -18,9 +18,9 @@ from checks.asset_checks import circuit_breaker, no_reminders_for_unowed_invoice
 from pipelines.io_manager import RunScopedParquetIOManager
 from pipelines.jobs import dunning_cycle_job
 from pipelines.recovery_job import flood_recovery
-from resources.dunning import CycleRequest, DunningHome
 from pipelines.schedules import hourly_dunning
 from pipelines.sensors import dead_mans_switch, landing_snapshots, page_on_run_failure
+from resources.dunning import CycleRequest, DunningHome
 
 defs = dg.Definitions(
     assets=[invoice_snapshot, billing_events, reminders_due, send_batch, dunning_audit, analyst_history],

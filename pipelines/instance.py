@@ -38,8 +38,12 @@ concurrency:
 
 
 PID_TAG, HOST_TAG = "dunning/pid", "dunning/host"
-LIVE_STATUSES = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.NOT_STARTED,
-                 dg.DagsterRunStatus.QUEUED)
+LIVE_STATUSES = (
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.QUEUED,
+)
 
 
 def owner_tags() -> dict[str, str]:
@@ -63,15 +67,19 @@ def reap_dead_runs(instance: dg.DagsterInstance) -> list[str]:
     for run in instance.get_runs(filters=dg.RunsFilter(statuses=list(LIVE_STATUSES), tags={HOST_TAG: host})):
         pid = run.tags.get(PID_TAG)
         if pid and pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
-            instance.report_run_failed(run, f"the dunning process {pid} on {host} ended without finishing this run "
-                                            f"(killed, or it could not record the end: see its last step's log)")
+            instance.report_run_failed(
+                run,
+                f"the dunning process {pid} on {host} ended without finishing this run "
+                f"(killed, or it could not record the end: see its last step's log)",
+            )
             instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
             reaped.append(run.run_id)
     return reaped
 
 
-def last_own_run(instance: dg.DagsterInstance,
-                 since: dt.datetime | None = None) -> tuple[dg.DagsterRun, str | None] | None:
+def last_own_run(
+    instance: dg.DagsterInstance, since: dt.datetime | None = None
+) -> tuple[dg.DagsterRun, str | None] | None:
     """The newest run this process started (after `since`) and the step it was in, if it stopped inside one.
 
     Best effort, for naming them in an error: the instance's storage may be what
@@ -102,8 +110,11 @@ def runs_written_since(home: Path, since: dt.datetime) -> list[str]:
     was written since `since`. Names a run when its storage can no longer be read at all (on a full disk
     SQLite cannot even map its WAL index, so reads fail too)."""
     try:
-        return [f.stem for f in (dagster_home(home) / "history" / "runs").glob("*-*-*-*-*.db")
-                if f.stat().st_mtime >= since.timestamp()]
+        return [
+            f.stem
+            for f in (dagster_home(home) / "history" / "runs").glob("*-*-*-*-*.db")
+            if f.stat().st_mtime >= since.timestamp()
+        ]
     except OSError:
         return []
 

@@ -5,7 +5,6 @@ read each other's intermediate frames (a plain per-asset path would let them),
 and Parquet keeps the hand-off fast and typed at millions of rows.
 """
 
-
 import shutil
 from pathlib import Path
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 from tqdm import tqdm
 
@@ -22,10 +22,18 @@ class _SendBar(logging.Handler):
         if not progress:
             return
         if self.bar is None:
-            self.bar = tqdm(total=progress["total"], unit="email", desc="sending", file=sys.stderr, dynamic_ncols=True,
-                            mininterval=0.5)
+            self.bar = tqdm(
+                total=progress["total"],
+                unit="email",
+                desc="sending",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                mininterval=0.5,
+            )
         self.bar.update(progress["done"] - self.bar.n)
-        self.bar.set_postfix(sent=progress["sent"], failed=progress["failed"], unknown=progress["unknown"], refresh=False)
+        self.bar.set_postfix(
+            sent=progress["sent"], failed=progress["failed"], unknown=progress["unknown"], refresh=False
+        )
 
     def close(self) -> None:
         if self.bar is not None:

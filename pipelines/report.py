@@ -14,7 +14,7 @@ import dagster as dg
 from dunning import liveness
 from dunning.clock import utc_now
 from dunning.config import Alerts, load_config
-from dunning.errors import ConfigError, ProviderUnhealthy, StorageError, exit_codes_by_class
+from dunning.errors import ConfigError, ProviderUnhealthy, exit_codes_by_class
 from dunning.ledger.duckdb_ledger import DuckDBLedger
 from dunning.ledger.operations import PauseState, RunSummary
 from resources.dunning import CONFIG_FILE_NAME
@@ -23,8 +23,11 @@ EXIT_BY_ERROR_CLASS = exit_codes_by_class()  # one source of truth: the classes 
 
 # A storage failure, by errno where the exception is still there, by message where only its text is left
 # (a step's error as Dagster recorded it): what the operator reads, and whether SQLite (the Dagster instance) said it.
-STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-                  errno.EROFS: "read-only file system"}
+STORAGE_ERRNOS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+}
 _STORAGE_MESSAGES = (  # (lower-case text in the message, reason, said by SQLite)
     ("no space left on device", "no space left on device", False),
     ("os error 28", "no space left on device", False),
@@ -76,8 +79,9 @@ def storage_fault_of(error: BaseException) -> StorageFault | None:
     return None
 
 
-def storage_line(fault: StorageFault, home: str | Path | None = None, *, step: str | None = None,
-                 run_id: str | None = None) -> str:
+def storage_line(
+    fault: StorageFault, home: str | Path | None = None, *, step: str | None = None, run_id: str | None = None
+) -> str:
     """One line for stderr: what failed, where, in which step and run."""
     home = home or os.environ.get("DUNNING_HOME")
     if fault.path:
@@ -90,8 +94,10 @@ def storage_line(fault: StorageFault, home: str | Path | None = None, *, step: s
     else:
         target = f"a file under {home}" if home else "a file"
     where = ", ".join(part for part in (step and f"step {step}", run_id and f"run {run_id[:8]}") if part)
-    return (f"storage error: {fault.reason} writing {target.strip()}{f' ({where})' if where else ''}; "
-            f"free space there and run again")
+    return (
+        f"storage error: {fault.reason} writing {target.strip()}{f' ({where})' if where else ''}; "
+        f"free space there and run again"
+    )
 
 
 def _error_chain(error) -> list:
@@ -143,8 +149,13 @@ def _failures(result: dg.ExecuteJobResult) -> list[tuple[str, str]]:
             while error is not None and error.cause is not None:
                 error = error.cause
             message = (error.message if error else "step failed").strip().splitlines()
-            found.append(("Error", f"step {event.step_key} failed: {message[0] if message else ''} "
-                                   f"(run {result.run_id}; see the Dagster UI for the full log)"))
+            found.append(
+                (
+                    "Error",
+                    f"step {event.step_key} failed: {message[0] if message else ''} "
+                    f"(run {result.run_id}; see the Dagster UI for the full log)",
+                )
+            )
     if not found:  # no step failed: the run itself may have (its storage, outside any step)
         for event in result.all_events:
             if event.event_type == dg.DagsterEventType.RUN_FAILURE and event.job_failure_data is not None:
@@ -169,14 +180,20 @@ def _failed_checks(result: dg.ExecuteJobResult) -> list[dg.AssetCheckEvaluation]
     return [e for e in result.get_asset_check_evaluations() if not e.passed]
 
 
-def run_report(result: dg.ExecuteJobResult, ledger: DuckDBLedger, *, as_of: dt.datetime, dry_run: bool) -> tuple[str, int]:
+def run_report(
+    result: dg.ExecuteJobResult, ledger: DuckDBLedger, *, as_of: dt.datetime, dry_run: bool
+) -> tuple[str, int]:
     run_id = result.run_id
-    header = f"dunning cycle {run_id[:8]} as of {as_of.isoformat()}{' (dry run: nothing claimed or sent)' if dry_run else ''}"
+    header = (
+        f"dunning cycle {run_id[:8]} as of {as_of.isoformat()}"
+        f"{' (dry run: nothing claimed or sent)' if dry_run else ''}"
+    )
     if not result.success:
         checks = _failed_checks(result)
         if checks:
-            details = "; ".join(c.description or f"{c.check_name}: {dict((k, v.value) for k, v in c.metadata.items())}"
-                                for c in checks)
+            details = "; ".join(
+                c.description or f"{c.check_name}: {dict((k, v.value) for k, v in c.metadata.items())}" for c in checks
+            )
             names = ", ".join(c.check_name for c in checks)
             return f"dunning: halted by {names}, nothing was sent: {details}", 3
         failures = _failures(result)
@@ -195,27 +212,38 @@ def _summary_text(header: str, summary: RunSummary, pause: PauseState, dry_run: 
     c = summary.counts
     lines = [header, f"snapshot: {c['snapshot_rows']} invoices accepted, {c['rejected_rows']} rejected"]
     if c["rejected_rows"]:
-        lines.append("  rejected rows are in table snapshot_quarantine: "
-                     + "; ".join(f"{r} ({n})" for r, n in summary.rejected_by_rule))
+        lines.append(
+            "  rejected rows are in table snapshot_quarantine: "
+            + "; ".join(f"{r} ({n})" for r, n in summary.rejected_by_rule)
+        )
     if pause.paused:
-        lines.append(f"PAUSED since {pause.changed_at} ({pause.reason or 'no reason given'}): nothing was claimed or sent")
+        lines.append(
+            f"PAUSED since {pause.changed_at} ({pause.reason or 'no reason given'}): nothing was claimed or sent"
+        )
     lines.append(f"reminders newly due: {c['due']} (earlier stages recorded as skipped: {c['skipped']})")
     earlier = {reason: n for reason, n in summary.held_by_reason if reason in EARLIER}
     if earlier:
-        lines.append(f"still held from earlier cycles: {sum(earlier.values())} ("
-                     + ", ".join(f"{label} {earlier.get(reason, 0)}" for reason, label in EARLIER.items()) + ")")
+        lines.append(
+            f"still held from earlier cycles: {sum(earlier.values())} ("
+            + ", ".join(f"{label} {earlier.get(reason, 0)}" for reason, label in EARLIER.items())
+            + ")"
+        )
     if dry_run:
         lines.append(f"would send: {summary.would_send} reminder key(s)")
     else:
-        lines.append(f"sent: {c['sent']} reminder key(s) in {c['emails']} email(s); failed: {c['failed']}; "
-                     f"unknown: {c['unknown']}")
+        lines.append(
+            f"sent: {c['sent']} reminder key(s) in {c['emails']} email(s); failed: {c['failed']}; "
+            f"unknown: {c['unknown']}"
+        )
     held_now = [(reason, n) for reason, n in summary.held_by_reason if reason not in EARLIER]
     if held_now:
         lines.append("held: " + ", ".join(f"{reason} {n}" for reason, n in held_now))
     lines.append(f"reminders for invoices not owed: {c['not_owed_reminded']}")
     if c["failed"] or c["unknown"]:
-        lines.append(f"warning: {c['failed']} failed (retried by a later cycle) and {c['unknown']} unknown "
-                     "(never resent blindly)")
+        lines.append(
+            f"warning: {c['failed']} failed (retried by a later cycle) and {c['unknown']} unknown "
+            "(never resent blindly)"
+        )
     if summary.provider_stopped:
         lines.append(f"dunning: {summary.provider_stopped}")
         return "\n".join(lines), ProviderUnhealthy.exit_code
@@ -228,14 +256,22 @@ def recovery_report(result: dg.ExecuteJobResult) -> tuple[str, int]:
         cls, message = failures[0] if failures else ("Error", "recovery run failed")
         return f"dunning: {message}", EXIT_BY_ERROR_CLASS.get(cls, 1)
     s = result.output_for_node("send_flood_apologies")
-    lines = [f"incident {s['incident_id']}: {s['flooded_customers']} flooded customer(s); "
-             f"apologies sent: {s['apologies_sent']}; already apologized for this incident: {s['already_apologized']}"]
+    lines = [
+        f"incident {s['incident_id']}: {s['flooded_customers']} flooded customer(s); "
+        f"apologies sent: {s['apologies_sent']}; already apologized for this incident: {s['already_apologized']}"
+    ]
     if s["failed"] or s["unknown"]:
         lines.append(f"warning: {s['failed']} apology send(s) failed, {s['unknown']} unknown")
     if s["unmapped_addresses"]:
-        lines.append("send-log addresses matching no customer in the snapshot (no apology): " + ", ".join(s["unmapped_addresses"][:20]))
+        lines.append(
+            "send-log addresses matching no customer in the snapshot (no apology): "
+            + ", ".join(s["unmapped_addresses"][:20])
+        )
     if s["unreachable_customers"]:
-        lines.append("flooded customers without a valid email address (apology held: no_email_address): " + ", ".join(s["unreachable_customers"][:20]))
+        lines.append(
+            "flooded customers without a valid email address (apology held: no_email_address): "
+            + ", ".join(s["unreachable_customers"][:20])
+        )
     return "\n".join(lines), 0
 
 
@@ -265,13 +301,17 @@ def status(ledger: DuckDBLedger, now: dt.datetime | None = None, settings: Alert
     if settings is None:
         settings, config_error = _alert_settings(ledger)
     live = liveness.assess(ledger, settings, now or utc_now())
-    paused = (con.execute("SELECT paused, reason, changed_by, changed_at FROM pause_state WHERE id = 1").fetchall() or [None])[0]
+    paused = (
+        con.execute("SELECT paused, reason, changed_by, changed_at FROM pause_state WHERE id = 1").fetchall() or [None]
+    )[0]
     last = ledger.last_live_run()
     counts = dict(con.execute("SELECT status, count(*) FROM reminder_ledger GROUP BY status").fetchall())
     alerts = con.execute(
-        "SELECT created_at, kind, message FROM alerts WHERE resolved_at IS NULL ORDER BY created_at DESC LIMIT 20").fetchall()
+        "SELECT created_at, kind, message FROM alerts WHERE resolved_at IS NULL ORDER BY created_at DESC LIMIT 20"
+    ).fetchall()
     unknown = con.execute(
-        "SELECT idempotency_key FROM reminder_ledger WHERE status = 'unknown' ORDER BY idempotency_key LIMIT 50").fetchall()
+        "SELECT idempotency_key FROM reminder_ledger WHERE status = 'unknown' ORDER BY idempotency_key LIMIT 50"
+    ).fetchall()
     hours = live.hours_since_last_live_run
     return {
         "paused": bool(paused and paused[0]),
@@ -284,19 +324,25 @@ def status(ledger: DuckDBLedger, now: dt.datetime | None = None, settings: Alert
         "last_dry_run": _run_fields(ledger.last_dry_run(), "run_id", "as_of", "finished_wall_at"),
         "last_backfill": _run_fields(ledger.last_backfill(), "run_id", "as_of", "finished_wall_at"),
         "ledger_counts": counts,
-        "open_alerts": [dict(zip(("created_at", "kind", "message"), a)) for a in alerts],
+        "open_alerts": [dict(zip(("created_at", "kind", "message"), a, strict=True)) for a in alerts],
         "unknown_keys": [k for (k,) in unknown],
         "unknown_overdue": live.unknown_overdue,
         "unknown_after_hours": live.unknown_after_hours,
-        "oldest_unknown_overdue": ({"idempotency_key": live.oldest_unknown_key, "since": live.oldest_unknown_since}
-                                   if live.unknown_overdue else None),
+        "oldest_unknown_overdue": (
+            {"idempotency_key": live.oldest_unknown_key, "since": live.oldest_unknown_since}
+            if live.unknown_overdue
+            else None
+        ),
         "now": live.now,
         "config_error": config_error,
     }
 
 
 def _finished(run: dict, now: dt.datetime) -> str:
-    return f"finished {liveness.wall(run['finished_wall_at'])} ({liveness.hours_between(run['finished_wall_at'], now):.1f} h ago)"
+    return (
+        f"finished {liveness.wall(run['finished_wall_at'])} "
+        f"({liveness.hours_between(run['finished_wall_at'], now):.1f} h ago)"
+    )
 
 
 def _threshold(hours: float) -> str:
@@ -309,28 +355,36 @@ def status_text(s: dict) -> str:
     last, completed = s["last_run"], s["last_live_run"]
     if last:
         halted = f" ({last['outcome']})" if last.get("outcome") not in (None, "completed") else ""
-        lines.append(f"last live run: {last['run_id'][:8]} {_finished(last, now)}{halted}; as of {last['as_of']}, "
-                     f"sent {last['sent']}, failed {last['failed']}, unknown {last['unknown']}, held {last['held']}")
+        lines.append(
+            f"last live run: {last['run_id'][:8]} {_finished(last, now)}{halted}; as of {last['as_of']}, "
+            f"sent {last['sent']}, failed {last['failed']}, unknown {last['unknown']}, held {last['held']}"
+        )
         if completed and completed["run_id"] != last["run_id"]:
             lines.append(f"last completed live run: {completed['run_id'][:8]} {_finished(completed, now)}")
     else:
         lines.append("last live run: never")
     if s["stale_runs"]:
-        lines.append(f"WARNING: no live run has completed for {s['hours_since_last_live_run']:.1f} h "
-                     f"(alerts.stale_after_hours: {_threshold(s['stale_after_hours'])})"
-                     + ("; paused, so the dead man's switch does not page" if s["paused"] else ""))
+        lines.append(
+            f"WARNING: no live run has completed for {s['hours_since_last_live_run']:.1f} h "
+            f"(alerts.stale_after_hours: {_threshold(s['stale_after_hours'])})"
+            + ("; paused, so the dead man's switch does not page" if s["paused"] else "")
+        )
     if s["last_dry_run"] and (not last or s["last_dry_run"]["finished_wall_at"] > last["finished_wall_at"]):
         lines.append(f"last dry run: {s['last_dry_run']['run_id'][:8]} {_finished(s['last_dry_run'], now)}")
     backfill = s["last_backfill"]
-    lines.append(f"last backfill: {backfill['run_id']} {_finished(backfill, now)}" if backfill else "last backfill: none")
+    lines.append(
+        f"last backfill: {backfill['run_id']} {_finished(backfill, now)}" if backfill else "last backfill: none"
+    )
     lines.append("ledger: " + (", ".join(f"{k} {v}" for k, v in sorted(s["ledger_counts"].items())) or "empty"))
     lines.append(f"open alerts: {len(s['open_alerts'])}")
     lines += [f"  {a['created_at']} {a['kind']}: {a['message']}" for a in s["open_alerts"]]
     if s["unknown_keys"]:
         lines.append("unknown outcomes held for a human: " + ", ".join(s["unknown_keys"]))
     oldest = s["oldest_unknown_overdue"]
-    lines.append(f"unknown keys waiting over {_threshold(s['unknown_after_hours'])} h: {s['unknown_overdue']}"
-                 + (f" (oldest {oldest['idempotency_key']} since {liveness.wall(oldest['since'])})" if oldest else ""))
+    lines.append(
+        f"unknown keys waiting over {_threshold(s['unknown_after_hours'])} h: {s['unknown_overdue']}"
+        + (f" (oldest {oldest['idempotency_key']} since {liveness.wall(oldest['since'])})" if oldest else "")
+    )
     if s["config_error"]:
         lines.append(f"config: {s['config_error']} (default thresholds used above)")
     return "\n".join(lines)

@@ -7,8 +7,12 @@ from pipelines.jobs import dunning_cycle_job
 from resources.dunning import DunningHome
 
 
-@dg.schedule(job=dunning_cycle_job, cron_schedule="0 * * * *", execution_timezone="UTC",
-             default_status=dg.DefaultScheduleStatus.STOPPED)
+@dg.schedule(
+    job=dunning_cycle_job,
+    cron_schedule="0 * * * *",
+    execution_timezone="UTC",
+    default_status=dg.DefaultScheduleStatus.STOPPED,
+)
 def hourly_dunning(context: dg.ScheduleEvaluationContext, dunning_home: DunningHome):
     """Asks for one cycle per hour with the hour as its clock; the run key stops a double launch.
 

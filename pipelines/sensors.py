@@ -21,21 +21,36 @@ from pipelines.recovery_job import flood_recovery
 from resources.dunning import DunningHome
 
 
-@dg.run_failure_sensor(monitored_jobs=[dunning_cycle_job, flood_recovery], default_status=dg.DefaultSensorStatus.RUNNING,
-                       description="Raises one alert per failed dunning run; a breaker trip has already paged, so it is not paged twice.")
+@dg.run_failure_sensor(
+    monitored_jobs=[dunning_cycle_job, flood_recovery],
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Raises one alert per failed dunning run; a breaker trip has already paged, so it is not paged twice.",
+)
 def page_on_run_failure(context: dg.RunFailureSensorContext, dunning_home: DunningHome) -> None:
     run = context.dagster_run
     with dunning_home.ledger() as ledger:
         if not ledger.alerts_for_run(run.run_id).is_empty():
             return
         message = context.failure_event.message or "run failed"
-        raise_alert(ledger, dunning_home.settings().alerts, Alert(
-            kind="run_failure", message=f"run {run.run_id} of {run.job_name} failed: {message}"[:2000],
-            created_at=utc_now(), run_id=run.run_id, details={"job": run.job_name, "tags": dict(run.tags)}))
+        raise_alert(
+            ledger,
+            dunning_home.settings().alerts,
+            Alert(
+                kind="run_failure",
+                message=f"run {run.run_id} of {run.job_name} failed: {message}"[:2000],
+                created_at=utc_now(),
+                run_id=run.run_id,
+                details={"job": run.job_name, "tags": dict(run.tags)},
+            ),
+        )
 
 
-@dg.sensor(job=dunning_cycle_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
-           description="One run per new snapshot file in DIR/landing (named YYYY-MM-DD*.csv|parquet|json).")
+@dg.sensor(
+    job=dunning_cycle_job,
+    minimum_interval_seconds=60,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    description="One run per new snapshot file in DIR/landing (named YYYY-MM-DD*.csv|parquet|json).",
+)
 def landing_snapshots(context: dg.SensorEvaluationContext, dunning_home: DunningHome):
     seen = set(json.loads(context.cursor)) if context.cursor else set()
     requests = []
@@ -44,18 +59,24 @@ def landing_snapshots(context: dg.SensorEvaluationContext, dunning_home: Dunning
         if digest in seen:
             continue
         seen.add(digest)
-        requests.append(dg.RunRequest(
-            run_key=f"landing-{digest}", partition_key=day.isoformat(),
-            run_config={"resources": {"cycle_request": {"config": {"snapshot_path": str(path)}}}},
-            tags={"dunning/trigger": "landing", "dunning/snapshot": path.name},
-        ))
+        requests.append(
+            dg.RunRequest(
+                run_key=f"landing-{digest}",
+                partition_key=day.isoformat(),
+                run_config={"resources": {"cycle_request": {"config": {"snapshot_path": str(path)}}}},
+                tags={"dunning/trigger": "landing", "dunning/snapshot": path.name},
+            )
+        )
     context.update_cursor(json.dumps(sorted(seen)))
     return requests or dg.SkipReason("no new snapshot in the landing folder")
 
 
-@dg.sensor(minimum_interval_seconds=300, default_status=dg.DefaultSensorStatus.RUNNING,
-           description="Dead man's switch: pages (kinds stale_runs, stale_unknown) when no live run has completed for "
-                       "alerts.stale_after_hours or unknown keys wait over alerts.unknown_after_hours; once per episode.")
+@dg.sensor(
+    minimum_interval_seconds=300,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Dead man's switch: pages (kinds stale_runs, stale_unknown) when no live run has completed for "
+    "alerts.stale_after_hours or unknown keys wait over alerts.unknown_after_hours; once per episode.",
+)
 def dead_mans_switch(context: dg.SensorEvaluationContext, dunning_home: DunningHome):
     settings = dunning_home.settings().alerts
     now = utc_now()
@@ -76,11 +97,20 @@ def _ledger_held(context: dg.SensorEvaluationContext, settings, now) -> dg.SkipR
     since = dt.datetime.fromisoformat(held["held_since"]) if "held_since" in held else now
     hours = liveness.hours_between(since, now)
     if hours > settings.stale_after_hours and not held.get("paged"):
-        deliver(Alert(kind=liveness.STALE_RUNS, created_at=now, dedup_key=f"dunning-ledger-held-{since.isoformat()}",
-                      message=f"the ledger has been held by another process for {hours:.1f} h since "
-                              f"{liveness.wall(since)} (a hung run?); no run can complete until it is released",
-                      details={"held_since": since, "hours": round(hours, 2)}), settings)
+        deliver(
+            Alert(
+                kind=liveness.STALE_RUNS,
+                created_at=now,
+                dedup_key=f"dunning-ledger-held-{since.isoformat()}",
+                message=f"the ledger has been held by another process for {hours:.1f} h since "
+                f"{liveness.wall(since)} (a hung run?); no run can complete until it is released",
+                details={"held_since": since, "hours": round(hours, 2)},
+            ),
+            settings,
+        )
         held["paged"] = True
     context.update_cursor(json.dumps({**held, "held_since": since.isoformat()}))
-    return dg.SkipReason(f"the ledger is held by another process since {liveness.wall(since)}"
-                         + (" (paged)" if held.get("paged") else "; checking again at the next tick"))
+    return dg.SkipReason(
+        f"the ledger is held by another process since {liveness.wall(since)}"
+        + (" (paged)" if held.get("paged") else "; checking again at the next tick")
+    )

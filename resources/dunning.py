@@ -6,11 +6,10 @@ clock, dry or not), set per run through run config by the CLI, a schedule or
 the launchpad.
 """
 
-
 import contextlib
 import datetime as dt
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import dagster as dg
 
@@ -65,12 +64,14 @@ class CycleRequest(dg.ConfigurableResource):
     def cycle_clock(self, context, config: DunningConfig) -> CycleClock:
         """The run's clock and mode (`dunning.clock.cycle_clock`), from the partition and `as_of`."""
         partition = dt.date.fromisoformat(context.partition_key) if context.has_partition_key else None
-        return cycle_clock(self.clock(context), partition, config.zone, dry_run=self.dry_run, as_of_given=bool(self.as_of))
+        return cycle_clock(
+            self.clock(context), partition, config.zone, dry_run=self.dry_run, as_of_given=bool(self.as_of)
+        )
 
     def clock(self, context) -> dt.datetime:
         """`as_of` if given, else the moment the run was created: one clock for every step of a run."""
         if self.as_of:
             return parse_as_of(self.as_of)
         record = context.instance.get_run_record_by_id(context.run.run_id)
-        created = record.create_timestamp if record else dt.datetime.now(dt.timezone.utc)
-        return created.astimezone(dt.timezone.utc)
+        created = record.create_timestamp if record else dt.datetime.now(dt.UTC)
+        return created.astimezone(dt.UTC)

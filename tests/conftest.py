@@ -15,8 +15,15 @@ import pytest
 from pipelines import cli
 
 INVOICE_DEFAULTS = {
-    "invoice_id": "in_1", "customer_id": "cus_1", "customer_email": "ada@example.com", "currency": "USD",
-    "amount_due": 10000, "amount_paid": 0, "due_date": "2026-11-01", "status": "open", "customer_name": "Ada",
+    "invoice_id": "in_1",
+    "customer_id": "cus_1",
+    "customer_email": "ada@example.com",
+    "currency": "USD",
+    "amount_due": 10000,
+    "amount_paid": 0,
+    "due_date": "2026-11-01",
+    "status": "open",
+    "customer_name": "Ada",
 }
 
 

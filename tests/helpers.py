@@ -23,24 +23,44 @@ def customers(n: int) -> list[dict]:
     return [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com") for i in range(n)]
 
 
-def due_frame(invoice_ids: list[str], customer_of=lambda invoice_id: "c_" + invoice_id,
-              config: DunningConfig | None = None) -> pl.DataFrame:
+def due_frame(
+    invoice_ids: list[str], customer_of=lambda invoice_id: "c_" + invoice_id, config: DunningConfig | None = None
+) -> pl.DataFrame:
     """Due day3 reminder rows (one key per invoice) with email ids, as `ledger.claim` takes them."""
     n = len(invoice_ids)
-    frame = pl.DataFrame({
-        "idempotency_key": [f"dunning:{i}:1:day3" for i in invoice_ids], "kind": ["reminder"] * n,
-        "invoice_id": invoice_ids, "customer_id": [customer_of(i) for i in invoice_ids],
-        "customer_email": ["x@example.com"] * n, "cycle": pl.Series([1] * n, dtype=pl.Int32), "stage": ["day3"] * n,
-        "stage_days": pl.Series([3] * n, dtype=pl.Int32), "amount_minor": [100] * n, "currency": ["USD"] * n,
-    })
+    frame = pl.DataFrame(
+        {
+            "idempotency_key": [f"dunning:{i}:1:day3" for i in invoice_ids],
+            "kind": ["reminder"] * n,
+            "invoice_id": invoice_ids,
+            "customer_id": [customer_of(i) for i in invoice_ids],
+            "customer_email": ["x@example.com"] * n,
+            "cycle": pl.Series([1] * n, dtype=pl.Int32),
+            "stage": ["day3"] * n,
+            "stage_days": pl.Series([3] * n, dtype=pl.Int32),
+            "amount_minor": [100] * n,
+            "currency": ["USD"] * n,
+        }
+    )
     return with_email_ids(frame, config or DunningConfig(group_by="invoice"))
 
 
 def reminder_row(**overrides) -> dict:
     """One due reminder row as `render.reminder_email` takes it."""
-    base = {"invoice_id": "in_1", "customer_email": "ada@example.com", "customer_name": "Ada", "currency": "USD",
-            "amount_minor": 10345, "amount_due": 12345, "amount_paid": 2000, "due_date": dt.date(2026, 11, 1),
-            "days_overdue": 7, "tone": "firm", "idempotency_key": "dunning:in_1:1:day7", "billing_period": "2026-10"}
+    base = {
+        "invoice_id": "in_1",
+        "customer_email": "ada@example.com",
+        "customer_name": "Ada",
+        "currency": "USD",
+        "amount_minor": 10345,
+        "amount_due": 12345,
+        "amount_paid": 2000,
+        "due_date": dt.date(2026, 11, 1),
+        "days_overdue": 7,
+        "tone": "firm",
+        "idempotency_key": "dunning:in_1:1:day7",
+        "billing_period": "2026-10",
+    }
     base.update(overrides)
     return base
 

@@ -56,7 +56,7 @@ class SmtpServer:
         self.port = port or free_port()
         self.controller = Controller(handler, hostname="127.0.0.1", port=self.port)
 
-    def __enter__(self) -> "SmtpServer":
+    def __enter__(self) -> SmtpServer:
         self.controller.start()
         return self
 
@@ -66,7 +66,8 @@ class SmtpServer:
 
 def smtp_config(path, port: int, timeout: float = 1.0, extra: str = "") -> str:
     path.write_text(
-        f"provider: {{kind: smtp, host: 127.0.0.1, port: {port}, timeout_seconds: {timeout}, from: billing@example.com}}\n"
+        f"provider: {{kind: smtp, host: 127.0.0.1, port: {port}, timeout_seconds: {timeout}, "
+        f"from: billing@example.com}}\n"
         f"retry: {{max_attempts: 3, backoff_minutes: 30}}\n{extra}"
     )
     return str(path)
@@ -95,7 +96,7 @@ class RawSmtpServer:
         self._lock = threading.Lock()
         self._open: list[socket.socket] = []
 
-    def __enter__(self) -> "RawSmtpServer":
+    def __enter__(self) -> RawSmtpServer:
         threading.Thread(target=self._accept, daemon=True).start()
         return self
 

@@ -14,7 +14,15 @@ QUERIES = sorted((Path(__file__).resolve().parents[1] / "queries").glob("*.sql")
 EXPECTED_COLUMNS = {
     "01": ["customer_id", "kind", "stages", "invoices", "amount_minor", "currency", "outcome", "sent_at"],
     "02": ["stage", "invoices_reached", "paid_after", "paid_rate", "median_days_to_pay"],
-    "03": ["business_date", "currency", "owed_invoices", "owed_minor", "reminded_invoices", "reminded_minor", "share_reminded"],
+    "03": [
+        "business_date",
+        "currency",
+        "owed_invoices",
+        "owed_minor",
+        "reminded_invoices",
+        "reminded_minor",
+        "share_reminded",
+    ],
     "04": ["problem", "keys", "oldest"],
     "05": ["happened_at", "what", "reference", "detail"],
 }
@@ -31,12 +39,16 @@ def published(tmp_path_factory):
     # four days later every invoice whose id ends in 1 is paid
     base = generate_snapshot(1500, as_of=day)
     paid = pl.col("invoice_id").str.ends_with("1")
-    later = base.with_columns(pl.when(paid).then(pl.lit("paid")).otherwise(pl.col("status")).alias("status"),
-                              pl.when(paid).then(pl.col("amount_due")).otherwise(pl.col("amount_paid")).alias("amount_paid"))
+    later = base.with_columns(
+        pl.when(paid).then(pl.lit("paid")).otherwise(pl.col("status")).alias("status"),
+        pl.when(paid).then(pl.col("amount_due")).otherwise(pl.col("amount_paid")).alias("amount_paid"),
+    )
     write_snapshot(later, root / "day5.csv")
     assert deployment.cli("run", "--snapshot", str(root / "day5.csv"), "--as-of", "2026-11-24T09:00:00Z")[0] == 0
     deployment.cli("pause", "--reason", "drill")
-    deployment.cli("recover", "--incident", "DRILL", "--snapshot", str(root / "day5.csv"), "--as-of", "2026-11-24T10:00:00Z")
+    deployment.cli(
+        "recover", "--incident", "DRILL", "--snapshot", str(root / "day5.csv"), "--as-of", "2026-11-24T10:00:00Z"
+    )
     return deployment.home / "analytics.duckdb"
 
 

@@ -15,7 +15,10 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_defaults_are_the_documented_ones():
     config = load_config(None)
     assert [(s.name, s.days_overdue, s.min_remaining_ratio) for s in config.stages] == [
-        ("day3", 3, 0.0), ("day7", 7, 0.0), ("day14", 14, 0.25)]
+        ("day3", 3, 0.0),
+        ("day7", 7, 0.0),
+        ("day14", 14, 0.25),
+    ]
     assert config.group_by == "customer"
     assert config.timezone == "UTC"
     assert config.on_invalid_rows == "proceed"
@@ -30,7 +33,10 @@ def test_a_file_may_set_one_key(tmp_path):
 
 
 def test_the_spec_example_file_parses(tmp_path):
-    config = load_config(write(tmp_path, """
+    config = load_config(
+        write(
+            tmp_path,
+            """
 stages:
   - {name: day3,  days_overdue: 3,  min_remaining_ratio: 0.0}
   - {name: day7,  days_overdue: 7,  min_remaining_ratio: 0.0}
@@ -50,17 +56,22 @@ provider:
   password_env: SMTP_PASSWORD
   from: billing@example.com
 alerts: {webhook_url: null}
-"""))
+""",
+        )
+    )
     assert config.provider.kind == "smtp" and config.provider.from_address == "billing@example.com"
 
 
-@pytest.mark.parametrize("text, named", [
-    ("group_bye: invoice\n", "group_bye"),
-    ("breaker: {max_emails: two}\n", "breaker.max_emails"),
-    ("provider: {kind: fax}\n", "provider.kind"),
-    ("breaker: {max_emails: 2, window: 24}\n", "breaker.window"),
-    ("timezone: Mars/Olympus\n", "timezone"),
-])
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        ("group_bye: invoice\n", "group_bye"),
+        ("breaker: {max_emails: two}\n", "breaker.max_emails"),
+        ("provider: {kind: fax}\n", "provider.kind"),
+        ("breaker: {max_emails: 2, window: 24}\n", "breaker.window"),
+        ("timezone: Mars/Olympus\n", "timezone"),
+    ],
+)
 def test_unknown_keys_and_wrong_types_name_the_key(tmp_path, text, named):
     with pytest.raises(ConfigError) as error:
         load_config(write(tmp_path, text))

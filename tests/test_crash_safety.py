@@ -1,4 +1,5 @@
-"""Ledger before send and single owner, with real processes: SIGKILL at each point of a send, then restart; two runs at once."""
+"""Ledger before send and single owner, with real processes: SIGKILL at each point of a send, then restart; two
+runs at once."""
 
 import socket
 import subprocess
@@ -16,8 +17,12 @@ AS_OF = "2026-11-05T09:00:00Z"
 
 
 def start_run(home, snapshot, config, as_of=AS_OF):
-    return subprocess.Popen([DUNNING, "--home", str(home), "run", "--snapshot", str(snapshot), "--as-of", as_of,
-                             "--config", str(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [DUNNING, "--home", str(home), "run", "--snapshot", str(snapshot), "--as-of", as_of, "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(condition, timeout=60.0):
@@ -32,7 +37,9 @@ def wait_for(condition, timeout=60.0):
 def ledger(home):
     con = duckdb.connect(str(home / "dunning.duckdb"), read_only=True)
     try:
-        return dict(con.execute("SELECT idempotency_key, status FROM reminder_ledger WHERE status <> 'skipped'").fetchall())
+        return dict(
+            con.execute("SELECT idempotency_key, status FROM reminder_ledger WHERE status <> 'skipped'").fetchall()
+        )
     finally:
         con.close()
 
@@ -42,15 +49,32 @@ def restart_and_check(home, snapshot, tmp_path, expected_keys, delivered_before)
     handler = ScriptedHandler()
     with SmtpServer(handler) as server:
         config = smtp_config(tmp_path / "healthy.yaml", server.port)
-        result = subprocess.run([DUNNING, "--home", str(home), "run", "--snapshot", str(snapshot), "--as-of",
-                                 "2026-11-05T10:00:00Z", "--config", config], capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [
+                DUNNING,
+                "--home",
+                str(home),
+                "run",
+                "--snapshot",
+                str(snapshot),
+                "--as-of",
+                "2026-11-05T10:00:00Z",
+                "--config",
+                config,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert result.returncode == 0, result.stderr
     statuses = ledger(home)
     assert set(statuses) == set(expected_keys), "every claimed key is still on record"
     assert "claimed" not in statuses.values(), "a crash's claims became unknown, not unsent"
     redelivered = set(handler.keys()) & set(delivered_before)
     assert not redelivered, f"delivered twice: {redelivered}"
-    assert all(statuses[k] == "unknown" for k in delivered_before), "what the killed run handed over is held, not resent"
+    assert all(statuses[k] == "unknown" for k in delivered_before), (
+        "what the killed run handed over is held, not resent"
+    )
     return statuses, handler
 
 

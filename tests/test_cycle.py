@@ -1,4 +1,5 @@
-"""Idempotent polling, staged dunning, catch-up, balances, new cycles, bad input and the audit, through the real `dunning` command, DuckDB file and outbox."""
+"""Idempotent polling, staged dunning, catch-up, balances, new cycles, bad input and the audit, through the real
+`dunning` command, DuckDB file and outbox."""
 
 import datetime as dt
 
@@ -26,9 +27,10 @@ def test_second_run_on_the_same_snapshot_sends_nothing(deployment):
 
 @pytest.mark.slow
 def test_polled_daily_and_again_on_crossing_days_gets_one_email_per_stage(deployment):
-    due = dt.datetime(2026, 11, 1, 9, tzinfo=dt.timezone.utc)
-    polls = sorted([due + dt.timedelta(days=d) for d in range(0, 21)]
-                   + [due + dt.timedelta(days=d, hours=12) for d in (3, 7, 14)])  # a second poll where a stage is crossed
+    due = dt.datetime(2026, 11, 1, 9, tzinfo=dt.UTC)
+    polls = sorted(
+        [due + dt.timedelta(days=d) for d in range(0, 21)] + [due + dt.timedelta(days=d, hours=12) for d in (3, 7, 14)]
+    )  # a second poll where a stage is crossed
 
     def poll(until_days: int) -> None:
         for when in [w for w in polls if w - due < dt.timedelta(days=until_days + 1) and w not in done]:
@@ -75,7 +77,11 @@ def test_paid_then_reopened_starts_a_new_cycle_and_keeps_the_old(deployment):
     for day in range(20, 31):
         deployment.run([reopened], f"2026-11-{day:02d}T09:00:00Z")
     assert reminder_keys(deployment) == [
-        "dunning:in_1:1:day3", "dunning:in_1:1:day7", "dunning:in_1:2:day3", "dunning:in_1:2:day7"]
+        "dunning:in_1:1:day3",
+        "dunning:in_1:1:day7",
+        "dunning:in_1:2:day3",
+        "dunning:in_1:2:day7",
+    ]
     cycles = deployment.query("SELECT cycle, cycle_open FROM invoice_cycles WHERE invoice_id = 'in_1'")
     assert cycles == [(2, True)]
 
@@ -98,24 +104,34 @@ def test_paid_void_and_draft_are_never_reminded_and_a_missing_email_is_reported(
 
 @pytest.mark.slow
 def test_bad_rows_are_quarantined_valid_rows_proceed_and_the_ledger_is_untouched(deployment):
-    good = [invoice(invoice_id="a", customer_id="c1"), invoice(invoice_id="b", customer_id="c2", customer_email="b@example.com")]
+    good = [
+        invoice(invoice_id="a", customer_id="c1"),
+        invoice(invoice_id="b", customer_id="c2", customer_email="b@example.com"),
+    ]
     deployment.run(good, "2026-11-05T09:00:00Z")
     before = deployment.ledger()
-    bad = [invoice(invoice_id="c", customer_id="c3", amount_due=-1), invoice(invoice_id="d", customer_id="c4", currency="ZZZ"),
-           invoice(invoice_id="e", customer_id="c5", customer_email="e@example.com")]
+    bad = [
+        invoice(invoice_id="c", customer_id="c3", amount_due=-1),
+        invoice(invoice_id="d", customer_id="c4", currency="ZZZ"),
+        invoice(invoice_id="e", customer_id="c5", customer_email="e@example.com"),
+    ]
     code, out, err = deployment.run(good + bad, "2026-11-05T10:00:00Z")
     assert code == 0, err
     assert "2 rejected" in out
     assert deployment.ledger("idempotency_key <> 'dunning:e:1:day3'") == before
     assert reminder_keys(deployment) == ["dunning:a:1:day3", "dunning:b:1:day3", "dunning:e:1:day3"]
-    quarantine = deployment.query("SELECT invoice_id, rule, run_id IS NOT NULL FROM snapshot_quarantine ORDER BY invoice_id")
+    quarantine = deployment.query(
+        "SELECT invoice_id, rule, run_id IS NOT NULL FROM snapshot_quarantine ORDER BY invoice_id"
+    )
     assert quarantine == [("c", "amount_due is negative", True), ("d", "currency is not an ISO 4217 code", True)]
 
 
 def test_halt_policy_stops_before_anything_is_sent(deployment, tmp_path):
     config = tmp_path / "halt.yaml"
     config.write_text("on_invalid_rows: halt\n")
-    code, out, err = deployment.run([invoice(), invoice(invoice_id="x", amount_due=-1)], "2026-11-05T09:00:00Z", "--config", str(config))
+    code, out, err = deployment.run(
+        [invoice(), invoice(invoice_id="x", amount_due=-1)], "2026-11-05T09:00:00Z", "--config", str(config)
+    )
     assert code == 2
     assert "on_invalid_rows: halt" in err and "amount_due is negative" in err
     assert "Traceback" not in err
@@ -124,8 +140,12 @@ def test_halt_policy_stops_before_anything_is_sent(deployment, tmp_path):
 
 
 def test_the_email_states_the_remaining_balance(deployment):
-    rows = [invoice(amount_due=12345, amount_paid=2000),
-            invoice(invoice_id="in_jpy", customer_id="cus_jp", customer_email="jp@example.com", currency="JPY", amount_due=5000)]
+    rows = [
+        invoice(amount_due=12345, amount_paid=2000),
+        invoice(
+            invoice_id="in_jpy", customer_id="cus_jp", customer_email="jp@example.com", currency="JPY", amount_due=5000
+        ),
+    ]
     deployment.run(rows, "2026-11-05T09:00:00Z")
     bodies = {m["To"]: m.get_body(("plain",)).get_content() for m in deployment.outbox()}
     assert "103.45 USD remaining" in bodies["ada@example.com"]
@@ -163,18 +183,21 @@ def test_dry_run_claims_and_sends_nothing_but_audits(deployment):
 def test_ledger_records_the_cycle_clock_and_message_id(deployment):
     deployment.run([invoice()], "2026-11-05T09:00:00+02:00")
     [row] = deployment.ledger()
-    expected = dt.datetime(2026, 11, 5, 7, tzinfo=dt.timezone.utc)
+    expected = dt.datetime(2026, 11, 5, 7, tzinfo=dt.UTC)
     assert row["claimed_at"] == expected and row["sent_at"] == expected
     assert row["kind"] == "reminder" and row["cycle"] == 1 and row["stage"] == "day3" and row["status"] == "sent"
     [message] = deployment.outbox()
     assert message["Message-ID"] == row["message_id"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["run", "--snapshot", "/nonexistent/snap.csv"], "snapshot file not found"),
-    (["run", "--snapshot", "{snap}", "--as-of", "yesterday"], "not an ISO 8601"),
-    (["run", "--snapshot", "{snap}", "--config", "/nonexistent.yaml"], "config file not found"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "--snapshot", "/nonexistent/snap.csv"], "snapshot file not found"),
+        (["run", "--snapshot", "{snap}", "--as-of", "yesterday"], "not an ISO 8601"),
+        (["run", "--snapshot", "{snap}", "--config", "/nonexistent.yaml"], "config file not found"),
+    ],
+)
 def test_operator_mistakes_exit_2_with_one_line(deployment, args, message):
     snap = deployment.snapshot([invoice()])
     code, out, err = deployment.cli(*[a.replace("{snap}", str(snap)) for a in args])
@@ -201,8 +224,11 @@ def test_the_installed_command_reports_a_missing_snapshot_without_traceback(tmp_
 
     command = shutil.which("dunning", path=str(Path(sys.executable).parent))
     assert command, "the console script `dunning` is installed next to the interpreter"
-    result = subprocess.run([command, "--home", str(tmp_path / "h"), "run", "--snapshot", str(tmp_path / "missing.csv")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [command, "--home", str(tmp_path / "h"), "run", "--snapshot", str(tmp_path / "missing.csv")],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2
     assert result.stderr.strip() == f"dunning: snapshot file not found: {tmp_path / 'missing.csv'}"
 

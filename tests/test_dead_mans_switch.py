@@ -17,12 +17,12 @@ from dunning.errors import ConfigError, LedgerBusy
 from dunning.ledger.duckdb_ledger import open_ledger
 from pipelines import report, sensors
 from pipelines.definitions import defs
-from resources.dunning import DunningHome
 from pipelines.sensors import dead_mans_switch
+from resources.dunning import DunningHome
 from tests.conftest import invoice, write_snapshot
 
 HOUR = dt.timedelta(hours=1)
-TODAY = dt.datetime.now(dt.timezone.utc).date()
+TODAY = dt.datetime.now(dt.UTC).date()
 
 
 def tick(monkeypatch, home, now: dt.datetime, cursor: str | None = None) -> dg.SensorEvaluationContext:
@@ -40,8 +40,10 @@ def alerts(deployment, kind: str) -> list[tuple]:
 
 
 def finished(deployment, run_id_prefix: str = "") -> dt.datetime:
-    [(at,)] = deployment.query("SELECT max(finished_wall_at) FROM dunning_runs WHERE run_id LIKE ? || '%' "
-                               "AND run_id NOT LIKE 'backfill:%'", [run_id_prefix])
+    [(at,)] = deployment.query(
+        "SELECT max(finished_wall_at) FROM dunning_runs WHERE run_id LIKE ? || '%' AND run_id NOT LIKE 'backfill:%'",
+        [run_id_prefix],
+    )
     return at
 
 
@@ -54,7 +56,7 @@ def test_the_sensor_is_registered_running_and_requests_nothing():
 @pytest.mark.slow
 def test_silence_pages_once_per_episode_and_a_new_run_resolves_it(deployment, monkeypatch):
     home = deployment.home
-    fresh = tick(monkeypatch, home, dt.datetime.now(dt.timezone.utc) + 100 * HOUR)
+    fresh = tick(monkeypatch, home, dt.datetime.now(dt.UTC) + 100 * HOUR)
     assert "no live run recorded yet" in fresh.skip_message
     assert alerts(deployment, "stale_runs") == [], "a deployment that never ran is not paged"
 
@@ -96,8 +98,14 @@ def test_unknown_keys_waiting_too_long_page_and_clear_when_resolved(deployment, 
     old, recent = "dunning:in_0:1:day3", "dunning:in_1:1:day3"
     now = finished(deployment)
     con = duckdb.connect(str(deployment.home / "dunning.duckdb"))
-    con.execute("UPDATE reminder_ledger SET status = 'unknown', outcome_wall_at = ? WHERE idempotency_key = ?", [now - 30 * HOUR, old])
-    con.execute("UPDATE reminder_ledger SET status = 'unknown', outcome_wall_at = ? WHERE idempotency_key = ?", [now - HOUR, recent])
+    con.execute(
+        "UPDATE reminder_ledger SET status = 'unknown', outcome_wall_at = ? WHERE idempotency_key = ?",
+        [now - 30 * HOUR, old],
+    )
+    con.execute(
+        "UPDATE reminder_ledger SET status = 'unknown', outcome_wall_at = ? WHERE idempotency_key = ?",
+        [now - HOUR, recent],
+    )
     con.close()
 
     for _ in range(2):
@@ -112,7 +120,9 @@ def test_unknown_keys_waiting_too_long_page_and_clear_when_resolved(deployment, 
     status = json.loads(deployment.cli("status", "--json")[1])
     assert status["unknown_overdue"] == 1 and status["oldest_unknown_overdue"]["idempotency_key"] == old
 
-    (deployment.home / "config.yaml").write_text("alerts:\n  unknown_after_hours: 0.5\n")  # status reads HOME/config.yaml
+    (deployment.home / "config.yaml").write_text(
+        "alerts:\n  unknown_after_hours: 0.5\n"
+    )  # status reads HOME/config.yaml
     status = json.loads(deployment.cli("status", "--json")[1])
     assert status["unknown_overdue"] == 2 and status["unknown_after_hours"] == 0.5
     (deployment.home / "config.yaml").unlink()
@@ -145,7 +155,9 @@ def test_status_shows_the_last_live_run_and_the_last_backfill_apart(deployment):
 
     # five hours pass for the live run only: the later backfill does not count as a live run
     con = duckdb.connect(str(deployment.home / "dunning.duckdb"))
-    con.execute("UPDATE dunning_runs SET finished_wall_at = finished_wall_at - INTERVAL 5 HOUR WHERE run_id = ?", [live_id])
+    con.execute(
+        "UPDATE dunning_runs SET finished_wall_at = finished_wall_at - INTERVAL 5 HOUR WHERE run_id = ?", [live_id]
+    )
     con.close()
     code, out, _ = deployment.cli("status")
     assert "WARNING: no live run has completed for 5.0 h (alerts.stale_after_hours: 3)" in out
@@ -160,7 +172,7 @@ def test_a_ledger_held_past_the_threshold_pages_once_without_the_ledger(tmp_path
     sent = []
     monkeypatch.setattr(DunningHome, "ledger", held)
     monkeypatch.setattr(sensors, "deliver", lambda alert, settings: sent.append(alert))
-    start = dt.datetime(2026, 11, 30, 9, tzinfo=dt.timezone.utc)
+    start = dt.datetime(2026, 11, 30, 9, tzinfo=dt.UTC)
     first = tick(monkeypatch, tmp_path, start)
     assert sent == [] and json.loads(first.cursor)["held_since"] == start.isoformat()
     later = tick(monkeypatch, tmp_path, start + 4 * HOUR, first.cursor)
@@ -171,8 +183,9 @@ def test_a_ledger_held_past_the_threshold_pages_once_without_the_ledger(tmp_path
     assert released.cursor is None
 
 
-@pytest.mark.parametrize("value, ok", [(3, True), (0.5, True), (0, False), (-1, False), ("3", False), (True, False),
-                                       (24 * 367, False)])
+@pytest.mark.parametrize(
+    "value, ok", [(3, True), (0.5, True), (0, False), (-1, False), ("3", False), (True, False), (24 * 367, False)]
+)
 def test_thresholds_are_strict_positive_bounded_numbers(value, ok):
     data = {"alerts": {"stale_after_hours": value, "unknown_after_hours": value}}
     if ok:
@@ -185,7 +198,7 @@ def test_thresholds_are_strict_positive_bounded_numbers(value, ok):
 
 def test_assess_alone_reports_never_and_pages_nothing(tmp_path):
     with open_ledger(tmp_path / "dunning.duckdb") as ledger:
-        state, actions = liveness.watch(ledger, Alerts(), dt.datetime(2026, 11, 30, tzinfo=dt.timezone.utc))
+        state, actions = liveness.watch(ledger, Alerts(), dt.datetime(2026, 11, 30, tzinfo=dt.UTC))
         assert state.last_live_run is None and not state.stale_runs and state.unknown_overdue == 0
         assert actions == {"stale_runs": "clear", "stale_unknown": "clear"}
         assert ledger.frame("SELECT * FROM alerts").is_empty()

@@ -1,11 +1,11 @@
 """The code location loads, and the job materializes twice with zero extra sends."""
 
-import pytest
 import subprocess
 import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from assets.audit import dunning_audit
 from assets.reminders import reminders_due
@@ -27,7 +27,14 @@ def test_definitions_load_with_the_expected_graph(monkeypatch, tmp_path):
     assert job.executor_def.name == "in_process"
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {"invoice_snapshot", "billing_events", "reminders_due", "send_batch", "dunning_audit", "analyst_history"}
+    assert keys == {
+        "invoice_snapshot",
+        "billing_events",
+        "reminders_due",
+        "send_batch",
+        "dunning_audit",
+        "analyst_history",
+    }
     assert all(graph.get(k).partitions_def is not None for k in graph.get_all_asset_keys())
     assert graph.get(dg.AssetKey("send_batch")).parent_keys == {dg.AssetKey("reminders_due")}
     checks = {c.name: c for c in graph.asset_check_keys}
@@ -39,7 +46,10 @@ def test_workspace_loads_in_a_fresh_process(tmp_path):
     """What `dagster dev -w workspace.yaml` does first: import the module named by workspace.yaml."""
     result = subprocess.run(
         [sys.executable, "-c", "from pipelines.definitions import defs; defs.resolve_all_job_defs(); print('ok')"],
-        cwd=ROOT, capture_output=True, text=True, env={"DUNNING_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"DUNNING_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr
     assert "ok" in result.stdout
@@ -47,8 +57,15 @@ def test_workspace_loads_in_a_fresh_process(tmp_path):
 
 def _materialize(home: Path, snapshot: Path, as_of: str, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
     return dg.materialize(
-        [invoice_snapshot, billing_events, reminders_due, send_batch, dunning_audit, reminders_due_are_sound,
-         no_reminders_for_unowed_invoices],
+        [
+            invoice_snapshot,
+            billing_events,
+            reminders_due,
+            send_batch,
+            dunning_audit,
+            reminders_due_are_sound,
+            no_reminders_for_unowed_invoices,
+        ],
         resources={
             "dunning_home": DunningHome(home=str(home)),
             "cycle_request": CycleRequest(snapshot_path=str(snapshot), as_of=as_of),
@@ -61,7 +78,9 @@ def _materialize(home: Path, snapshot: Path, as_of: str, instance: dg.DagsterIns
 
 @pytest.mark.slow
 def test_materializing_twice_sends_nothing_the_second_time(tmp_path):
-    snapshot = write_snapshot(tmp_path / "s.csv", [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}") for i in range(3)])
+    snapshot = write_snapshot(
+        tmp_path / "s.csv", [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}") for i in range(3)]
+    )
     home = tmp_path / "home"
     with dg.instance_for_test() as instance:
         first = _materialize(home, snapshot, "2026-11-05T09:00:00Z", instance)
@@ -72,5 +91,7 @@ def test_materializing_twice_sends_nothing_the_second_time(tmp_path):
         assert second.success
         assert second.output_for_node("send_batch").height == 0
         assert len(list((home / "outbox").glob("*.eml"))) == 3
-        [check] = [e for e in second.get_asset_check_evaluations() if e.check_name == "no_reminders_for_unowed_invoices"]
+        [check] = [
+            e for e in second.get_asset_check_evaluations() if e.check_name == "no_reminders_for_unowed_invoices"
+        ]
         assert check.passed

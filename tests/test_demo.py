@@ -13,9 +13,16 @@ from dunning.demo import INVALID_ROW_COUNT, generate_snapshot, main, with_invali
 AS_OF = dt.date(2026, 3, 15)
 
 EXPECTED_SCHEMA = {
-    "invoice_id": pl.Utf8, "customer_id": pl.Utf8, "customer_email": pl.Utf8, "customer_name": pl.Utf8,
-    "currency": pl.Utf8, "amount_due": pl.Int64, "amount_paid": pl.Int64, "due_date": pl.Date,
-    "status": pl.Utf8, "billing_period": pl.Utf8,
+    "invoice_id": pl.Utf8,
+    "customer_id": pl.Utf8,
+    "customer_email": pl.Utf8,
+    "customer_name": pl.Utf8,
+    "currency": pl.Utf8,
+    "amount_due": pl.Int64,
+    "amount_paid": pl.Int64,
+    "due_date": pl.Date,
+    "status": pl.Utf8,
+    "billing_period": pl.Utf8,
 }
 
 
@@ -194,5 +201,6 @@ def test_cli_rejects_bad_arguments(tmp_path):
 
 
 def test_module_has_no_dagster_import():
-    source = open(demo.__file__, encoding="utf-8").read()
+    with open(demo.__file__, encoding="utf-8") as handle:
+        source = handle.read()
     assert "dagster" not in source

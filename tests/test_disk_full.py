@@ -28,8 +28,16 @@ AS_OF = "2026-11-05T09:00:00Z"
 DISK_SIZE = "24m"  # a run needs a few MB: the Dagster instance's SQLite files, the DuckDB ledger and its WAL
 # Invoices already paid: never reminded, but every run writes them all to the ledger (DuckDB WAL, a few MB),
 # so a disk with a couple of MB free fails inside a step (invoice_snapshot) rather than in Dagster's own storage.
-PAID = [invoice(invoice_id=f"in_paid_{i:05d}", customer_id=f"cus_p{i}", customer_email=f"p{i}@example.com",
-                amount_paid=10000, status="paid") for i in range(30000)]
+PAID = [
+    invoice(
+        invoice_id=f"in_paid_{i:05d}",
+        customer_id=f"cus_p{i}",
+        customer_email=f"p{i}@example.com",
+        amount_paid=10000,
+        status="paid",
+    )
+    for i in range(30000)
+]
 
 
 def due(n: int) -> list[dict]:
@@ -43,8 +51,9 @@ def small_disk(tmp_path: Path):
         pytest.skip("needs root to mount a small tmpfs (a real full disk)")
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE}", "tmpfs", str(disk)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE}", "tmpfs", str(disk)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
     try:
@@ -71,8 +80,18 @@ def fill(disk: Path, leave_kb: int = 0) -> Path:
 
 def dunning(home: Path, snapshot: Path) -> tuple[int, str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DUNNING_HOME", "DAGSTER_HOME")}
-    command = [sys.executable, "-m", "pipelines.cli", "--home", str(home), "run", "--snapshot", str(snapshot),
-               "--as-of", AS_OF]
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "--home",
+        str(home),
+        "run",
+        "--snapshot",
+        str(snapshot),
+        "--as-of",
+        AS_OF,
+    ]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     return done.returncode, done.stdout, done.stderr
 
@@ -98,7 +117,8 @@ def test_a_disk_full_before_the_first_run_is_one_line_naming_the_home(small_disk
 
 @pytest.mark.slow  # four real runs, about 15 s
 def test_a_disk_filled_after_a_good_run_fails_in_one_line_and_the_next_run_with_space_sends_each_key_once(
-        small_disk, tmp_path):
+    small_disk, tmp_path
+):
     home = small_disk / "home"
     first = write_snapshot(tmp_path / "first.csv", due(5) + PAID)
     later = write_snapshot(tmp_path / "later.csv", due(10) + PAID)  # five more keys due
@@ -157,26 +177,54 @@ def test_an_outbox_on_a_full_disk_fails_each_message_without_crashing(small_disk
     assert not list((small_disk / "outbox").iterdir()), "no partial files left behind"
 
 
-@pytest.mark.parametrize("message, cls_name, reason, path, kind", [
-    ('IO Error: Could not write file "/h/dunning.duckdb.wal": No space left on device', "IOException",
-     "no space left on device", "/h/dunning.duckdb.wal", "duckdb"),
-    ("(sqlite3.OperationalError) database or disk is full\n[SQL: INSERT INTO event_logs VALUES ('/not/the/db')]",
-     "OperationalError", "no space left on device (database or disk is full)", None, "sqlite"),
-    ("(sqlite3.OperationalError) disk I/O error", "OperationalError", "disk I/O error (a full or failing disk)", None,
-     "sqlite"),
-    ("parquet: File out of specification: underlying IO error: No space left on device (os error 28)", "ComputeError",
-     "no space left on device", None, "file"),
-    ("[Errno 122] Disk quota exceeded: '/h/outbox/x.eml.partial'", "OSError", "disk quota exceeded",
-     "/h/outbox/x.eml.partial", "file"),
-    ("[Errno 30] Read-only file system: '/h/runs'", "OSError", "read-only file system", "/h/runs", "file"),
-])
+@pytest.mark.parametrize(
+    "message, cls_name, reason, path, kind",
+    [
+        (
+            'IO Error: Could not write file "/h/dunning.duckdb.wal": No space left on device',
+            "IOException",
+            "no space left on device",
+            "/h/dunning.duckdb.wal",
+            "duckdb",
+        ),
+        (
+            "(sqlite3.OperationalError) database or disk is full\n[SQL: INSERT INTO event_logs VALUES ('/not/the/db')]",
+            "OperationalError",
+            "no space left on device (database or disk is full)",
+            None,
+            "sqlite",
+        ),
+        (
+            "(sqlite3.OperationalError) disk I/O error",
+            "OperationalError",
+            "disk I/O error (a full or failing disk)",
+            None,
+            "sqlite",
+        ),
+        (
+            "parquet: File out of specification: underlying IO error: No space left on device (os error 28)",
+            "ComputeError",
+            "no space left on device",
+            None,
+            "file",
+        ),
+        (
+            "[Errno 122] Disk quota exceeded: '/h/outbox/x.eml.partial'",
+            "OSError",
+            "disk quota exceeded",
+            "/h/outbox/x.eml.partial",
+            "file",
+        ),
+        ("[Errno 30] Read-only file system: '/h/runs'", "OSError", "read-only file system", "/h/runs", "file"),
+    ],
+)
 def test_storage_errors_are_recognised_by_their_message(message, cls_name, reason, path, kind):
     assert report.storage_fault(message, cls_name) == report.StorageFault(reason, path, kind)
     assert report.EXIT_BY_ERROR_CLASS["StorageError"] == 8
 
 
 def test_other_errors_are_not_storage_errors():
-    assert report.storage_fault("IO Error: Cannot open file \"/x\": No such file or directory", "IOException") is None
+    assert report.storage_fault('IO Error: Cannot open file "/x": No such file or directory', "IOException") is None
     assert report.storage_fault_of(FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")) is None
     wrapped = RuntimeError("step failed")
     wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device", "/h/dunning.duckdb")
@@ -194,7 +242,8 @@ def test_any_other_unexpected_error_is_one_line_with_exit_1_and_no_traceback(tmp
     err = capsys.readouterr().err
     assert code == 1
     assert err.strip().splitlines() == [
-        "dunning: unexpected error: RuntimeError: something nobody foresaw; run again with -v for the traceback"]
+        "dunning: unexpected error: RuntimeError: something nobody foresaw; run again with -v for the traceback"
+    ]
 
 
 def test_a_storage_error_outside_any_step_names_the_run_this_process_started(deployment, monkeypatch):

@@ -16,8 +16,16 @@ PAYMENT_FAILED_TYPE = "invoice.payment_failed"
 def payment_failed_event(event_id="evt_pf_1", customer="cus_1", email="ada@example.com", remaining=4200):
     event = json.loads((FIXTURES / "event.json").read_text())
     stripe_invoice = copy.deepcopy(json.loads((FIXTURES / "invoices_list.json").read_text())["data"][0])
-    stripe_invoice.update(id="in_pf", customer=customer, customer_email=email, status="open", amount_due=remaining,
-                          amount_paid=0, amount_remaining=remaining, currency="eur")
+    stripe_invoice.update(
+        id="in_pf",
+        customer=customer,
+        customer_email=email,
+        status="open",
+        amount_due=remaining,
+        amount_paid=0,
+        amount_remaining=remaining,
+        currency="eur",
+    )
     event.update(id=event_id, type="invoice.payment_failed", data={"object": stripe_invoice})
     return event
 
@@ -42,7 +50,9 @@ def test_five_deliveries_in_a_file_and_again_next_run_give_one_notice(deployment
     assert notices[0]["X-Dunning-Keys"] == "event:evt_pf_1"
     assert "42.00 EUR is still due" in notices[0].get_body(("plain",)).get_content()
     rows = deployment.ledger("kind = 'payment_failed'")
-    assert [(r["idempotency_key"], r["status"], r["customer_id"]) for r in rows] == [("event:evt_pf_1", "sent", "cus_1")]
+    assert [(r["idempotency_key"], r["status"], r["customer_id"]) for r in rows] == [
+        ("event:evt_pf_1", "sent", "cus_1")
+    ]
     stored = deployment.query("SELECT event_id, type FROM billing_events ORDER BY event_id")
     assert stored == [("evt_1Pgc76B7WZ01zgkWwyRHS12y", "plan.created"), ("evt_pf_1", "invoice.payment_failed")]
 
@@ -58,8 +68,13 @@ def test_notices_pass_through_the_breaker(deployment, tmp_path):
 
 
 def test_a_notice_without_an_address_uses_the_snapshot_or_is_held(deployment, tmp_path):
-    events = write(tmp_path / "e.json", [payment_failed_event("evt_a", customer="cus_1", email=None),
-                                         payment_failed_event("evt_b", customer="cus_ghost", email=None)])
+    events = write(
+        tmp_path / "e.json",
+        [
+            payment_failed_event("evt_a", customer="cus_1", email=None),
+            payment_failed_event("evt_b", customer="cus_ghost", email=None),
+        ],
+    )
     code, out, err = deployment.run([invoice(due_date="2026-12-01")], "2026-11-05T09:00:00Z", "--events", events)
     assert code == 0, err
     [notice] = deployment.outbox()
@@ -77,9 +92,12 @@ def test_an_unreadable_events_file_is_a_clear_error(deployment, tmp_path):
 
 # Hostile events: one bad event is quarantined, never a halt for everyone; a bad file is one line, never a traceback.
 
+
 def quarantined(deployment):
-    return deployment.query("SELECT event_id, type, reason, run_id IS NOT NULL AND received_at IS NOT NULL AND payload IS NOT NULL "
-                            "FROM event_quarantine ORDER BY event_id")
+    return deployment.query(
+        "SELECT event_id, type, reason, run_id IS NOT NULL AND received_at IS NOT NULL AND payload IS NOT NULL "
+        "FROM event_quarantine ORDER BY event_id"
+    )
 
 
 @pytest.mark.slow
@@ -88,8 +106,10 @@ def test_bad_payment_failed_events_are_quarantined_and_the_good_one_is_sent(depl
     no_data["data"] = None
     not_invoice = payment_failed_event("evt_not_invoice")
     not_invoice["data"] = {"object": "nope"}
-    events = write(tmp_path / "e.json", [payment_failed_event("evt_good"), no_data,
-                                         payment_failed_event("evt_nothing_owed", remaining=0), not_invoice])
+    events = write(
+        tmp_path / "e.json",
+        [payment_failed_event("evt_good"), no_data, payment_failed_event("evt_nothing_owed", remaining=0), not_invoice],
+    )
     snapshot = [invoice(due_date="2026-12-01")]
     code, out, err = deployment.run(snapshot, "2026-11-05T09:00:00Z", "--events", events, "--dry-run")
     assert code == 0, err
@@ -114,8 +134,12 @@ def test_an_unparsable_created_quarantines_a_payment_failed_event_and_is_null_on
     code, _, err = deployment.run([invoice(due_date="2026-12-01")], "2026-11-05T09:00:00Z", "--events", events)
     assert code == 0, err
     assert [m["X-Dunning-Keys"] for m in deployment.outbox()] == ["event:evt_good"]
-    assert quarantined(deployment) == [("evt_yesterday", "invoice.payment_failed", "created is not a Unix timestamp", True)]
-    assert deployment.query("SELECT type, created_at FROM billing_events WHERE event_id = ?", [other["id"]]) == [("plan.created", None)]
+    assert quarantined(deployment) == [
+        ("evt_yesterday", "invoice.payment_failed", "created is not a Unix timestamp", True)
+    ]
+    assert deployment.query("SELECT type, created_at FROM billing_events WHERE event_id = ?", [other["id"]]) == [
+        ("plan.created", None)
+    ]
 
 
 def test_a_header_injection_in_the_invoice_id_is_quarantined_and_the_good_one_still_sent(deployment, tmp_path):
@@ -126,7 +150,9 @@ def test_a_header_injection_in_the_invoice_id_is_quarantined_and_the_good_one_st
     assert code == 0, err
     [notice] = deployment.outbox()
     assert notice["X-Dunning-Keys"] == "event:evt_good" and notice["Bcc"] is None
-    assert quarantined(deployment) == [("evt_injected", "invoice.payment_failed", "invoice id contains a control character", True)]
+    assert quarantined(deployment) == [
+        ("evt_injected", "invoice.payment_failed", "invoice id contains a control character", True)
+    ]
 
 
 def test_a_latin1_events_file_is_a_clear_error(deployment, tmp_path):
@@ -165,9 +191,13 @@ def test_validation_names_every_broken_rule():
     bad["data"]["object"].update(currency="€", amount_remaining=True)
     loaded = split_events([good, bad, copy.deepcopy(good)])
     assert loaded.accepted.select("event_id", "customer_id", "amount_remaining").rows() == [("evt_good", "cus_1", 4200)]
-    assert loaded.rejected.select("event_id", "reason").rows() == [(
-        "evt_bad\u2028", "event id contains a control character; created is not a Unix timestamp; customer is empty; "
-        "currency is not a three-letter code; amount_remaining is not an integer")]
+    assert loaded.rejected.select("event_id", "reason").rows() == [
+        (
+            "evt_bad\u2028",
+            "event id contains a control character; created is not a Unix timestamp; customer is empty; "
+            "currency is not a three-letter code; amount_remaining is not an integer",
+        )
+    ]
 
 
 try:
@@ -177,30 +207,46 @@ except ImportError:  # hypothesis comes with the test extra
     st = None
 
 if st is None:
+
     @pytest.mark.skip(reason="hypothesis is not installed")
     def test_validation_never_raises_and_accepts_only_sound_events():
         pass
 else:
+
     def _json_values():
         scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
-        return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
-                            max_leaves=5)
+        return st.recursive(
+            scalars,
+            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+            max_leaves=5,
+        )
 
     MISSING = object()  # the key is left out
     _texts = st.text(min_size=1, max_size=40)  # arbitrary unicode: control characters and line separators included
-    _hostile_ids = st.text() | st.sampled_from(["", "a" * 200, "a" * 201, "x\u0085", "x\u2029", "in\r\nBcc: x@evil.test", "x\ud800"])
+    _hostile_ids = st.text() | st.sampled_from(
+        ["", "a" * 200, "a" * 201, "x\u0085", "x\u2029", "in\r\nBcc: x@evil.test", "x\ud800"]
+    )
     _hostile = {  # field -> what it may become instead of a sound value
         "id": _hostile_ids | _json_values(),
-        "created": st.integers() | st.integers(946684800 - 2, 946684800 + 2) | st.integers(4102444800 - 2, 4102444800 + 2)
-        | st.sampled_from(["yesterday", 1.7e9, True]) | _json_values(),
+        "created": st.integers()
+        | st.integers(946684800 - 2, 946684800 + 2)
+        | st.integers(4102444800 - 2, 4102444800 + 2)
+        | st.sampled_from(["yesterday", 1.7e9, True])
+        | _json_values(),
         "data": _json_values(),
         "data.object": _json_values(),
         "object": st.sampled_from(["plan", None, "Invoice"]) | _json_values(),
         "invoice id": _hostile_ids | _json_values(),
-        "customer": _hostile_ids | st.fixed_dictionaries({}, optional={"id": _hostile_ids | _json_values()}) | _json_values(),
+        "customer": _hostile_ids
+        | st.fixed_dictionaries({}, optional={"id": _hostile_ids | _json_values()})
+        | _json_values(),
         "customer_email": _json_values(),
         "currency": st.text(max_size=4) | _json_values(),
-        "amount_remaining": st.integers() | st.integers(-2, 2) | st.integers(2**63 - 2, 2**64) | st.sampled_from([True, 4.2]) | _json_values(),
+        "amount_remaining": st.integers()
+        | st.integers(-2, 2)
+        | st.integers(2**63 - 2, 2**64)
+        | st.sampled_from([True, 4.2])
+        | _json_values(),
         "amount_due": st.integers() | _json_values(),
         "amount_paid": st.integers() | _json_values(),
     }
@@ -208,11 +254,22 @@ else:
     @st.composite
     def _payment_failed_events(draw):
         """A sound payment_failed event with any number of its fields (none to all) made hostile or left out."""
-        invoice_ = {"object": "invoice", "id": draw(_texts), "customer": draw(_texts | st.fixed_dictionaries({"id": _texts})),
-                    "customer_email": draw(st.text() | st.just("ada@example.com")), "currency": draw(st.sampled_from(["eur", "usd", "jpy"])),
-                    "amount_remaining": draw(st.integers(1, 10**9)), "amount_due": 0, "amount_paid": 0}
-        event = {"id": draw(_texts), "type": draw(st.sampled_from([PAYMENT_FAILED_TYPE] * 3 + ["invoice.paid", "plan.created"])),
-                 "created": draw(st.integers(946684800, 4102444800 - 1)), "data": {"object": invoice_}}
+        invoice_ = {
+            "object": "invoice",
+            "id": draw(_texts),
+            "customer": draw(_texts | st.fixed_dictionaries({"id": _texts})),
+            "customer_email": draw(st.text() | st.just("ada@example.com")),
+            "currency": draw(st.sampled_from(["eur", "usd", "jpy"])),
+            "amount_remaining": draw(st.integers(1, 10**9)),
+            "amount_due": 0,
+            "amount_paid": 0,
+        }
+        event = {
+            "id": draw(_texts),
+            "type": draw(st.sampled_from([PAYMENT_FAILED_TYPE] * 3 + ["invoice.paid", "plan.created"])),
+            "created": draw(st.integers(946684800, 4102444800 - 1)),
+            "data": {"object": invoice_},
+        }
         for field in draw(st.lists(st.sampled_from(sorted(_hostile)), unique=True)):
             value = draw(st.just(MISSING) | _hostile[field])
             if field in ("id", "created", "data"):
@@ -238,8 +295,12 @@ else:
         loaded = split_events(events)  # never raises, whatever the events hold
 
         def sound(text):
-            return (isinstance(text, str) and 0 < len(text) <= 200 and text.encode("utf-8", "surrogatepass").decode("utf-8") == text
-                    and not any(unicodedata.category(c) in ("Cc", "Cs") or c in "\u2028\u2029\u0085" for c in text))
+            return (
+                isinstance(text, str)
+                and 0 < len(text) <= 200
+                and text.encode("utf-8", "surrogatepass").decode("utf-8") == text
+                and not any(unicodedata.category(c) in ("Cc", "Cs") or c in "\u2028\u2029\u0085" for c in text)
+            )
 
         accepted = loaded.accepted.to_dicts()
         assert len(accepted) + loaded.rejected.height <= len(events)
@@ -253,4 +314,4 @@ else:
             assert sound(row["event_id"]) and sound(row["invoice_id"]) and sound(row["customer_id"])
             assert isinstance(row["amount_remaining"], int) and row["amount_remaining"] > 0
             assert isinstance(row["currency"], str)
-            assert dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc) <= row["created_at"] < dt.datetime(2100, 1, 1, tzinfo=dt.timezone.utc)
+            assert dt.datetime(2000, 1, 1, tzinfo=dt.UTC) <= row["created_at"] < dt.datetime(2100, 1, 1, tzinfo=dt.UTC)

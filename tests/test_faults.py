@@ -1,9 +1,9 @@
 """Faults classified by what the server really received, and a provider-health stop that spares a dead server."""
 
-import pytest
 import datetime as dt
 
 import polars as pl
+import pytest
 
 from dunning.ledger.duckdb_ledger import open_ledger
 from tests.helpers import customers, due_frame
@@ -19,15 +19,19 @@ def rows_by_status(deployment) -> dict[str, list[int]]:
 
 def smtp(tmp_path, port: int, *, timeout: float = 0.5, max_errors: int = 5) -> str:
     path = tmp_path / "smtp.yaml"
-    path.write_text(f"provider: {{kind: smtp, host: 127.0.0.1, port: {port}, timeout_seconds: {timeout}, connections: 1, "
-                    f"max_consecutive_errors: {max_errors}, from: billing@example.com}}\n"
-                    "retry: {max_attempts: 3, backoff_minutes: 30}\n")
+    path.write_text(
+        f"provider: {{kind: smtp, host: 127.0.0.1, port: {port}, timeout_seconds: {timeout}, connections: 1, "
+        f"max_consecutive_errors: {max_errors}, from: billing@example.com}}\n"
+        "retry: {max_attempts: 3, backoff_minutes: 30}\n"
+    )
     return str(path)
 
 
 def test_a_server_that_hangs_up_on_data_leaves_keys_failed_not_unknown(deployment, tmp_path):
     with RawSmtpServer("drop_on_data") as server:
-        code, out, err = deployment.run(customers(3), "2026-11-05T09:00:00Z", "--config", smtp(tmp_path, server.port, max_errors=50))
+        code, out, err = deployment.run(
+            customers(3), "2026-11-05T09:00:00Z", "--config", smtp(tmp_path, server.port, max_errors=50)
+        )
     assert code == 0, err
     assert rows_by_status(deployment) == {"failed": [1, 1, 1]}
     assert all("no 354" in r["last_error"] for r in deployment.ledger("status = 'failed'"))
@@ -87,14 +91,23 @@ def test_refused_connections_stop_after_five_and_the_next_cycle_retries_after_ba
 
 
 def test_an_outcome_never_overwrites_a_key_that_is_no_longer_claimed(tmp_path):
-    as_of = dt.datetime(2026, 11, 5, 9, tzinfo=dt.timezone.utc)
+    as_of = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
     with open_ledger(tmp_path / "d.duckdb") as ledger:
         ledger.con.execute(
-            "INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status, run_id, claimed_at, attempts) VALUES "
+            "INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status, run_id, claimed_at, attempts) "
+            "VALUES "
             "('k_sent', 'reminder', 'c', 'sent', 'r1', ?, 1), ('k_claimed', 'reminder', 'c', 'claimed', 'r1', ?, 0), "
-            "('k_other', 'reminder', 'c', 'claimed', 'r2', ?, 0)", [as_of, as_of, as_of])
-        late = pl.DataFrame({"idempotency_key": ["k_sent", "k_claimed", "k_other"], "status": ["failed"] * 3,
-                             "message_id": [None] * 3, "error": ["late"] * 3})
+            "('k_other', 'reminder', 'c', 'claimed', 'r2', ?, 0)",
+            [as_of, as_of, as_of],
+        )
+        late = pl.DataFrame(
+            {
+                "idempotency_key": ["k_sent", "k_claimed", "k_other"],
+                "status": ["failed"] * 3,
+                "message_id": [None] * 3,
+                "error": ["late"] * 3,
+            }
+        )
         assert ledger.record_outcomes(late, as_of, as_of, 30, run_id="r1") == 1
         status = dict(ledger.con.execute("SELECT idempotency_key, status FROM reminder_ledger").fetchall())
         assert status == {"k_sent": "sent", "k_claimed": "failed", "k_other": "claimed"}
@@ -109,7 +122,8 @@ def _claim_one(ledger, key: str, run_id: str, at: dt.datetime, lease_until: dt.d
 
 def test_a_live_runs_claims_are_never_expired_by_another_writer(tmp_path):
     from dunning.ledger.duckdb_ledger import DuckDBLedger
-    now = dt.datetime(2026, 11, 5, 9, tzinfo=dt.timezone.utc)
+
+    now = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
     lease = dt.timedelta(minutes=30)
     with open_ledger(tmp_path / "d.duckdb") as writer_a:
         writer_b = DuckDBLedger(writer_a.con.cursor())  # a second writer on the same ledger
@@ -139,4 +153,7 @@ def test_the_summary_tells_newly_due_from_still_held(deployment, tmp_path):
         assert deployment.run(customers(1), "2026-11-05T09:00:00Z", "--config", cfg)[0] == 0
         code, out, err = deployment.run(customers(2), "2026-11-05T10:00:00Z", "--config", cfg)
     assert code == 0, err
-    assert "reminders newly due: 1 " in out and "still held from earlier cycles: 1 (unknown 1, failed awaiting retry 0)" in out
+    assert (
+        "reminders newly due: 1 " in out
+        and "still held from earlier cycles: 1 (unknown 1, failed awaiting retry 0)" in out
+    )

@@ -1,4 +1,5 @@
-"""The circuit breaker and pause/recover/resume: the breaker, alerts, pause, resume with a proven guard, flood recovery."""
+"""The circuit breaker and pause/recover/resume: the breaker, alerts, pause, resume with a proven guard, flood
+recovery."""
 
 import datetime as dt
 import json
@@ -21,7 +22,9 @@ def per_invoice(tmp_path, extra: str = "") -> str:
 
 
 def flood_rows(n: int = 400) -> list[dict]:
-    rows = [invoice(invoice_id=f"f{i:03d}", customer_id="cus_flood", customer_email="flood@example.com") for i in range(n)]
+    rows = [
+        invoice(invoice_id=f"f{i:03d}", customer_id="cus_flood", customer_email="flood@example.com") for i in range(n)
+    ]
     return rows + [invoice(invoice_id="calm", customer_id="cus_calm", customer_email="calm@example.com")]
 
 
@@ -57,7 +60,7 @@ def _due(n, customer, start=0):
 
 
 def test_two_concurrent_claimers_cannot_exceed_the_cap_together(tmp_path):
-    as_of = dt.datetime(2026, 11, 5, 9, tzinfo=dt.timezone.utc)
+    as_of = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
     cap = ClaimCap(max_emails=2, window_start=as_of - dt.timedelta(hours=24), window_end=as_of + dt.timedelta(hours=24))
     with open_ledger(tmp_path / "d.duckdb") as ledger:
         ledger.claim(_due(1, "cus"), _due(1, "cus").head(0), "earlier", as_of - dt.timedelta(hours=1), cap)
@@ -113,9 +116,9 @@ def test_resume_refuses_when_the_unique_key_is_gone_and_succeeds_when_live(deplo
     rows = con.sql("SELECT * FROM reminder_ledger").pl()
     con.execute("DROP TABLE reminder_ledger")
     con.close()
-    with open_ledger(deployment.home / "dunning.duckdb") as ledger:  # recreates the table with its key
-        with ledger.registered("old_rows", rows):
-            ledger.con.execute("INSERT INTO reminder_ledger SELECT * FROM old_rows")
+    # open_ledger recreates the table with its key
+    with open_ledger(deployment.home / "dunning.duckdb") as ledger, ledger.registered("old_rows", rows):
+        ledger.con.execute("INSERT INTO reminder_ledger SELECT * FROM old_rows")
     code, out, err = deployment.cli("resume", "--as-of", "2026-11-05T10:00:00Z")
     assert code == 0, err
     assert "second pass finds nothing newly due" in out
@@ -125,8 +128,9 @@ def test_resume_refuses_when_the_unique_key_is_gone_and_succeeds_when_live(deplo
 def test_resume_refuses_when_the_next_pass_would_trip_the_breaker(deployment, tmp_path):
     deployment.cli("pause")
     snapshot = deployment.snapshot(flood_rows(5))
-    code, _, err = deployment.cli("resume", "--snapshot", str(snapshot), "--config", per_invoice(tmp_path),
-                                  "--as-of", "2026-11-05T10:00:00Z")
+    code, _, err = deployment.cli(
+        "resume", "--snapshot", str(snapshot), "--config", per_invoice(tmp_path), "--as-of", "2026-11-05T10:00:00Z"
+    )
     assert code == 5 and "first pass within the breaker" in err
     assert deployment.ledger() == [], "the simulated claims were rolled back"
 
@@ -154,11 +158,16 @@ def http_server():
     server.shutdown()
 
 
-def test_breaker_alert_reaches_the_webhook_and_pagerduty_with_customers_named(deployment, tmp_path, http_server, monkeypatch):
+def test_breaker_alert_reaches_the_webhook_and_pagerduty_with_customers_named(
+    deployment, tmp_path, http_server, monkeypatch
+):
     url, received = http_server
     monkeypatch.setenv("TEST_PD_KEY", "routing-key-123")
-    config = per_invoice(tmp_path, f"alerts: {{webhook_url: '{url}/hook', pagerduty_routing_key_env: TEST_PD_KEY, "
-                                   f"pagerduty_url: '{url}/v2/enqueue'}}\n")
+    config = per_invoice(
+        tmp_path,
+        f"alerts: {{webhook_url: '{url}/hook', pagerduty_routing_key_env: TEST_PD_KEY, "
+        f"pagerduty_url: '{url}/v2/enqueue'}}\n",
+    )
     code, _, _ = deployment.run(flood_rows(3), "2026-11-05T09:00:00Z", "--config", config)
     assert code == 3
     by_path = dict(received)
@@ -186,7 +195,9 @@ def test_after_a_flood_each_customer_gets_one_apology_plus_normal_reminders(depl
     assert deployment.cli("pause", "--reason", "INC-1 flood")[0] == 0
     snapshot = str(deployment.snapshot(rows))
     for _ in range(2):  # recovering twice sends nothing more
-        code, out, err = deployment.cli("recover", "--incident", "INC-1", "--snapshot", snapshot, "--as-of", "2026-11-05T10:00:00Z")
+        code, out, err = deployment.cli(
+            "recover", "--incident", "INC-1", "--snapshot", snapshot, "--as-of", "2026-11-05T10:00:00Z"
+        )
         assert code == 0, err
     assert "already apologized for this incident: 1" in out
     assert _emails_by_kind(deployment, "flood@example.com") == {"reminder": 400, "apology": 1}
@@ -202,30 +213,59 @@ def test_after_a_flood_each_customer_gets_one_apology_plus_normal_reminders(depl
     counts = _emails_by_kind(deployment, "flood@example.com")
     assert counts["apology"] == 1
     assert counts["reminder"] - 400 == 1, "only the day7 stage was crossed in the week, as one grouped email"
-    per_customer = deployment.query("SELECT customer_id, count(*) FROM reminder_ledger WHERE kind = 'apology' GROUP BY 1")
+    per_customer = deployment.query(
+        "SELECT customer_id, count(*) FROM reminder_ledger WHERE kind = 'apology' GROUP BY 1"
+    )
     assert per_customer == [("cus_flood", 1)]
 
 
 def test_recovery_from_a_provider_send_log_before_the_ledger_existed(deployment, tmp_path):
     log = tmp_path / "sent.csv"
     lines = ["to,sent_at,subject"] + [f"Flood@Example.com,2026-11-05T09:{m:02d}:00Z,Past due" for m in range(6)]
-    lines += ["calm@example.com,2026-11-05T09:00:00Z,Past due", "stranger@example.com,2026-11-05T09:00:00Z,x",
-              "stranger@example.com,2026-11-05T09:01:00Z,x", "stranger@example.com,2026-11-05T09:02:00Z,x"]
+    lines += [
+        "calm@example.com,2026-11-05T09:00:00Z,Past due",
+        "stranger@example.com,2026-11-05T09:00:00Z,x",
+        "stranger@example.com,2026-11-05T09:01:00Z,x",
+        "stranger@example.com,2026-11-05T09:02:00Z,x",
+    ]
     log.write_text("\n".join(lines) + "\n")
-    snapshot = deployment.snapshot([invoice(invoice_id="f1", customer_id="cus_flood", customer_email="flood@example.com",
-                                            amount_due=5000, amount_paid=1000), *flood_rows(0)])
-    code, out, err = deployment.cli("recover", "--incident", "OLD-7", "--snapshot", str(snapshot), "--sent-log", str(log),
-                                    "--as-of", "2026-11-06T09:00:00Z")
+    snapshot = deployment.snapshot(
+        [
+            invoice(
+                invoice_id="f1",
+                customer_id="cus_flood",
+                customer_email="flood@example.com",
+                amount_due=5000,
+                amount_paid=1000,
+            ),
+            *flood_rows(0),
+        ]
+    )
+    code, out, err = deployment.cli(
+        "recover",
+        "--incident",
+        "OLD-7",
+        "--snapshot",
+        str(snapshot),
+        "--sent-log",
+        str(log),
+        "--as-of",
+        "2026-11-06T09:00:00Z",
+    )
     assert code == 0, err
     assert "1 flooded customer(s)" in out and "no apology): stranger@example.com" in out
     [apology] = deployment.outbox()
     assert apology["To"] == "flood@example.com"
-    assert "f1" in apology.get_body(("plain",)).get_content() and "40.00 USD remaining" in apology.get_body(("plain",)).get_content()
+    assert (
+        "f1" in apology.get_body(("plain",)).get_content()
+        and "40.00 USD remaining" in apology.get_body(("plain",)).get_content()
+    )
 
 
 def test_recover_names_a_bad_sent_log(deployment, tmp_path):
     log = tmp_path / "sent.csv"
     log.write_text("recipient,when\nx@example.com,yesterday\n")
-    code, _, err = deployment.cli("recover", "--incident", "X", "--snapshot", str(deployment.snapshot([invoice()])),
-                                  "--sent-log", str(log))
+    code, _, err = deployment.cli(
+        "recover", "--incident", "X", "--snapshot", str(deployment.snapshot([invoice()])), "--sent-log", str(log)
+    )
     assert code == 2 and "lacks required column(s): to, sent_at" in err and "Traceback" not in err

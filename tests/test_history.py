@@ -1,6 +1,5 @@
 """Issue 5: daily partitions, backfills that never send, the landing sensor, the analysts' read path."""
 
-import pytest
 import datetime as dt
 import shutil
 import subprocess
@@ -8,19 +7,22 @@ from zoneinfo import ZoneInfo
 
 import dagster as dg
 import duckdb
+import pytest
 
-from resources.dunning import DunningHome
 from pipelines.sensors import landing_snapshots
+from resources.dunning import DunningHome
 from tests.conftest import Deployment, invoice, write_snapshot
 from tests.helpers import DUNNING
 
-TODAY = dt.datetime.now(dt.timezone.utc).date()
+TODAY = dt.datetime.now(dt.UTC).date()
 
 
 def rows_for(day: dt.date) -> list[dict]:
     due = day - dt.timedelta(days=4)
-    return [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com", due_date=due.isoformat())
-            for i in range(3)]
+    return [
+        invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com", due_date=due.isoformat())
+        for i in range(3)
+    ]
 
 
 @pytest.mark.slow
@@ -40,8 +42,12 @@ def test_backfilling_seven_past_days_sends_nothing_and_rerunning_changes_nothing
     assert len(audits) == 7 and all(r[0].startswith("backfill:") and r[1] == "simulated" for r in audits)
     code, _, err = deployment.cli("backfill", "--from", days[0].isoformat(), "--to", days[-1].isoformat())
     assert code == 0, err
-    assert deployment.query("SELECT business_date, idempotency_key, stage FROM simulated_sends ORDER BY ALL") == simulated
-    assert deployment.query("SELECT business_date, count(*) FROM invoice_history_daily GROUP BY 1 ORDER BY 1") == history
+    assert (
+        deployment.query("SELECT business_date, idempotency_key, stage FROM simulated_sends ORDER BY ALL") == simulated
+    )
+    assert (
+        deployment.query("SELECT business_date, count(*) FROM invoice_history_daily GROUP BY 1 ORDER BY 1") == history
+    )
     assert deployment.query("SELECT run_id, outcome, count(*) FROM dunning_audit GROUP BY ALL ORDER BY ALL") == audits
     assert deployment.outbox() == []
 
@@ -71,7 +77,9 @@ def test_a_landing_file_triggers_exactly_one_run(tmp_path):
     again = landing_snapshots(dg.build_sensor_context(resources=resources, cursor=cursor.cursor))
     assert isinstance(again, dg.SkipReason), "the same file again triggers nothing"
     shutil.copy(first, home / "landing" / "2026-11-05-copy.csv")  # same content under a new name: no new run
-    assert isinstance(landing_snapshots(dg.build_sensor_context(resources=resources, cursor=cursor.cursor)), dg.SkipReason)
+    assert isinstance(
+        landing_snapshots(dg.build_sensor_context(resources=resources, cursor=cursor.cursor)), dg.SkipReason
+    )
 
 
 @pytest.mark.slow
@@ -82,8 +90,21 @@ def test_an_analyst_connection_open_during_a_run_blocks_neither_side(deployment,
     try:
         assert analyst.execute("SELECT count(*) FROM contact_history").fetchone() == (1,)
         snapshot = write_snapshot(tmp_path / "later.csv", rows)
-        run = subprocess.run([DUNNING, "--home", str(deployment.home), "run", "--snapshot", str(snapshot),
-                              "--as-of", "2026-11-05T10:00:00Z"], capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            [
+                DUNNING,
+                "--home",
+                str(deployment.home),
+                "run",
+                "--snapshot",
+                str(snapshot),
+                "--as-of",
+                "2026-11-05T10:00:00Z",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode == 0, run.stderr
         assert analyst.execute("SELECT count(*) FROM contact_history").fetchone() == (3,), "new data after publication"
     finally:
@@ -99,7 +120,10 @@ def test_business_timezone_with_daylight_saving_gives_one_cycle_per_local_day(tm
         deployment = Deployment(tmp_path / zone.replace("/", "_"))
         config = tmp_path / f"{zone.replace('/', '_')}.yaml"
         config.write_text(f"timezone: {zone}\ngroup_by: invoice\n")
-        rows = [invoice(invoice_id="a", due_date="2026-10-20"), invoice(invoice_id="b", due_date="2026-10-22", customer_id="c2")]
+        rows = [
+            invoice(invoice_id="a", due_date="2026-10-20"),
+            invoice(invoice_id="b", due_date="2026-10-22", customer_id="c2"),
+        ]
         for day in range(20, 31):
             local = dt.datetime(2026, 10, day, 0, 30, tzinfo=ZoneInfo(zone))  # 22:30 or 23:30 UTC the day before
             code, _, err = deployment.run(rows, local.isoformat(), "--config", str(config))
@@ -107,5 +131,8 @@ def test_business_timezone_with_daylight_saving_gives_one_cycle_per_local_day(tm
         keys[zone] = [r["idempotency_key"] for r in deployment.ledger("status = 'sent'")]
         partitions = deployment.query("SELECT DISTINCT business_date FROM invoice_history_daily ORDER BY 1")
         assert [p[0] for p in partitions] == [dt.date(2026, 10, d) for d in range(20, 31)]
-    assert keys["Europe/Berlin"] == keys["UTC"] == [
-        "dunning:a:1:day3", "dunning:a:1:day7", "dunning:b:1:day3", "dunning:b:1:day7"]
+    assert (
+        keys["Europe/Berlin"]
+        == keys["UTC"]
+        == ["dunning:a:1:day3", "dunning:a:1:day7", "dunning:b:1:day3", "dunning:b:1:day7"]
+    )

@@ -22,7 +22,7 @@ from dunning.sending import send_due, with_email_ids
 from tests.conftest import invoice
 from tests.helpers import parsed_html_elements, reminder_row
 
-AS_OF = dt.datetime(2026, 11, 8, tzinfo=dt.timezone.utc)
+AS_OF = dt.datetime(2026, 11, 8, tzinfo=dt.UTC)
 MARKUP = '<script>alert(1)</script><a href="https://evil.test/pay">Pay here</a>'
 LINE_BREAKS = ["\r", "\n", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 
@@ -36,20 +36,50 @@ def html_of(message) -> str:
 
 
 def test_every_html_template_escapes_data():
-    reminder = reminder_email([reminder_row(customer_name=MARKUP, invoice_id="in_<b>1</b>")], sender="b@example.com",
-                              message_id="<r@example.com>", as_of=AS_OF)
-    notice = payment_failed_email({"customer_name": MARKUP, "invoice_id": "in_<i>", "amount_minor": 100, "currency": "USD",
-                                   "customer_email": "ada@example.com", "message_id": "<p@example.com>",
-                                   "idempotency_key": "event:evt_1"}, sender="b@example.com", as_of=AS_OF)
+    reminder = reminder_email(
+        [reminder_row(customer_name=MARKUP, invoice_id="in_<b>1</b>")],
+        sender="b@example.com",
+        message_id="<r@example.com>",
+        as_of=AS_OF,
+    )
+    notice = payment_failed_email(
+        {
+            "customer_name": MARKUP,
+            "invoice_id": "in_<i>",
+            "amount_minor": 100,
+            "currency": "USD",
+            "customer_email": "ada@example.com",
+            "message_id": "<p@example.com>",
+            "idempotency_key": "event:evt_1",
+        },
+        sender="b@example.com",
+        as_of=AS_OF,
+    )
     flood = {"customer_name": MARKUP, "emails": 3, "first_at": AS_OF, "last_at": AS_OF}
-    apology = apology_email(flood, [{"invoice_id": "<img src=x>", "due_date": dt.date(2026, 11, 1), "remaining_minor": 5,
-                                     "currency": "USD"}], to="ada@example.com", sender="b@example.com", key="apology:i:c",
-                            message_id="<a@example.com>", as_of=AS_OF)
+    apology = apology_email(
+        flood,
+        [{"invoice_id": "<img src=x>", "due_date": dt.date(2026, 11, 1), "remaining_minor": 5, "currency": "USD"}],
+        to="ada@example.com",
+        sender="b@example.com",
+        key="apology:i:c",
+        message_id="<a@example.com>",
+        as_of=AS_OF,
+    )
     for message in (reminder, notice, apology):
         html = html_of(message)
         assert "<script" not in html and "<a " not in html and "<img" not in html and "<b>1" not in html
         assert "&lt;script&gt;" in html
-        assert {tag for tag, _ in parsed_html_elements(html)} <= {"html", "body", "p", "table", "tr", "th", "td", "strong", "br"}
+        assert {tag for tag, _ in parsed_html_elements(html)} <= {
+            "html",
+            "body",
+            "p",
+            "table",
+            "tr",
+            "th",
+            "td",
+            "strong",
+            "br",
+        }
 
 
 @pytest.mark.parametrize("brk", LINE_BREAKS)
@@ -57,47 +87,84 @@ def test_no_header_value_from_data_may_hold_a_line_break(brk):
     with pytest.raises(ValueError):
         header_value("Subject", f"invoice in_1{brk}Bcc: x@evil.test")
     with pytest.raises(EmailBuildError):
-        reminder_email([reminder_row(invoice_id=f"in_1{brk}Bcc :x@evil.test")], sender="b@example.com",
-                       message_id="<m@example.com>", as_of=AS_OF)
+        reminder_email(
+            [reminder_row(invoice_id=f"in_1{brk}Bcc :x@evil.test")],
+            sender="b@example.com",
+            message_id="<m@example.com>",
+            as_of=AS_OF,
+        )
 
 
 def test_non_ascii_subjects_are_encoded_words():
-    raw = reminder_email([reminder_row(invoice_id="rechnung-ü")], sender="b@example.com", message_id="<u@example.com>",
-                         as_of=AS_OF).as_bytes()
+    raw = reminder_email(
+        [reminder_row(invoice_id="rechnung-ü")], sender="b@example.com", message_id="<u@example.com>", as_of=AS_OF
+    ).as_bytes()
     headers = raw.split(b"\n\n", 1)[0]
     assert headers.isascii() and b"=?utf-8?" in headers
-    assert parse(reminder_email([reminder_row(invoice_id="rechnung-ü")], sender="b@example.com",
-                                message_id="<u@example.com>", as_of=AS_OF))["Subject"] == "Second reminder: invoice rechnung-ü is still unpaid"
+    assert (
+        parse(
+            reminder_email(
+                [reminder_row(invoice_id="rechnung-ü")],
+                sender="b@example.com",
+                message_id="<u@example.com>",
+                as_of=AS_OF,
+            )
+        )["Subject"]
+        == "Second reminder: invoice rechnung-ü is still unpaid"
+    )
 
 
 def test_a_body_cannot_smuggle_a_part_with_the_boundary():
     first = reminder_email([reminder_row()], sender="b@example.com", message_id="<s@example.com>", as_of=AS_OF)
     boundary = first.get_boundary()
     name = f"Ada\n--{boundary}\nContent-Type: text/html\n\n<h1>forged</h1>\n--{boundary}--\n"
-    second = parse(reminder_email([reminder_row(customer_name=name)], sender="b@example.com",
-                                  message_id="<s@example.com>", as_of=AS_OF))
+    second = parse(
+        reminder_email(
+            [reminder_row(customer_name=name)], sender="b@example.com", message_id="<s@example.com>", as_of=AS_OF
+        )
+    )
     assert second.get_boundary() != boundary
     assert [p.get_content_type() for p in second.iter_parts()] == ["text/plain", "text/html"]
     assert "<h1>" not in second.get_body(("html",)).get_content()
 
 
-@pytest.mark.parametrize("address, ok", [
-    ("ada@example.com", True), ("Ada.Lovelace+bills@mail.example.co.uk", True),
-    ("victim@example.com, attacker@evil.test", False), ("victim@example.com\rBcc: x@evil.test", False),
-    ("Ada <ada@example.com>", False), ("ada@localhost", False), ("a..b@example.com", False), ("ada@-example.com", False),
-    ("ü@example.com", False), ("a" * 65 + "@example.com", False), ("a@" + "b" * 250 + ".com", False), ("", False), (None, False),
-])
+@pytest.mark.parametrize(
+    "address, ok",
+    [
+        ("ada@example.com", True),
+        ("Ada.Lovelace+bills@mail.example.co.uk", True),
+        ("victim@example.com, attacker@evil.test", False),
+        ("victim@example.com\rBcc: x@evil.test", False),
+        ("Ada <ada@example.com>", False),
+        ("ada@localhost", False),
+        ("a..b@example.com", False),
+        ("ada@-example.com", False),
+        ("ü@example.com", False),
+        ("a" * 65 + "@example.com", False),
+        ("a@" + "b" * 250 + ".com", False),
+        ("", False),
+        (None, False),
+    ],
+)
 def test_one_address_rule(address, ok):
     assert is_address(address) is ok
     frame = pl.DataFrame({"customer_email": [address]}, schema={"customer_email": pl.String})
     from dunning.policy import sendable_expr
+
     assert frame.select(sendable_expr()).item() is ok, "the vectorized rule is the same rule"
 
 
 def test_a_recipient_that_is_not_one_address_is_never_built():
     with pytest.raises(EmailBuildError):
-        apology_email({"emails": 3, "first_at": AS_OF, "last_at": AS_OF}, [], to="victim@example.com, attacker@evil.test",
-                      sender="b@example.com", key="apology:i:c", message_id="<a@example.com>", as_of=AS_OF)
+        apology_email(
+            {"emails": 3, "first_at": AS_OF, "last_at": AS_OF},
+            [],
+            to="victim@example.com, attacker@evil.test",
+            sender="b@example.com",
+            key="apology:i:c",
+            message_id="<a@example.com>",
+            as_of=AS_OF,
+        )
 
 
 @pytest.mark.slow
@@ -108,27 +175,35 @@ def test_apologies_follow_the_address_rule(deployment, tmp_path):
     rows = [invoice(invoice_id=f"f{i}", customer_id="cus_f", customer_email="flood@example.com") for i in range(3)]
     assert deployment.run(rows, "2026-11-05T09:00:00Z", "--config", str(config))[0] == 0
     moved = [dict(r, customer_email=hostile) for r in rows]
-    code, out, err = deployment.cli("recover", "--incident", "I", "--snapshot", str(deployment.snapshot(moved)),
-                                    "--as-of", "2026-11-05T10:00:00Z")
+    code, out, err = deployment.cli(
+        "recover", "--incident", "I", "--snapshot", str(deployment.snapshot(moved)), "--as-of", "2026-11-05T10:00:00Z"
+    )
     assert code == 0, err
     assert [m["X-Dunning-Kind"] for m in deployment.outbox()].count("apology") == 1
-    assert all(m["To"] == "flood@example.com" for m in deployment.outbox()), "the valid address on record, never the list"
+    assert all(m["To"] == "flood@example.com" for m in deployment.outbox()), (
+        "the valid address on record, never the list"
+    )
 
 
 @pytest.mark.slow
 def test_one_hostile_row_is_quarantined_and_everyone_else_is_reminded(deployment):
-    rows = [invoice(invoice_id="in_ok"),
-            invoice(invoice_id="in_bad\r\nBcc: x@evil.test", customer_id="cus_2", customer_email="bob@example.com"),
-            invoice(invoice_id="in_long", customer_id="cus_3", customer_name="N" * 257, customer_email="c@example.com"),
-            invoice(invoice_id="x" * 201, customer_id="cus_4", customer_email="d@example.com"),
-            invoice(invoice_id="in_xxx", customer_id="cus_5", currency="XXX", customer_email="e@example.com"),
-            invoice(invoice_id="in_dem", customer_id="cus_6", currency="DEM", customer_email="f@example.com")]
+    rows = [
+        invoice(invoice_id="in_ok"),
+        invoice(invoice_id="in_bad\r\nBcc: x@evil.test", customer_id="cus_2", customer_email="bob@example.com"),
+        invoice(invoice_id="in_long", customer_id="cus_3", customer_name="N" * 257, customer_email="c@example.com"),
+        invoice(invoice_id="x" * 201, customer_id="cus_4", customer_email="d@example.com"),
+        invoice(invoice_id="in_xxx", customer_id="cus_5", currency="XXX", customer_email="e@example.com"),
+        invoice(invoice_id="in_dem", customer_id="cus_6", currency="DEM", customer_email="f@example.com"),
+    ]
     for _ in range(2):  # every run, not only the first, goes on for the others
         code, out, err = deployment.run(rows, "2026-11-05T09:00:00Z")
         assert code == 0, err
     assert [m["To"] for m in deployment.outbox()] == ["ada@example.com"]
-    rules = dict(deployment.query("SELECT left(invoice_id, 8), rule FROM snapshot_quarantine WHERE run_id IS NOT NULL "
-                                  "GROUP BY ALL"))
+    rules = dict(
+        deployment.query(
+            "SELECT left(invoice_id, 8), rule FROM snapshot_quarantine WHERE run_id IS NOT NULL GROUP BY ALL"
+        )
+    )
     assert rules["in_bad\r\n"] == "invoice_id contains a line break or control character"
     assert rules["in_long"] == "customer_name is longer than 256 characters"
     assert rules["x" * 8] == "invoice_id is longer than 200 characters"
@@ -137,10 +212,17 @@ def test_one_hostile_row_is_quarantined_and_everyone_else_is_reminded(deployment
 
 def test_a_build_error_after_the_claim_fails_only_that_email(tmp_path):
     config = DunningConfig(group_by="invoice")
-    rows = pl.DataFrame([reminder_row(invoice_id=i, idempotency_key=f"dunning:{i}:1:day7", customer_id="c" + i)
-                         for i in ("a", "b", "c")]).with_columns(
-        pl.lit("reminder").alias("kind"), pl.lit(1, dtype=pl.Int32).alias("cycle"), pl.lit("day7").alias("stage"),
-        pl.lit(7, dtype=pl.Int32).alias("stage_days"))
+    rows = pl.DataFrame(
+        [
+            reminder_row(invoice_id=i, idempotency_key=f"dunning:{i}:1:day7", customer_id="c" + i)
+            for i in ("a", "b", "c")
+        ]
+    ).with_columns(
+        pl.lit("reminder").alias("kind"),
+        pl.lit(1, dtype=pl.Int32).alias("cycle"),
+        pl.lit("day7").alias("stage"),
+        pl.lit(7, dtype=pl.Int32).alias("stage_days"),
+    )
     due = with_email_ids(rows, config)
 
     def render(records):
@@ -149,10 +231,14 @@ def test_a_build_error_after_the_claim_fails_only_that_email(tmp_path):
         return reminder_email(records, sender="b@example.com", message_id=records[0]["message_id"], as_of=AS_OF)
 
     with open_ledger(tmp_path / "d.duckdb") as ledger, FileOutbox(tmp_path / "outbox") as outbox:
-        report, _ = send_due(ledger, outbox, due, due.head(0), config=config, run_id="r", as_of=AS_OF,
-                             now=lambda: AS_OF, render=render)
-        status = dict(ledger.con.execute("SELECT invoice_id, status || ':' || coalesce(last_error, '') "
-                                         "FROM reminder_ledger").fetchall())
+        report, _ = send_due(
+            ledger, outbox, due, due.head(0), config=config, run_id="r", as_of=AS_OF, now=lambda: AS_OF, render=render
+        )
+        status = dict(
+            ledger.con.execute(
+                "SELECT invoice_id, status || ':' || coalesce(last_error, '') FROM reminder_ledger"
+            ).fetchall()
+        )
     assert (report.sent, report.failed, report.unknown) == (2, 1, 0)
     assert status["a"] == status["c"] == "sent:"
     assert status["b"].startswith("failed:email not built: EmailBuildError: header Subject")
@@ -165,8 +251,13 @@ def test_an_earlier_clock_still_sees_later_emails(deployment, tmp_path):
     config.write_text("breaker: {max_emails: 1}\ngroup_by: invoice\n")
     assert deployment.run([invoice(invoice_id="a")], "2026-11-05T09:00:00Z", "--config", str(config))[0] == 0
     # a re-run with an older clock (its snapshot is then older too: allowed explicitly)
-    code, _, err = deployment.run([invoice(invoice_id="a"), invoice(invoice_id="b")], "2026-11-05T08:00:00Z",
-                                  "--config", str(config), "--allow-stale")
+    code, _, err = deployment.run(
+        [invoice(invoice_id="a"), invoice(invoice_id="b")],
+        "2026-11-05T08:00:00Z",
+        "--config",
+        str(config),
+        "--allow-stale",
+    )
     assert code == 3 and "circuit_breaker" in err
     assert len(deployment.outbox()) == 1
 
@@ -188,7 +279,9 @@ def test_a_failed_alert_delivery_is_recorded_without_its_token():
 @pytest.mark.slow
 def test_breaker_trip_with_an_unreachable_webhook_still_exits_3(deployment, tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text("group_by: invoice\nalerts: {webhook_url: 'http://127.0.0.1:9/hook/secret-token', timeout_seconds: 1}\n")
+    config.write_text(
+        "group_by: invoice\nalerts: {webhook_url: 'http://127.0.0.1:9/hook/secret-token', timeout_seconds: 1}\n"
+    )
     rows = [invoice(invoice_id=f"f{i}") for i in range(3)]
     code, out, err = deployment.run(rows, "2026-11-05T09:00:00Z", "--config", str(config))
     assert code == 3 and "Traceback" not in err
@@ -219,21 +312,28 @@ def test_terminal_output_escapes_control_characters(deployment):
 def test_status_json_into_a_closed_pipe_ends_quietly(deployment):
     assert deployment.cli("pause")[0] == 0
     env = dict(os.environ, PYTHONUNBUFFERED="0")
-    process = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "--home", str(deployment.home), "status", "--json"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "--home", str(deployment.home), "status", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     process.stdout.close()  # the reader is gone before a byte is read, as with `| head -c0`
     _, err = process.communicate(timeout=60)
     assert b"Traceback" not in err and b"BrokenPipeError" not in err
     assert process.returncode in (0, 141)
 
 
-@pytest.mark.parametrize("config, key", [
-    ({"breaker": {"max_emails": True}}, "breaker.max_emails"),
-    ({"stages": [{"name": "d", "days_overdue": 99999999999}]}, "stages.0.days_overdue"),
-    ({"retry": {"backoff_minutes": 1e15}}, "retry.backoff_minutes"),
-    ({"retry": {"max_attempts": "5"}}, "retry.max_attempts"),
-    ({"breaker": {"window_hours": 1.5}}, "breaker.window_hours"),
-])
+@pytest.mark.parametrize(
+    "config, key",
+    [
+        ({"breaker": {"max_emails": True}}, "breaker.max_emails"),
+        ({"stages": [{"name": "d", "days_overdue": 99999999999}]}, "stages.0.days_overdue"),
+        ({"retry": {"backoff_minutes": 1e15}}, "retry.backoff_minutes"),
+        ({"retry": {"max_attempts": "5"}}, "retry.max_attempts"),
+        ({"breaker": {"window_hours": 1.5}}, "breaker.window_hours"),
+    ],
+)
 def test_config_numbers_are_strict_and_bounded(config, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         parse_config(config)

@@ -8,12 +8,12 @@ no line break in any header value, and an HTML part whose elements and
 attributes are exactly those of the template (nothing came from data).
 """
 
-import pytest
 import datetime as dt
 import email
 from email import policy
 
 import polars as pl
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -25,38 +25,76 @@ from dunning.safe_text import has_control, is_address
 from dunning.sending import with_email_ids
 from tests.helpers import parsed_html_elements
 
-AS_OF = dt.datetime(2026, 11, 20, 9, tzinfo=dt.timezone.utc)
-OUR_HEADERS = {"from", "to", "subject", "date", "message-id", "x-dunning-kind", "x-dunning-keys", "content-type",
-               "mime-version"}
-HOSTILE = ["victim@example.com, attacker@evil.test", "victim@example.com\rBcc: x@evil.test", "<script>@x.test",
-           "a@b", "Ada <ada@example.com>", "ada@example.com\n", "=?utf-8?q?x?=@example.com"]
+AS_OF = dt.datetime(2026, 11, 20, 9, tzinfo=dt.UTC)
+OUR_HEADERS = {
+    "from",
+    "to",
+    "subject",
+    "date",
+    "message-id",
+    "x-dunning-kind",
+    "x-dunning-keys",
+    "content-type",
+    "mime-version",
+}
+HOSTILE = [
+    "victim@example.com, attacker@evil.test",
+    "victim@example.com\rBcc: x@evil.test",
+    "<script>@x.test",
+    "a@b",
+    "Ada <ada@example.com>",
+    "ada@example.com\n",
+    "=?utf-8?q?x?=@example.com",
+]
 text = st.text(max_size=40)  # any unicode, controls and line breaks included
 printable = st.text(st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), min_size=1, max_size=40)
-markup = st.sampled_from(['<a href="https://evil.test/pay">Pay here</a>', "<script>alert(1)</script>", '" onmouseover="x',
-                          "&lt;b&gt;", "{{ 7*7 }}", "Zoë & Søn", "x" * 300])
+markup = st.sampled_from(
+    [
+        '<a href="https://evil.test/pay">Pay here</a>',
+        "<script>alert(1)</script>",
+        '" onmouseover="x',
+        "&lt;b&gt;",
+        "{{ 7*7 }}",
+        "Zoë & Søn",
+        "x" * 300,
+    ]
+)
 # half the rows pass validation except for their hostile text (so emails are built from it); the others may break
 # any rule at all
-sane_row = st.fixed_dictionaries({
-    "invoice_id": st.one_of(printable, markup),
-    "customer_id": st.sampled_from(["cus_1", "cus_2", "cus_<3>"]),
-    "customer_email": st.one_of(st.sampled_from(["ada@example.com", "bob@example.org", "C.D+x@mail.example.co.uk"]),
-                                st.sampled_from(HOSTILE)),
-    "customer_name": st.one_of(st.none(), printable, markup),
-    "currency": st.sampled_from(["USD", "EUR", "JPY", "KWD", "usd"]),
-    "amount_due": st.integers(1, 10**12).map(str), "amount_paid": st.just("0"),
-    "due_date": st.dates(dt.date(2000, 1, 1), dt.date(2026, 11, 16)).map(dt.date.isoformat),
-    "status": st.just("open"), "billing_period": st.one_of(st.none(), printable, markup),
-})
-any_row = st.fixed_dictionaries({
-    "invoice_id": text, "customer_id": text, "customer_email": st.one_of(st.sampled_from(HOSTILE), text),
-    "customer_name": st.one_of(st.none(), text),
-    "currency": st.sampled_from(["USD", "EUR", "JPY", "KWD", "usd", "XXX", "DEM", "", "€"]),
-    "amount_due": st.one_of(st.integers(-10**15, 10**15).map(str), text),
-    "amount_paid": st.one_of(st.integers(-10**15, 10**15).map(str), text), "due_date": text,
-    "status": st.sampled_from(["open", "paid", "void", "draft", "bogus", ""]), "billing_period": st.one_of(st.none(), text),
-})
+sane_row = st.fixed_dictionaries(
+    {
+        "invoice_id": st.one_of(printable, markup),
+        "customer_id": st.sampled_from(["cus_1", "cus_2", "cus_<3>"]),
+        "customer_email": st.one_of(
+            st.sampled_from(["ada@example.com", "bob@example.org", "C.D+x@mail.example.co.uk"]),
+            st.sampled_from(HOSTILE),
+        ),
+        "customer_name": st.one_of(st.none(), printable, markup),
+        "currency": st.sampled_from(["USD", "EUR", "JPY", "KWD", "usd"]),
+        "amount_due": st.integers(1, 10**12).map(str),
+        "amount_paid": st.just("0"),
+        "due_date": st.dates(dt.date(2000, 1, 1), dt.date(2026, 11, 16)).map(dt.date.isoformat),
+        "status": st.just("open"),
+        "billing_period": st.one_of(st.none(), printable, markup),
+    }
+)
+any_row = st.fixed_dictionaries(
+    {
+        "invoice_id": text,
+        "customer_id": text,
+        "customer_email": st.one_of(st.sampled_from(HOSTILE), text),
+        "customer_name": st.one_of(st.none(), text),
+        "currency": st.sampled_from(["USD", "EUR", "JPY", "KWD", "usd", "XXX", "DEM", "", "€"]),
+        "amount_due": st.one_of(st.integers(-(10**15), 10**15).map(str), text),
+        "amount_paid": st.one_of(st.integers(-(10**15), 10**15).map(str), text),
+        "due_date": text,
+        "status": st.sampled_from(["open", "paid", "void", "draft", "bogus", ""]),
+        "billing_period": st.one_of(st.none(), text),
+    }
+)
 snapshots = st.lists(st.one_of(sane_row, any_row), min_size=1, max_size=8).map(
-    lambda rows: [dict(r, invoice_id=f"{r['invoice_id']}#{i}") for i, r in enumerate(rows)])  # ids unique, still hostile
+    lambda rows: [dict(r, invoice_id=f"{r['invoice_id']}#{i}") for i, r in enumerate(rows)]
+)  # ids unique, still hostile
 
 
 def _emails(snapshot_rows: list[dict], tmp_path, config: DunningConfig) -> list[tuple[list[dict], bytes | None]]:
@@ -81,9 +119,16 @@ def _emails(snapshot_rows: list[dict], tmp_path, config: DunningConfig) -> list[
 
 def _benign(records: list[dict]) -> list[dict]:
     """The same email with every value from data replaced by plain text: the template's own structure."""
-    return [dict(r, invoice_id=f"in{i}", customer_name="Name" if r["customer_name"] is not None else None,
-                 billing_period="2026-10" if r["billing_period"] is not None else None,
-                 idempotency_key=f"dunning:in{i}:1:{r['stage']}") for i, r in enumerate(records)]
+    return [
+        dict(
+            r,
+            invoice_id=f"in{i}",
+            customer_name="Name" if r["customer_name"] is not None else None,
+            billing_period="2026-10" if r["billing_period"] is not None else None,
+            idempotency_key=f"dunning:in{i}:1:{r['stage']}",
+        )
+        for i, r in enumerate(records)
+    ]
 
 
 def _assert_inert(records: list[dict], raw: bytes) -> None:
@@ -97,13 +142,18 @@ def _assert_inert(records: list[dict], raw: bytes) -> None:
         assert not has_control(str(value)), (name, value)
     html = message.get_body(("html",)).get_content()
     expected = render_for(_benign(records), sender="billing@example.com", as_of=AS_OF)
-    expected_html = email.message_from_bytes(expected.as_bytes(policy=WIRE_POLICY), policy=policy.default).get_body(
-        ("html",)).get_content()
+    expected_html = (
+        email.message_from_bytes(expected.as_bytes(policy=WIRE_POLICY), policy=policy.default)
+        .get_body(("html",))
+        .get_content()
+    )
     assert parsed_html_elements(html) == parsed_html_elements(expected_html)
 
 
 @pytest.mark.slow
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(snapshot_rows=snapshots)
 def test_every_email_from_any_snapshot_is_well_formed_and_inert(snapshot_rows, tmp_path):
     emails = _emails(snapshot_rows, tmp_path, DunningConfig())
@@ -114,10 +164,30 @@ def test_every_email_from_any_snapshot_is_well_formed_and_inert(snapshot_rows, t
 
 
 def test_hostile_rows_alone_send_nothing(tmp_path):
-    hostile = [{"invoice_id": "in_3\r\nBcc: x@evil.test", "customer_id": "c", "customer_email": "ada@example.com",
-                "customer_name": None, "currency": "USD", "amount_due": "100", "amount_paid": "0",
-                "due_date": "2026-11-01", "status": "open", "billing_period": None},
-               {"invoice_id": "in_4", "customer_id": "c2", "customer_email": HOSTILE[0], "customer_name": None,
-                "currency": "USD", "amount_due": "100", "amount_paid": "0", "due_date": "2026-11-01", "status": "open",
-                "billing_period": None}]
+    hostile = [
+        {
+            "invoice_id": "in_3\r\nBcc: x@evil.test",
+            "customer_id": "c",
+            "customer_email": "ada@example.com",
+            "customer_name": None,
+            "currency": "USD",
+            "amount_due": "100",
+            "amount_paid": "0",
+            "due_date": "2026-11-01",
+            "status": "open",
+            "billing_period": None,
+        },
+        {
+            "invoice_id": "in_4",
+            "customer_id": "c2",
+            "customer_email": HOSTILE[0],
+            "customer_name": None,
+            "currency": "USD",
+            "amount_due": "100",
+            "amount_paid": "0",
+            "due_date": "2026-11-01",
+            "status": "open",
+            "billing_period": None,
+        },
+    ]
     assert _emails(hostile, tmp_path, DunningConfig()) == []

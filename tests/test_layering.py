@@ -25,7 +25,7 @@ def imported_roots(path: Path) -> set[str]:
 
 
 def violations(package: str, repo: Path = REPO) -> list[str]:
-    allowed = set(LAYERS[:LAYERS.index(package) + 1])
+    allowed = set(LAYERS[: LAYERS.index(package) + 1])
     found = []
     for path in sorted((repo / package).rglob("*.py")):
         for root in imported_roots(path) & set(LAYERS) - allowed:

@@ -14,18 +14,31 @@ from dunning.providers.file_outbox import FileOutbox
 from dunning.render import reminder_email
 from dunning.sending import resolve_unknown, send_due, with_email_ids
 
-AS_OF = dt.datetime(2026, 11, 5, 9, tzinfo=dt.timezone.utc)
+AS_OF = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
 
 
 def due_rows(n: int, customer: str = "c1") -> pl.DataFrame:
-    frame = pl.DataFrame({
-        "idempotency_key": [f"dunning:in_{i}:1:day3" for i in range(n)], "kind": ["reminder"] * n,
-        "invoice_id": [f"in_{i}" for i in range(n)], "customer_id": [customer] * n,
-        "customer_email": ["ada@example.com"] * n, "customer_name": ["Ada"] * n,
-        "cycle": pl.Series([1] * n, dtype=pl.Int32), "stage": ["day3"] * n, "stage_days": pl.Series([3] * n, dtype=pl.Int32),
-        "amount_minor": [1000] * n, "amount_due": [1000] * n, "amount_paid": [0] * n, "currency": ["USD"] * n,
-        "due_date": [dt.date(2026, 11, 1)] * n, "days_overdue": [4] * n, "tone": ["gentle"] * n, "billing_period": [None] * n,
-    })
+    frame = pl.DataFrame(
+        {
+            "idempotency_key": [f"dunning:in_{i}:1:day3" for i in range(n)],
+            "kind": ["reminder"] * n,
+            "invoice_id": [f"in_{i}" for i in range(n)],
+            "customer_id": [customer] * n,
+            "customer_email": ["ada@example.com"] * n,
+            "customer_name": ["Ada"] * n,
+            "cycle": pl.Series([1] * n, dtype=pl.Int32),
+            "stage": ["day3"] * n,
+            "stage_days": pl.Series([3] * n, dtype=pl.Int32),
+            "amount_minor": [1000] * n,
+            "amount_due": [1000] * n,
+            "amount_paid": [0] * n,
+            "currency": ["USD"] * n,
+            "due_date": [dt.date(2026, 11, 1)] * n,
+            "days_overdue": [4] * n,
+            "tone": ["gentle"] * n,
+            "billing_period": [None] * n,
+        }
+    )
     return with_email_ids(frame, DunningConfig(group_by="invoice"))
 
 
@@ -37,8 +50,10 @@ def test_the_primary_key_refuses_a_second_row_for_a_key(tmp_path):
         assert ledger.claim(due_rows(1), NO_SKIPS, "run-1", AS_OF).won == {"dunning:in_0:1:day3"}
         assert ledger.claim(due_rows(1), NO_SKIPS, "run-2", AS_OF).won == set()
         with pytest.raises(duckdb.ConstraintException):
-            ledger.con.execute("INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status) "
-                               "VALUES ('dunning:in_0:1:day3', 'reminder', 'c1', 'claimed')")
+            ledger.con.execute(
+                "INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status) "
+                "VALUES ('dunning:in_0:1:day3', 'reminder', 'c1', 'claimed')"
+            )
         assert ledger.con.execute("SELECT count(*), min(run_id) FROM reminder_ledger").fetchone() == (1, "run-1")
 
 
@@ -70,7 +85,11 @@ def test_a_claim_without_outcome_becomes_unknown_and_lookup_resolves_it(tmp_path
         ledger.claim(due, NO_SKIPS, "crashed-run", AS_OF)
         # the crashed run had handed in_0's email to the provider before dying, but not in_1's
         first = due.row(0, named=True)
-        outbox.send(reminder_email([{**first, "tone": "gentle"}], sender="b@example.com", message_id=first["message_id"], as_of=AS_OF))
+        outbox.send(
+            reminder_email(
+                [{**first, "tone": "gentle"}], sender="b@example.com", message_id=first["message_id"], as_of=AS_OF
+            )
+        )
         assert ledger.expire_stale_claims("next-run", AS_OF) == 2
         statuses = dict(ledger.con.execute("SELECT idempotency_key, status FROM reminder_ledger").fetchall())
         assert set(statuses.values()) == {"unknown"}
@@ -83,11 +102,14 @@ def test_send_due_claims_before_sending_and_records_outcomes(tmp_path):
     outbox = FileOutbox(tmp_path / "outbox")
     with open_ledger(tmp_path / "d.duckdb") as ledger:
         config = DunningConfig(group_by="invoice", claim_chunk_size=2)
-        report, outcomes = send_due(ledger, outbox, due_rows(5), NO_SKIPS, config=config, run_id="r1", as_of=AS_OF,
-                                    now=lambda: AS_OF)
+        report, outcomes = send_due(
+            ledger, outbox, due_rows(5), NO_SKIPS, config=config, run_id="r1", as_of=AS_OF, now=lambda: AS_OF
+        )
         assert (report.claimed, report.sent, report.emails) == (5, 5, 5)
         assert len(list((tmp_path / "outbox").glob("*.eml"))) == 5
-        again, _ = send_due(ledger, outbox, due_rows(5), NO_SKIPS, config=config, run_id="r2", as_of=AS_OF, now=lambda: AS_OF)
+        again, _ = send_due(
+            ledger, outbox, due_rows(5), NO_SKIPS, config=config, run_id="r2", as_of=AS_OF, now=lambda: AS_OF
+        )
         assert (again.claimed, again.lost, again.emails) == (0, 5, 0)
 
 
@@ -96,13 +118,19 @@ def test_a_held_lock_ends_in_a_clear_busy_error(tmp_path):
     import sys
 
     path = tmp_path / "d.duckdb"
-    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb,time; c=duckdb.connect({str(path)!r}); print('held', flush=True); time.sleep(30)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import duckdb,time; c=duckdb.connect({str(path)!r}); print('held', flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(LedgerBusy, match="held by another process"):
-            with open_ledger(path, timeout_seconds=0.5):
-                pass
+        with pytest.raises(LedgerBusy, match="held by another process"), open_ledger(path, timeout_seconds=0.5):
+            pass
     finally:
         holder.kill()
         holder.wait()
@@ -113,10 +141,13 @@ def test_a_held_lock_ends_in_a_clear_busy_error(tmp_path):
 def test_vectorized_email_ids_equal_the_key_function():
     from dunning.keys import email_id
 
-    frame = due_rows(5).drop("email_group", "email_id", "message_id").with_columns(
-        pl.Series("customer_id", ["a", "a", "b", "c", "c"]), pl.Series("customer_email", ["x@e.com"] * 5))
+    frame = (
+        due_rows(5)
+        .drop("email_group", "email_id", "message_id")
+        .with_columns(pl.Series("customer_id", ["a", "a", "b", "c", "c"]), pl.Series("customer_email", ["x@e.com"] * 5))
+    )
     grouped = with_email_ids(frame, DunningConfig(group_by="customer"))
-    for group, members in grouped.group_by("email_group"):
+    for _group, members in grouped.group_by("email_group"):
         keys = members.get_column("idempotency_key").to_list()
         assert set(members.get_column("email_id")) == {email_id(keys)}
         assert members.get_column("message_id")[0] == f"<{email_id(keys)}@example.com>"
@@ -126,17 +157,40 @@ def test_send_due_gives_unnumbered_keys_their_message_ids_and_keeps_existing_one
     """The plan carries no Message-IDs for new keys; each chunk gets them at claim time, a retry keeps its own."""
     from dunning.keys import email_id
 
-    fresh = due_rows(3).drop("email_group", "email_id", "message_id").with_columns(
-        pl.Series("customer_id", ["a", "a", "b"]), pl.lit(None, dtype=pl.String).alias("email_id"),
-        pl.lit(None, dtype=pl.String).alias("message_id"))
-    fresh = fresh.with_columns(pl.concat_str([pl.col("customer_id"), pl.col("customer_email")], separator="|").alias("email_group"))
-    retry = due_rows(4).tail(1).with_columns(pl.lit("kept-id").alias("email_id"), pl.lit("<kept-id@example.com>").alias("message_id"),
-                                             pl.lit("kept-id").alias("email_group"))
+    fresh = (
+        due_rows(3)
+        .drop("email_group", "email_id", "message_id")
+        .with_columns(
+            pl.Series("customer_id", ["a", "a", "b"]),
+            pl.lit(None, dtype=pl.String).alias("email_id"),
+            pl.lit(None, dtype=pl.String).alias("message_id"),
+        )
+    )
+    fresh = fresh.with_columns(
+        pl.concat_str([pl.col("customer_id"), pl.col("customer_email")], separator="|").alias("email_group")
+    )
+    retry = (
+        due_rows(4)
+        .tail(1)
+        .with_columns(
+            pl.lit("kept-id").alias("email_id"),
+            pl.lit("<kept-id@example.com>").alias("message_id"),
+            pl.lit("kept-id").alias("email_group"),
+        )
+    )
     due = pl.concat([fresh, retry.select(fresh.columns)])
     config = DunningConfig(group_by="customer", claim_chunk_size=1)  # one email per chunk
     with open_ledger(tmp_path / "l.duckdb") as ledger:
-        report, outcomes = send_due(ledger, FileOutbox(tmp_path / "outbox"), due, NO_SKIPS, config=config, run_id="r",
-                                    as_of=AS_OF, now=lambda: AS_OF)
+        report, outcomes = send_due(
+            ledger,
+            FileOutbox(tmp_path / "outbox"),
+            due,
+            NO_SKIPS,
+            config=config,
+            run_id="r",
+            as_of=AS_OF,
+            now=lambda: AS_OF,
+        )
         stored = dict(ledger.con.execute("SELECT idempotency_key, message_id FROM reminder_ledger").fetchall())
     assert report.emails == 3 and report.sent == 4
     a_keys = ["dunning:in_0:1:day3", "dunning:in_1:1:day3"]
@@ -144,4 +198,5 @@ def test_send_due_gives_unnumbered_keys_their_message_ids_and_keeps_existing_one
     assert stored["dunning:in_2:1:day3"] == f"<{email_id(['dunning:in_2:1:day3'])}@example.com>"
     assert stored["dunning:in_3:1:day3"] == "<kept-id@example.com>"
     assert sorted(p.name for p in (tmp_path / "outbox").iterdir()) == sorted(
-        f"{i}_example.com.eml" for i in (email_id(a_keys), email_id(["dunning:in_2:1:day3"]), "kept-id"))
+        f"{i}_example.com.eml" for i in (email_id(a_keys), email_id(["dunning:in_2:1:day3"]), "kept-id")
+    )

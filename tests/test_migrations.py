@@ -1,11 +1,11 @@
 """Upgrades keep the ledger: a ledger made by release 0.1 opens, migrated, and the next cycle sends nothing twice."""
 
-import pytest
 import gzip
 import shutil
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from dunning.ledger.duckdb_ledger import open_ledger
 from dunning.ledger.migrations import LATEST, MIGRATIONS
@@ -13,10 +13,12 @@ from tests.conftest import invoice
 
 RELEASE_0_1 = Path(__file__).parent / "fixtures" / "ledger_release_0_1.duckdb.gz"
 # the snapshot release 0.1 ran twice (2026-11-04 and 2026-11-09) to make the fixture
-ROWS = [invoice(invoice_id="in_1"), invoice(invoice_id="in_2", customer_id="cus_2", customer_email="bob@example.com",
-                                             amount_paid=10000, status="paid"),
-        invoice(invoice_id="in_3", customer_id="cus_3", customer_email=None),
-        invoice(invoice_id="in_4", customer_id="cus_4", due_date="2026-10-20", customer_email="d@example.com")]
+ROWS = [
+    invoice(invoice_id="in_1"),
+    invoice(invoice_id="in_2", customer_id="cus_2", customer_email="bob@example.com", amount_paid=10000, status="paid"),
+    invoice(invoice_id="in_3", customer_id="cus_3", customer_email=None),
+    invoice(invoice_id="in_4", customer_id="cus_4", due_date="2026-10-20", customer_email="d@example.com"),
+]
 
 
 def unpack(target: Path) -> Path:
@@ -34,7 +36,9 @@ def test_a_release_0_1_ledger_is_migrated_in_order_with_nothing_lost(tmp_path):
     con.close()
     with open_ledger(path) as ledger:
         versions = [v for (v,) in ledger.con.execute("SELECT version FROM schema_version ORDER BY version").fetchall()]
-        after = ledger.con.execute(f"SELECT * EXCLUDE (lease_expires_at) FROM reminder_ledger ORDER BY idempotency_key").fetchall()
+        after = ledger.con.execute(
+            "SELECT * EXCLUDE (lease_expires_at) FROM reminder_ledger ORDER BY idempotency_key"
+        ).fetchall()
     assert versions == [m.version for m in MIGRATIONS] == list(range(1, LATEST + 1))
     assert after == before and len(after) == 6
     with open_ledger(path) as ledger:  # opening again applies nothing more

@@ -1,6 +1,7 @@
 """Three outcomes against a real SMTP server: sent, failed (retried after backoff), unknown (never resent blindly)."""
 
 import pytest
+
 from tests.conftest import invoice
 from tests.smtp_server import ScriptedHandler, SmtpServer, free_port, smtp_config
 
@@ -24,7 +25,9 @@ def test_a_timeout_after_data_is_unknown_and_never_delivered_again(deployment, t
             assert deployment.run([invoice()], f"2026-11-05T{hour}:00:00Z", "--config", config)[0] == 0
         assert handler.keys() == [KEY], "the server received it exactly once"
         assert statuses(deployment)[KEY][0] == "unknown"
-        held = deployment.query("SELECT reason FROM dunning_audit WHERE idempotency_key = ? ORDER BY as_of DESC LIMIT 1", [KEY])
+        held = deployment.query(
+            "SELECT reason FROM dunning_audit WHERE idempotency_key = ? ORDER BY as_of DESC LIMIT 1", [KEY]
+        )
         assert held == [("unknown_outcome",)]
         code, out, _ = deployment.cli("status")
         assert KEY in out
@@ -53,7 +56,9 @@ def test_rejections_are_failed_then_retried_after_the_backoff_and_delivered_once
             assert code == 0, err
             assert statuses(home) == {KEY: ("failed", 1)}
             assert home.ledger()[0]["last_error"].startswith(f"data rejected: {reply} ")
-            assert home.run([invoice()], "2026-11-05T09:10:00Z", "--config", config)[0] == 0  # inside the 30 min backoff
+            assert (
+                home.run([invoice()], "2026-11-05T09:10:00Z", "--config", config)[0] == 0
+            )  # inside the 30 min backoff
             assert handler.received == [] and handler.attempts == 1
             assert home.run([invoice()], "2026-11-05T09:31:00Z", "--config", config)[0] == 0
             assert handler.keys() == [KEY]
@@ -93,7 +98,10 @@ def test_smtp_messages_carry_the_headers_and_a_stable_message_id(deployment, tmp
     handler = ScriptedHandler()
     rows = [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com") for i in range(12)]
     with SmtpServer(handler) as server:
-        assert deployment.run(rows, "2026-11-05T09:00:00Z", "--config", smtp_config(tmp_path / "ok.yaml", server.port))[0] == 0
+        assert (
+            deployment.run(rows, "2026-11-05T09:00:00Z", "--config", smtp_config(tmp_path / "ok.yaml", server.port))[0]
+            == 0
+        )
     assert len(handler.received) == 12
     ledger = {r["idempotency_key"]: r["message_id"] for r in deployment.ledger("status = 'sent'")}
     for message in handler.received:

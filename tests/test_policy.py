@@ -11,6 +11,7 @@ from dunning.snapshot import read_snapshot
 from tests.conftest import invoice, write_snapshot
 
 EMPTY_STATE = pl.DataFrame(schema=STATE_SCHEMA)
+DEFAULT_CONFIG = DunningConfig()
 
 
 def snapshot(tmp_path, rows):
@@ -18,10 +19,12 @@ def snapshot(tmp_path, rows):
 
 
 def at(text: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(text).replace(tzinfo=dt.timezone.utc) if "+" not in text else dt.datetime.fromisoformat(text)
+    return (
+        dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC) if "+" not in text else dt.datetime.fromisoformat(text)
+    )
 
 
-def plan(tmp_path, rows, as_of, config=DunningConfig(), state=EMPTY_STATE):
+def plan(tmp_path, rows, as_of, config=DEFAULT_CONFIG, state=EMPTY_STATE):
     cycled = assign_cycles(snapshot(tmp_path, rows), state, at(as_of), config)
     return cycled, plan_reminders(cycled, config)
 
@@ -29,7 +32,9 @@ def plan(tmp_path, rows, as_of, config=DunningConfig(), state=EMPTY_STATE):
 def test_first_seen_ten_days_overdue_is_due_day7_and_skips_day3(tmp_path):
     _, planned = plan(tmp_path, [invoice()], "2026-11-11T09:00:00")
     assert planned.select("stage", "role", "idempotency_key").rows() == [
-        ("day3", "skipped", "dunning:in_1:1:day3"), ("day7", "due", "dunning:in_1:1:day7")]
+        ("day3", "skipped", "dunning:in_1:1:day3"),
+        ("day7", "due", "dunning:in_1:1:day7"),
+    ]
 
 
 def test_ninety_percent_paid_never_reaches_the_final_tone(tmp_path):
@@ -66,7 +71,9 @@ def test_only_open_unpaid_invoices_are_dunned(tmp_path):
 
 
 def test_recorded_stage_suppresses_same_and_lower_stages(tmp_path):
-    state = pl.DataFrame([{"invoice_id": "in_1", "cycle": 1, "cycle_open": True, "last_stage_days": 7}], schema=STATE_SCHEMA)
+    state = pl.DataFrame(
+        [{"invoice_id": "in_1", "cycle": 1, "cycle_open": True, "last_stage_days": 7}], schema=STATE_SCHEMA
+    )
     _, planned = plan(tmp_path, [invoice()], "2026-11-12T09:00:00", state=state)
     assert planned.is_empty()
     _, later = plan(tmp_path, [invoice()], "2026-11-16T09:00:00", state=state)
@@ -74,7 +81,9 @@ def test_recorded_stage_suppresses_same_and_lower_stages(tmp_path):
 
 
 def test_paid_cycle_closes_and_reopening_starts_the_next(tmp_path):
-    open_state = pl.DataFrame([{"invoice_id": "in_1", "cycle": 1, "cycle_open": True, "last_stage_days": 7}], schema=STATE_SCHEMA)
+    open_state = pl.DataFrame(
+        [{"invoice_id": "in_1", "cycle": 1, "cycle_open": True, "last_stage_days": 7}], schema=STATE_SCHEMA
+    )
     paid, _ = plan(tmp_path, [invoice(status="paid", amount_paid=10000)], "2026-11-12T09:00:00", state=open_state)
     assert paid["cycle_action"].to_list() == ["close"]
     closed = open_state.with_columns(pl.lit(False).alias("cycle_open"))
@@ -84,11 +93,17 @@ def test_paid_cycle_closes_and_reopening_starts_the_next(tmp_path):
 
 
 def test_null_and_invalid_emails_are_planned_but_unsendable(tmp_path):
-    rows = [invoice(invoice_id="none", customer_email=None), invoice(invoice_id="bad", customer_email="not-an-email"),
-            invoice(invoice_id="good")]
+    rows = [
+        invoice(invoice_id="none", customer_email=None),
+        invoice(invoice_id="bad", customer_email="not-an-email"),
+        invoice(invoice_id="good"),
+    ]
     _, planned = plan(tmp_path, rows, "2026-11-05T09:00:00")
     assert dict(planned.filter(pl.col("role") == "due").select("invoice_id", "sendable").rows()) == {
-        "none": False, "bad": False, "good": True}
+        "none": False,
+        "bad": False,
+        "good": True,
+    }
 
 
 def test_the_key_expression_and_the_key_function_agree(tmp_path):
@@ -103,25 +118,38 @@ def test_the_vectorized_plan_matches_a_per_invoice_reference(tmp_path):
     """The stage rule written the slow, obvious way, on demo invoices with random ledger state, gives the same keys."""
     import random
 
-    from dunning.demo import generate_snapshot, write_snapshot as write_demo
+    from dunning.demo import generate_snapshot
+    from dunning.demo import write_snapshot as write_demo
 
     config = DunningConfig()
     as_of = at("2026-11-30T09:00:00")
-    snapshot_frame = read_snapshot(write_demo(generate_snapshot(3000, as_of=as_of.date()), tmp_path / "demo.csv"), ZoneInfo("UTC"))
+    snapshot_frame = read_snapshot(
+        write_demo(generate_snapshot(3000, as_of=as_of.date()), tmp_path / "demo.csv"), ZoneInfo("UTC")
+    )
     chooser = random.Random(7)
     stage_days = [s.days_overdue for s in config.stages]
     state = pl.DataFrame(
-        [(i, chooser.randint(1, 3), chooser.random() < 0.7, chooser.choice([None, *stage_days]))
-         for i in snapshot_frame.get_column("invoice_id").to_list() if chooser.random() < 0.5],
-        schema=STATE_SCHEMA, orient="row")
+        [
+            (i, chooser.randint(1, 3), chooser.random() < 0.7, chooser.choice([None, *stage_days]))
+            for i in snapshot_frame.get_column("invoice_id").to_list()
+            if chooser.random() < 0.5
+        ],
+        schema=STATE_SCHEMA,
+        orient="row",
+    )
     cycled = assign_cycles(snapshot_frame, state, as_of, config)
     planned = plan_reminders(cycled, config)
 
     expected = set()
     for row in cycled.filter(pl.col("in_cycle") & pl.col("owed")).iter_rows(named=True):
         last = row["last_stage_days"] if row["last_stage_days"] is not None else -1
-        reached = [s for s in config.stages if row["days_overdue"] >= s.days_overdue and s.days_overdue > last
-                   and row["remaining_minor"] >= s.min_remaining_ratio * row["amount_due"]]
+        reached = [
+            s
+            for s in config.stages
+            if row["days_overdue"] >= s.days_overdue
+            and s.days_overdue > last
+            and row["remaining_minor"] >= s.min_remaining_ratio * row["amount_due"]
+        ]
         if not reached:
             continue
         target = max(s.days_overdue for s in reached)

@@ -22,23 +22,36 @@ from dunning import analytics
 from dunning.analytics import publish
 from dunning.ledger.duckdb_ledger import open_ledger
 
-AS_OF = dt.datetime(2026, 11, 5, 9, tzinfo=dt.timezone.utc)
+AS_OF = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
 
 
 def day_rows(day: dt.date, run_id: str, invoices: int) -> pl.DataFrame:
-    return pl.DataFrame({
-        "business_date": [day] * invoices, "run_id": [run_id] * invoices, "as_of": [AS_OF] * invoices,
-        "invoice_id": [f"in_{i}" for i in range(invoices)], "customer_id": ["cus"] * invoices,
-        "customer_email": ["a@example.com"] * invoices, "currency": ["USD"] * invoices, "amount_due": [100] * invoices,
-        "amount_paid": [0] * invoices, "remaining_minor": [100] * invoices, "due_date": [dt.date(2026, 10, 1)] * invoices,
-        "status": ["open"] * invoices, "days_overdue": pl.Series([30] * invoices, dtype=pl.Int32),
-        "cycle": pl.Series([1] * invoices, dtype=pl.Int32),
-    })
+    return pl.DataFrame(
+        {
+            "business_date": [day] * invoices,
+            "run_id": [run_id] * invoices,
+            "as_of": [AS_OF] * invoices,
+            "invoice_id": [f"in_{i}" for i in range(invoices)],
+            "customer_id": ["cus"] * invoices,
+            "customer_email": ["a@example.com"] * invoices,
+            "currency": ["USD"] * invoices,
+            "amount_due": [100] * invoices,
+            "amount_paid": [0] * invoices,
+            "remaining_minor": [100] * invoices,
+            "due_date": [dt.date(2026, 10, 1)] * invoices,
+            "status": ["open"] * invoices,
+            "days_overdue": pl.Series([30] * invoices, dtype=pl.Int32),
+            "cycle": pl.Series([1] * invoices, dtype=pl.Int32),
+        }
+    )
 
 
 def published_files(home) -> dict[str, tuple[int, int]]:
     """Day file -> inode and mtime: a rewrite is a new file (written beside the old one, then renamed over it)."""
-    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (home / "analytics" / "invoice_history_daily").glob("2026-*.parquet")}
+    return {
+        p.name: (p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in (home / "analytics" / "invoice_history_daily").glob("2026-*.parquet")
+    }
 
 
 def view_count(home, sql: str) -> int:
@@ -52,7 +65,9 @@ def view_count(home, sql: str) -> int:
 def test_only_changed_days_are_rewritten_and_removed_days_disappear(tmp_path):
     days = [dt.date(2026, 11, d) for d in (1, 2, 3)]
     with open_ledger(tmp_path / "dunning.duckdb") as ledger:
-        assert publish(ledger.con, tmp_path)["invoice_history_daily"] == 0  # an empty table publishes and reads as empty
+        assert (
+            publish(ledger.con, tmp_path)["invoice_history_daily"] == 0
+        )  # an empty table publishes and reads as empty
         assert view_count(tmp_path, "SELECT count(*) FROM invoice_history_daily") == 0
         for n, day in enumerate(days):
             ledger.replace_partition("invoice_history_daily", day, day_rows(day, f"run-{n}", 10 + n))
@@ -60,8 +75,12 @@ def test_only_changed_days_are_rewritten_and_removed_days_disappear(tmp_path):
         first = published_files(tmp_path)
         assert sorted(first) == ["2026-11-01.parquet", "2026-11-02.parquet", "2026-11-03.parquet"]
 
-        ledger.replace_partition("invoice_history_daily", days[2], day_rows(days[2], "run-again", 12))  # same count, new run
-        ledger.replace_partition("invoice_history_daily", dt.date(2026, 11, 4), day_rows(dt.date(2026, 11, 4), "run-4", 5))
+        ledger.replace_partition(
+            "invoice_history_daily", days[2], day_rows(days[2], "run-again", 12)
+        )  # same count, new run
+        ledger.replace_partition(
+            "invoice_history_daily", dt.date(2026, 11, 4), day_rows(dt.date(2026, 11, 4), "run-4", 5)
+        )
         ledger.con.execute("DELETE FROM invoice_history_daily WHERE business_date = ?", [days[0]])
         counts = publish(ledger.con, tmp_path)
         second = published_files(tmp_path)
@@ -85,12 +104,19 @@ def test_a_single_file_from_an_earlier_version_is_replaced_by_the_day_files(tmp_
 
 
 def test_a_status_change_on_an_old_reminder_republishes_only_its_day(tmp_path):
-    rows = [("dunning:a:1:day3", "2026-11-01 09:00:00+00"), ("dunning:b:1:day3", "2026-11-02 09:00:00+00"),
-            ("dunning:c:1:day3", "2026-11-02 10:00:00+00"), ("dunning:d:1:day3", None)]
+    rows = [
+        ("dunning:a:1:day3", "2026-11-01 09:00:00+00"),
+        ("dunning:b:1:day3", "2026-11-02 09:00:00+00"),
+        ("dunning:c:1:day3", "2026-11-02 10:00:00+00"),
+        ("dunning:d:1:day3", None),
+    ]
     with open_ledger(tmp_path / "dunning.duckdb") as ledger:
         for key, claimed_at in rows:
-            ledger.con.execute("INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status, claimed_at) "
-                               "VALUES (?, 'reminder', 'cus', 'unknown', ?::TIMESTAMPTZ)", [key, claimed_at])
+            ledger.con.execute(
+                "INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status, claimed_at) "
+                "VALUES (?, 'reminder', 'cus', 'unknown', ?::TIMESTAMPTZ)",
+                [key, claimed_at],
+            )
         publish(ledger.con, tmp_path)
         day_files = tmp_path / "analytics" / "reminder_ledger"
         first = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in day_files.glob("2026-*.parquet")}
@@ -122,8 +148,13 @@ con.close()
 
 class Analyst:
     def __init__(self, database: str, cwd: Path, read_only: bool = False):
-        self.process = subprocess.Popen([sys.executable, "-c", ANALYST, database, "ro" if read_only else "rw"], cwd=cwd,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", ANALYST, database, "ro" if read_only else "rw"],
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self._answer() == {"ready": True}
 
     def _answer(self) -> dict:
@@ -172,7 +203,12 @@ def assert_opens_and_answers(home, invoices: int) -> None:
         try:
             assert con.execute("SELECT count(*) FROM invoice_history_daily").fetchone()[0] == invoices
             assert con.execute("SELECT count(*) FROM owed_vs_reminded").fetchone()[0] >= 1
-            assert con.execute("SELECT count(*) FROM information_schema.tables WHERE table_type = 'BASE TABLE'").fetchone()[0] == 0
+            assert (
+                con.execute(
+                    "SELECT count(*) FROM information_schema.tables WHERE table_type = 'BASE TABLE'"
+                ).fetchone()[0]
+                == 0
+            )
         finally:
             con.close()
 
@@ -221,7 +257,9 @@ def test_an_analyst_still_holding_the_replaced_file_cannot_break_readers_of_the_
     assert_opens_and_answers(tmp_path, 8)
 
 
-def test_own_tables_in_own_file_attaching_the_published_one_from_elsewhere_survive_publication(tmp_path, analysts, monkeypatch):
+def test_own_tables_in_own_file_attaching_the_published_one_from_elsewhere_survive_publication(
+    tmp_path, analysts, monkeypatch
+):
     """The supported way to keep tables: your own DuckDB file, with analytics.duckdb ATTACHed READ_ONLY."""
     (tmp_path / "home").mkdir()
     (tmp_path / "desk").mkdir()
@@ -273,7 +311,10 @@ def test_a_file_that_does_not_open_is_rebuilt_once_and_then_named_in_the_error(t
 def test_a_broken_old_file_and_another_database_s_log_never_stop_publication(tmp_path):
     (tmp_path / "analytics.duckdb").write_bytes(b"not a database" * 500)
     (tmp_path / "other").mkdir()
-    dies_mid_session = "import duckdb, os; con = duckdb.connect('other.duckdb'); con.execute('CREATE TABLE t AS SELECT 1'); os._exit(9)"
+    dies_mid_session = (
+        "import duckdb, os; con = duckdb.connect('other.duckdb'); "
+        "con.execute('CREATE TABLE t AS SELECT 1'); os._exit(9)"
+    )
     subprocess.run([sys.executable, "-c", dies_mid_session], cwd=tmp_path / "other", check=False)
     (tmp_path / "analytics.duckdb.wal").write_bytes((tmp_path / "other" / "other.duckdb.wal").read_bytes())
     with open_ledger(tmp_path / "dunning.duckdb") as ledger:

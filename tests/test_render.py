@@ -12,16 +12,26 @@ def parsed(message):
     return email.message_from_bytes(message.as_bytes(), policy=policy.default)
 
 
-@pytest.mark.parametrize("minor, currency, expected", [
-    (10345, "USD", "103.45 USD"), (1234, "JPY", "1,234 JPY"), (100050, "EUR", "1,000.50 EUR"), (5, "KWD", "0.005 KWD"),
-])
+@pytest.mark.parametrize(
+    "minor, currency, expected",
+    [
+        (10345, "USD", "103.45 USD"),
+        (1234, "JPY", "1,234 JPY"),
+        (100050, "EUR", "1,000.50 EUR"),
+        (5, "KWD", "0.005 KWD"),
+    ],
+)
 def test_amounts_use_the_currency_exponent(minor, currency, expected):
     assert format_amount(minor, currency).replace("\xa0", " ") == expected
 
 
 def test_reminder_states_the_remaining_balance_and_carries_the_headers():
-    message = reminder_email([reminder_row()], sender="billing@example.com", message_id="<abc@example.com>",
-                             as_of=dt.datetime(2026, 11, 8, tzinfo=dt.timezone.utc))
+    message = reminder_email(
+        [reminder_row()],
+        sender="billing@example.com",
+        message_id="<abc@example.com>",
+        as_of=dt.datetime(2026, 11, 8, tzinfo=dt.UTC),
+    )
     parsed = email.message_from_bytes(message.as_bytes(), policy=policy.default)
     assert parsed["To"] == "ada@example.com"
     assert parsed["Message-ID"] == "<abc@example.com>"
@@ -34,15 +44,33 @@ def test_reminder_states_the_remaining_balance_and_carries_the_headers():
 
 
 def test_jpy_has_no_decimals_in_the_email():
-    message = parsed(reminder_email([reminder_row(currency="JPY", amount_minor=5000, amount_due=5000, amount_paid=0)],
-                             sender="b@example.com", message_id="<x@example.com>", as_of=dt.datetime(2026, 11, 8, tzinfo=dt.timezone.utc)))
+    message = parsed(
+        reminder_email(
+            [reminder_row(currency="JPY", amount_minor=5000, amount_due=5000, amount_paid=0)],
+            sender="b@example.com",
+            message_id="<x@example.com>",
+            as_of=dt.datetime(2026, 11, 8, tzinfo=dt.UTC),
+        )
+    )
     text = message.get_body(("plain",)).get_content()
     assert "5,000 JPY remaining" in text and "5,000.00" not in text
 
 
 def test_grouped_email_uses_the_firmest_tone_and_lists_every_invoice():
-    rows = [reminder_row(), reminder_row(invoice_id="in_2", tone="final", idempotency_key="dunning:in_2:1:day14", currency="EUR", amount_minor=500)]
-    message = parsed(reminder_email(rows, sender="b@example.com", message_id="<y@example.com>", as_of=dt.datetime(2026, 11, 8, tzinfo=dt.timezone.utc)))
+    rows = [
+        reminder_row(),
+        reminder_row(
+            invoice_id="in_2", tone="final", idempotency_key="dunning:in_2:1:day14", currency="EUR", amount_minor=500
+        ),
+    ]
+    message = parsed(
+        reminder_email(
+            rows,
+            sender="b@example.com",
+            message_id="<y@example.com>",
+            as_of=dt.datetime(2026, 11, 8, tzinfo=dt.UTC),
+        )
+    )
     assert message["Subject"].startswith("Final notice")
     assert message["X-Dunning-Keys"] == "dunning:in_1:1:day7,dunning:in_2:1:day14"
     text = message.get_body(("plain",)).get_content()
@@ -52,8 +80,12 @@ def test_grouped_email_uses_the_firmest_tone_and_lists_every_invoice():
 
 def test_amounts_are_readable_in_the_raw_message_bytes():
     long_name = "Ünïcode Outfitters " * 5
-    message = reminder_email([reminder_row(customer_name=long_name)], sender="b@example.com", message_id="<z@example.com>",
-                             as_of=dt.datetime(2026, 11, 8, tzinfo=dt.timezone.utc))
+    message = reminder_email(
+        [reminder_row(customer_name=long_name)],
+        sender="b@example.com",
+        message_id="<z@example.com>",
+        as_of=dt.datetime(2026, 11, 8, tzinfo=dt.UTC),
+    )
     raw = message.as_bytes()
     assert b"103.45 USD remaining" in raw
     assert long_name.encode() in raw
@@ -70,4 +102,6 @@ def test_text_part_serializes_exactly_like_mimetext(body, subtype):
 
     utf8_8bit = Charset("utf-8")
     utf8_8bit.body_encoding = None
-    assert text_part(body, subtype).as_bytes(policy=WIRE_POLICY) == MIMEText(body, subtype, utf8_8bit).as_bytes(policy=WIRE_POLICY)
+    assert text_part(body, subtype).as_bytes(policy=WIRE_POLICY) == MIMEText(body, subtype, utf8_8bit).as_bytes(
+        policy=WIRE_POLICY
+    )

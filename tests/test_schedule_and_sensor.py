@@ -6,16 +6,18 @@ import dagster as dg
 
 from dunning.ledger.duckdb_ledger import open_ledger
 from pipelines.definitions import defs
-from resources.dunning import CycleRequest, DunningHome
 from pipelines.schedules import hourly_dunning
 from pipelines.sensors import page_on_run_failure
+from resources.dunning import CycleRequest, DunningHome
 from tests.conftest import invoice, write_snapshot
 
-HOUR = dt.datetime(2026, 11, 5, 9, tzinfo=dt.timezone.utc)
+HOUR = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
 
 
 def _schedule(home):
-    context = dg.build_schedule_context(scheduled_execution_time=HOUR, resources={"dunning_home": DunningHome(home=str(home))})
+    context = dg.build_schedule_context(
+        scheduled_execution_time=HOUR, resources={"dunning_home": DunningHome(home=str(home))}
+    )
     return hourly_dunning(context)
 
 
@@ -34,9 +36,13 @@ def test_schedule_requests_one_keyed_run_per_hour_and_skips_while_paused(tmp_pat
 def _failed_run(instance, home, snapshot, as_of="2026-11-30T09:00:00Z"):
     job = defs.resolve_job_def("dunning_cycle")
     return job.execute_in_process(
-        instance=instance, raise_on_error=False, partition_key=as_of[:10],
-        resources={"dunning_home": DunningHome(home=str(home)),
-                   "cycle_request": CycleRequest(snapshot_path=str(snapshot), as_of=as_of)},
+        instance=instance,
+        raise_on_error=False,
+        partition_key=as_of[:10],
+        resources={
+            "dunning_home": DunningHome(home=str(home)),
+            "cycle_request": CycleRequest(snapshot_path=str(snapshot), as_of=as_of),
+        },
     )
 
 
@@ -44,8 +50,11 @@ def _sense_failure(instance, result, home):
     """Evaluate the run-failure sensor on `result`'s failure, as the daemon would."""
     failure = instance.all_logs(result.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)[0].dagster_event
     context = dg.build_run_status_sensor_context(
-        sensor_name="page_on_run_failure", dagster_event=failure, dagster_instance=instance,
-        dagster_run=result.dagster_run, resources={"dunning_home": DunningHome(home=str(home))},
+        sensor_name="page_on_run_failure",
+        dagster_event=failure,
+        dagster_instance=instance,
+        dagster_run=result.dagster_run,
+        resources={"dunning_home": DunningHome(home=str(home))},
     ).for_run_failure()
     page_on_run_failure(context)
 

@@ -35,13 +35,10 @@ class TlsSmtpServer:
         self.port = free_port()
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         cert.configure_cert(context)
-        if mode == "starttls":
-            tls = {"tls_context": context, "require_starttls": True}
-        else:
-            tls = {"ssl_context": context}
+        tls = {"tls_context": context, "require_starttls": True} if mode == "starttls" else {"ssl_context": context}
         self.controller = Controller(handler, hostname="127.0.0.1", port=self.port, **tls, **smtp_kwargs)
 
-    def __enter__(self) -> "TlsSmtpServer":
+    def __enter__(self) -> TlsSmtpServer:
         self.controller.start()
         return self
 
@@ -67,18 +64,39 @@ def local_cert(ca) -> trustme.LeafCert:
 
 
 def settings(port: int, **overrides) -> Provider:
-    values = {"kind": "smtp", "host": "127.0.0.1", "port": port, "timeout_seconds": 2, "from": "billing@example.com",
-              "connections": 1}
+    values = {
+        "kind": "smtp",
+        "host": "127.0.0.1",
+        "port": port,
+        "timeout_seconds": 2,
+        "from": "billing@example.com",
+        "connections": 1,
+    }
     values.update(overrides)
     return Provider.model_validate(values)
 
 
 def message():
-    row = {"invoice_id": "in_1", "customer_email": "ada@example.com", "customer_name": "Ada", "currency": "USD",
-           "amount_minor": 10000, "amount_due": 10000, "amount_paid": 0, "due_date": dt.date(2026, 11, 1),
-           "days_overdue": 4, "tone": "gentle", "idempotency_key": KEY, "billing_period": "2026-10"}
-    return reminder_email([row], sender="billing@example.com", message_id="<tls-1@example.com>",
-                          as_of=dt.datetime(2026, 11, 5, 9, tzinfo=dt.timezone.utc))
+    row = {
+        "invoice_id": "in_1",
+        "customer_email": "ada@example.com",
+        "customer_name": "Ada",
+        "currency": "USD",
+        "amount_minor": 10000,
+        "amount_due": 10000,
+        "amount_paid": 0,
+        "due_date": dt.date(2026, 11, 1),
+        "days_overdue": 4,
+        "tone": "gentle",
+        "idempotency_key": KEY,
+        "billing_period": "2026-10",
+    }
+    return reminder_email(
+        [row],
+        sender="billing@example.com",
+        message_id="<tls-1@example.com>",
+        as_of=dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC),
+    )
 
 
 def send_one(provider_settings: Provider):
@@ -87,6 +105,7 @@ def send_one(provider_settings: Provider):
 
 
 # --- the provider, message by message -------------------------------------------------------------
+
 
 def test_starttls_refuses_a_certificate_from_an_untrusted_ca_by_default(local_cert):
     handler = ScriptedHandler()
@@ -148,7 +167,12 @@ def authenticator(server, session, envelope, mechanism, auth_data):
 def test_credentials_are_sent_after_starttls_and_never_appear_in_an_error(local_cert, ca_file, monkeypatch):
     monkeypatch.setenv("SMTP_TEST_USER", "billing")
     monkeypatch.setenv("SMTP_TEST_PASSWORD", PASSWORD)
-    creds = {"username_env": "SMTP_TEST_USER", "password_env": "SMTP_TEST_PASSWORD", "starttls": True, "ca_file": ca_file}
+    creds = {
+        "username_env": "SMTP_TEST_USER",
+        "password_env": "SMTP_TEST_PASSWORD",
+        "starttls": True,
+        "ca_file": ca_file,
+    }
     handler = ScriptedHandler()
     # auth_require_tls (the default): the server offers AUTH only once the session is encrypted
     with TlsSmtpServer(handler, local_cert, auth_required=True, authenticator=authenticator) as server:
@@ -165,7 +189,9 @@ def test_an_unset_credential_variable_is_named_without_any_value(monkeypatch):
     monkeypatch.setenv("SMTP_TEST_USER", "billing-user-value")
     monkeypatch.delenv("SMTP_TEST_PASSWORD", raising=False)
     with pytest.raises(ConfigError) as error:
-        SmtpProvider(settings(free_port(), starttls=True, username_env="SMTP_TEST_USER", password_env="SMTP_TEST_PASSWORD"))
+        SmtpProvider(
+            settings(free_port(), starttls=True, username_env="SMTP_TEST_USER", password_env="SMTP_TEST_PASSWORD")
+        )
     text = str(error.value)
     assert "provider.password_env" in text and "SMTP_TEST_PASSWORD" in text
     assert "billing-user-value" not in text and "username_env" not in text
@@ -179,6 +205,7 @@ def test_a_missing_ca_file_is_a_config_error_at_construction(tmp_path):
 
 # --- the configuration ----------------------------------------------------------------------------
 
+
 def provider_config(**provider) -> dict:
     return {"provider": {"kind": "smtp", "host": "127.0.0.1", "port": 587, **provider}}
 
@@ -188,7 +215,11 @@ def test_credentials_over_a_plain_connection_are_refused_naming_the_keys():
         parse_config(provider_config(username_env="SMTP_USERNAME", password_env="SMTP_PASSWORD"))
     text = str(error.value)
     assert "'provider': Value error, provider.username_env/password_env: credentials would be sent unencrypted" in text
-    assert "provider.starttls: true" in text and "provider.tls: implicit" in text and "provider.allow_insecure_auth: true" in text
+    assert (
+        "provider.starttls: true" in text
+        and "provider.tls: implicit" in text
+        and "provider.allow_insecure_auth: true" in text
+    )
 
 
 @pytest.mark.parametrize("transport", [{"allow_insecure_auth": True}, {"starttls": True}, {"tls": "implicit"}])
@@ -202,7 +233,9 @@ def test_the_file_provider_ignores_the_credentials_check():
 
 
 def test_starttls_and_implicit_tls_together_are_refused():
-    with pytest.raises(ConfigError, match=r"'provider': Value error, provider\.starttls and provider\.tls: implicit cannot both be set"):
+    with pytest.raises(
+        ConfigError, match=r"'provider': Value error, provider\.starttls and provider\.tls: implicit cannot both be set"
+    ):
         parse_config(provider_config(starttls=True, tls="implicit"))
 
 
@@ -222,17 +255,22 @@ def test_unknown_tls_mode_is_refused():
 
 # --- end to end through the CLI ---------------------------------------------------------------------
 
+
 def tls_config(path, port: int, ca_file: str | None = None) -> str:
     ca = f", ca_file: {ca_file}" if ca_file else ""
-    path.write_text(f"provider: {{kind: smtp, host: 127.0.0.1, port: {port}, starttls: true{ca}, "
-                    f"timeout_seconds: 2, from: billing@example.com}}\n")
+    path.write_text(
+        f"provider: {{kind: smtp, host: 127.0.0.1, port: {port}, starttls: true{ca}, "
+        f"timeout_seconds: 2, from: billing@example.com}}\n"
+    )
     return str(path)
 
 
 def test_cli_delivers_over_starttls_verified_against_ca_file(deployment, tmp_path, local_cert, ca_file):
     handler = ScriptedHandler()
     with TlsSmtpServer(handler, local_cert) as server:
-        code, out, err = deployment.run([invoice()], "2026-11-05T09:00:00Z", "--config", tls_config(tmp_path / "tls.yaml", server.port, ca_file))
+        code, out, err = deployment.run(
+            [invoice()], "2026-11-05T09:00:00Z", "--config", tls_config(tmp_path / "tls.yaml", server.port, ca_file)
+        )
     assert code == 0, err
     assert [(r["idempotency_key"], r["status"]) for r in deployment.ledger("status <> 'skipped'")] == [(KEY, "sent")]
     assert handler.keys() == [KEY]
@@ -242,7 +280,9 @@ def test_cli_without_ca_file_fails_against_a_private_ca_and_sends_nothing(deploy
     handler = ScriptedHandler()
     rows = [invoice(), invoice(invoice_id="in_2", customer_id="cus_2", customer_email="bob@example.com")]
     with TlsSmtpServer(handler, local_cert) as server:
-        code, out, err = deployment.run(rows, "2026-11-05T09:00:00Z", "--config", tls_config(tmp_path / "tls.yaml", server.port))
+        code, out, err = deployment.run(
+            rows, "2026-11-05T09:00:00Z", "--config", tls_config(tmp_path / "tls.yaml", server.port)
+        )
     assert code == 0, err
     ledger = deployment.ledger("status <> 'skipped'")
     assert len(ledger) == 2

@@ -5,11 +5,11 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from dunning.snapshot_rules import validate_snapshot
 from dunning.config import DunningConfig
 from dunning.cycle import load_snapshot
 from dunning.errors import SnapshotError
 from dunning.snapshot import read_snapshot
+from dunning.snapshot_rules import validate_snapshot
 from tests.conftest import invoice, write_snapshot
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "stripe"
@@ -35,7 +35,7 @@ def test_stripe_invoice_list_imports():
     assert row["customer_id"] == source["customer"]
     assert row["currency"] == source["currency"].upper()
     assert row["amount_due"] == source["amount_due"] and row["amount_paid"] == source["amount_paid"]
-    assert row["due_date"] == dt.datetime.fromtimestamp(source["due_date"], dt.timezone.utc).date()
+    assert row["due_date"] == dt.datetime.fromtimestamp(source["due_date"], dt.UTC).date()
     assert row["customer_email"] is None  # null email is valid input, unsendable later
 
 
@@ -46,12 +46,28 @@ def _stripe_invoice(**overrides):
 
 
 def test_charge_automatically_without_due_date_is_due_when_finalized(tmp_path):
-    finalized = int(dt.datetime(2026, 11, 2, 23, 30, tzinfo=dt.timezone.utc).timestamp())
+    finalized = int(dt.datetime(2026, 11, 2, 23, 30, tzinfo=dt.UTC).timestamp())
     invoices = [
-        _stripe_invoice(id="in_a", due_date=None, collection_method="charge_automatically", status="open",
-                        status_transitions={"finalized_at": finalized, "paid_at": None, "voided_at": None, "marked_uncollectible_at": None}),
-        _stripe_invoice(id="in_b", due_date=None, collection_method="charge_automatically", status="open",
-                        created=finalized, status_transitions={"finalized_at": None}),
+        _stripe_invoice(
+            id="in_a",
+            due_date=None,
+            collection_method="charge_automatically",
+            status="open",
+            status_transitions={
+                "finalized_at": finalized,
+                "paid_at": None,
+                "voided_at": None,
+                "marked_uncollectible_at": None,
+            },
+        ),
+        _stripe_invoice(
+            id="in_b",
+            due_date=None,
+            collection_method="charge_automatically",
+            status="open",
+            created=finalized,
+            status_transitions={"finalized_at": None},
+        ),
     ]
     path = tmp_path / "invoices.json"
     path.write_text(json.dumps({"object": "list", "data": invoices, "has_more": False, "url": "/v1/invoices"}))
@@ -69,7 +85,8 @@ def test_every_bad_row_is_rejected_with_its_rule(tmp_path):
         invoice(invoice_id="overpaid", amount_due=100, amount_paid=200),
         invoice(invoice_id="status", status="overdue"),
         invoice(invoice_id="money", currency="ZZZ"),
-        invoice(invoice_id="dup"), invoice(invoice_id="dup"),
+        invoice(invoice_id="dup"),
+        invoice(invoice_id="dup"),
         invoice(invoice_id="date", due_date="2026-13-45"),
         invoice(invoice_id="text_amount", amount_due="12.50"),
     ]
@@ -87,10 +104,13 @@ def test_every_bad_row_is_rejected_with_its_rule(tmp_path):
     assert "10 row(s)" not in loaded.summary and "9 row(s) rejected" in loaded.summary
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "not found"),
-    ("invoice_id,customer_id\nin_1,c\n", r"lacks required column\(s\): customer_email"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "not found"),
+        ("invoice_id,customer_id\nin_1,c\n", r"lacks required column\(s\): customer_email"),
+    ],
+)
 def test_unusable_files_raise_one_clear_error(tmp_path, content, message):
     path = tmp_path / "s.csv"
     if content is not None:

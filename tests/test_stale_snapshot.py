@@ -1,6 +1,7 @@
 """A stale snapshot never reopens what a newer one closed; a whole stale snapshot is refused unless allowed."""
 
 import pytest
+
 from tests.conftest import invoice
 
 OPEN_9TH = invoice(due_date="2026-11-01", snapshot_at="2026-11-09T08:00:00Z")
@@ -14,7 +15,10 @@ def test_yesterdays_export_loaded_after_todays_reminds_no_one_who_paid(deploymen
     assert deployment.run([PAID_10TH], "2026-11-10T09:00:00Z")[0] == 0
     code, out, err = deployment.run([OPEN_9TH], "2026-11-10T12:00:00Z")
     assert code == 2 and "Traceback" not in err
-    assert "snapshot taken at 2026-11-09T08:00:00+00:00 is older than the last applied one (taken at 2026-11-10T08:00:00+00:00" in err
+    assert (
+        "snapshot taken at 2026-11-09T08:00:00+00:00 is older than the last applied one "
+        "(taken at 2026-11-10T08:00:00+00:00" in err
+    )
     code, out, err = deployment.run([OPEN_9TH], "2026-11-10T12:00:00Z", "--allow-stale")
     assert code == 0, err
     assert len(deployment.outbox()) == 1, "the cycle the paid snapshot closed stays closed"

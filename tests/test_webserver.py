@@ -28,8 +28,11 @@ QUERY = """
 
 
 def graphql(port: int, query: str) -> dict:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": query}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
 
@@ -41,8 +44,14 @@ def webserver(tmp_path):
     assert code == 0, err
     port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(deployment.home / "dagster"), "DUNNING_HOME": str(deployment.home)}
-    process = subprocess.Popen([WEBSERVER, "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [WEBSERVER, "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -53,7 +62,9 @@ def webserver(tmp_path):
             except (OSError, KeyError, TypeError):
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"webserver did not come up: {process.stderr.read() if process.poll() is not None else 'timeout'}")
+                raise AssertionError(
+                    f"webserver did not come up: {process.stderr.read() if process.poll() is not None else 'timeout'}"
+                )
             time.sleep(0.5)
         yield data
     finally:
@@ -64,7 +75,14 @@ def webserver(tmp_path):
 @pytest.mark.slow
 def test_the_ui_shows_the_graph_checks_schedule_sensors_and_cli_runs(webserver):
     nodes = {"/".join(n["assetKey"]["path"]): n for n in webserver["assetNodes"]}
-    assert set(nodes) == {"invoice_snapshot", "billing_events", "reminders_due", "send_batch", "dunning_audit", "analyst_history"}
+    assert set(nodes) == {
+        "invoice_snapshot",
+        "billing_events",
+        "reminders_due",
+        "send_batch",
+        "dunning_audit",
+        "analyst_history",
+    }
     deps = {k: {"/".join(d["path"]) for d in n["dependencyKeys"]} for k, n in nodes.items()}
     assert deps["reminders_due"] == {"invoice_snapshot", "billing_events"}
     assert deps["send_batch"] == {"reminders_due"}
@@ -75,7 +93,11 @@ def test_the_ui_shows_the_graph_checks_schedule_sensors_and_cli_runs(webserver):
     assert checks == {"reminders_due_are_sound": True, "circuit_breaker": True}
     [repository] = webserver["repositoriesOrError"]["nodes"]
     assert [s["name"] for s in repository["schedules"]] == ["hourly_dunning"]
-    assert {s["name"] for s in repository["sensors"]} == {"page_on_run_failure", "landing_snapshots", "dead_mans_switch"}
+    assert {s["name"] for s in repository["sensors"]} == {
+        "page_on_run_failure",
+        "landing_snapshots",
+        "dead_mans_switch",
+    }
     runs = webserver["runsOrError"]["results"]
     assert len(runs) == 1 and runs[0]["jobName"] == "dunning_cycle" and runs[0]["status"] == "SUCCESS"
     tags = {t["key"]: t["value"] for t in runs[0]["tags"]}

@@ -21,8 +21,15 @@ from dunning.vocabulary import LedgerStatus, RunOutcome
 class AlertStore(Protocol):
     """Where alerts are kept, and what became of their delivery (`dunning.alerts`)."""
 
-    def add_alert(self, kind: str, message: str, at: dt.datetime, run_id: str | None = None,
-                  details: dict[str, Any] | None = None, severity: str = "critical") -> str: ...
+    def add_alert(
+        self,
+        kind: str,
+        message: str,
+        at: dt.datetime,
+        run_id: str | None = None,
+        details: dict[str, Any] | None = None,
+        severity: str = "critical",
+    ) -> str: ...
 
     def mark_alert_delivered(self, alert_id: str, delivered_to: str) -> None: ...
 
@@ -34,13 +41,21 @@ class AlertStore(Protocol):
 class Ledger(AlertStore, Protocol):
     def invoice_state(self) -> pl.DataFrame: ...
 
-    def record_cycle_changes(self, as_of: dt.datetime, cycled: pl.DataFrame,
-                             snapshot_taken_at: dt.datetime | None = None) -> None: ...
+    def record_cycle_changes(
+        self, as_of: dt.datetime, cycled: pl.DataFrame, snapshot_taken_at: dt.datetime | None = None
+    ) -> None: ...
 
     def latest_applied_snapshot(self) -> tuple[dt.datetime, str] | None: ...
 
-    def record_applied_snapshot(self, run_id: str, taken_at: dt.datetime, as_of: dt.datetime, path: str | None,
-                                stale_allowed: bool, wall: dt.datetime) -> None: ...
+    def record_applied_snapshot(
+        self,
+        run_id: str,
+        taken_at: dt.datetime,
+        as_of: dt.datetime,
+        path: str | None,
+        stale_allowed: bool,
+        wall: dt.datetime,
+    ) -> None: ...
 
     def quarantine(self, run_id: str, source: str, rejected: pl.DataFrame, at: dt.datetime) -> None: ...
 
@@ -50,30 +65,54 @@ class Ledger(AlertStore, Protocol):
 
     def renew_leases(self, run_id: str, lease_until: dt.datetime) -> int: ...
 
-    def claim(self, due: pl.DataFrame, skipped: pl.DataFrame, run_id: str, claimed_at: dt.datetime,
-              cap: ClaimCap | None = None, lease_until: dt.datetime | None = None) -> ClaimResult: ...
+    def claim(
+        self,
+        due: pl.DataFrame,
+        skipped: pl.DataFrame,
+        run_id: str,
+        claimed_at: dt.datetime,
+        cap: ClaimCap | None = None,
+        lease_until: dt.datetime | None = None,
+    ) -> ClaimResult: ...
 
-    def record_outcomes(self, outcomes: pl.DataFrame, sent_at: dt.datetime | None, wall: dt.datetime,
-                        backoff_minutes: float, *, expected_status: LedgerStatus = LedgerStatus.CLAIMED,
-                        run_id: str | None = None) -> int: ...
+    def record_outcomes(
+        self,
+        outcomes: pl.DataFrame,
+        sent_at: dt.datetime | None,
+        wall: dt.datetime,
+        backoff_minutes: float,
+        *,
+        expected_status: LedgerStatus = LedgerStatus.CLAIMED,
+        run_id: str | None = None,
+    ) -> int: ...
 
     def unknown_with_message_ids(self) -> pl.DataFrame: ...
 
     def open_problems(self) -> pl.DataFrame: ...
 
-    def emails_in_window(self, since: dt.datetime, until: dt.datetime,
-                         only_customers: pl.DataFrame | None = None) -> pl.DataFrame: ...
+    def emails_in_window(
+        self, since: dt.datetime, until: dt.datetime, only_customers: pl.DataFrame | None = None
+    ) -> pl.DataFrame: ...
 
-    def write_audit(self, run_id: str, audit: pl.DataFrame, counts: Mapping[str, int], as_of: dt.datetime,
-                    dry_run: bool, snapshot_rows: int, snapshot_path: str | None = None,
-                    run_outcome: RunOutcome = RunOutcome.COMPLETED) -> None: ...
+    def write_audit(
+        self,
+        run_id: str,
+        audit: pl.DataFrame,
+        counts: Mapping[str, int],
+        as_of: dt.datetime,
+        dry_run: bool,
+        snapshot_rows: int,
+        snapshot_path: str | None = None,
+        run_outcome: RunOutcome = RunOutcome.COMPLETED,
+    ) -> None: ...
 
     def retryable_failures(self, as_of: dt.datetime, max_attempts: int) -> pl.DataFrame: ...
 
     def state_as_of(self, as_of: dt.datetime, stages: pl.DataFrame) -> pl.DataFrame: ...
 
-    def replace_partition(self, table: str, business_date: dt.date, rows: pl.DataFrame,
-                          policy_id: str | None = None) -> None: ...
+    def replace_partition(
+        self, table: str, business_date: dt.date, rows: pl.DataFrame, policy_id: str | None = None
+    ) -> None: ...
 
     def store_events(self, events: pl.DataFrame, run_id: str, received_at: dt.datetime) -> int: ...
 

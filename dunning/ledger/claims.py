@@ -41,9 +41,14 @@ class ClaimResult:
 
 def _within_cap(due: pl.DataFrame, recent: pl.DataFrame, cap: ClaimCap) -> pl.DataFrame:
     """The rows of `due` whose email still fits under the customer's cap, emails in group order."""
-    emails = due.select("customer_id", "email_group").unique().sort("customer_id", "email_group").with_columns(
-        pl.int_range(1, pl.len() + 1).over("customer_id").alias("nth")
-    ).join(recent, on="customer_id", how="left").with_columns(pl.col("emails").fill_null(0))
+    emails = (
+        due.select("customer_id", "email_group")
+        .unique()
+        .sort("customer_id", "email_group")
+        .with_columns(pl.int_range(1, pl.len() + 1).over("customer_id").alias("nth"))
+        .join(recent, on="customer_id", how="left")
+        .with_columns(pl.col("emails").fill_null(0))
+    )
     allowed = emails.filter(pl.col("emails") + pl.col("nth") <= cap.max_emails).select("email_group")
     return due.join(allowed, on="email_group", how="semi")
 
@@ -53,9 +58,13 @@ class ClaimStore(LedgerConnection):
 
     def claim_owners(self, run_id: str) -> list[str]:
         """Runs other than `run_id` that hold claims (the caller knows which of them are dead)."""
-        return [r for (r,) in self.con.execute(
-            "SELECT DISTINCT run_id FROM reminder_ledger WHERE status = 'claimed' AND run_id IS DISTINCT FROM ?",
-            [run_id]).fetchall()]
+        return [
+            r
+            for (r,) in self.con.execute(
+                "SELECT DISTINCT run_id FROM reminder_ledger WHERE status = 'claimed' AND run_id IS DISTINCT FROM ?",
+                [run_id],
+            ).fetchall()
+        ]
 
     def expire_stale_claims(self, run_id: str, now: dt.datetime, dead_runs: Sequence[str] = ()) -> int:
         """Claims whose owner is gone become `unknown`, never unsent; a live run's claims are left alone.
@@ -67,8 +76,8 @@ class ClaimStore(LedgerConnection):
         with self.registered("dead_runs", pl.DataFrame({"run_id": list(dead_runs)}, schema={"run_id": pl.String})):
             rows = self.con.execute(
                 """
-                UPDATE reminder_ledger SET status = 'unknown', last_error = 'no outcome recorded (run ended after claim)',
-                    outcome_wall_at = ?
+                UPDATE reminder_ledger SET status = 'unknown',
+                    last_error = 'no outcome recorded (run ended after claim)', outcome_wall_at = ?
                 WHERE status = 'claimed' AND run_id IS DISTINCT FROM ?
                   AND (lease_expires_at IS NULL OR lease_expires_at <= ? OR run_id IN (SELECT run_id FROM dead_runs))
                 RETURNING idempotency_key
@@ -79,12 +88,22 @@ class ClaimStore(LedgerConnection):
 
     def renew_leases(self, run_id: str, lease_until: dt.datetime) -> int:
         """Extend this run's claims while it is still sending them."""
-        return len(self.con.execute(
-            "UPDATE reminder_ledger SET lease_expires_at = ? WHERE status = 'claimed' AND run_id = ? RETURNING 1",
-            [lease_until, run_id]).fetchall())
+        return len(
+            self.con.execute(
+                "UPDATE reminder_ledger SET lease_expires_at = ? WHERE status = 'claimed' AND run_id = ? RETURNING 1",
+                [lease_until, run_id],
+            ).fetchall()
+        )
 
-    def claim(self, due: pl.DataFrame, skipped: pl.DataFrame, run_id: str, claimed_at: dt.datetime,
-              cap: ClaimCap | None = None, lease_until: dt.datetime | None = None) -> ClaimResult:
+    def claim(
+        self,
+        due: pl.DataFrame,
+        skipped: pl.DataFrame,
+        run_id: str,
+        claimed_at: dt.datetime,
+        cap: ClaimCap | None = None,
+        lease_until: dt.datetime | None = None,
+    ) -> ClaimResult:
         """Insert `due` as `claimed` and, for invoices whose claim we won, `skipped` stages; one transaction."""
         stamp = [pl.lit(run_id).alias("run_id"), pl.lit(claimed_at).alias("claimed_at")]
         customers = due.select("customer_id").unique()
@@ -104,13 +123,21 @@ class ClaimStore(LedgerConnection):
                 result.throttled = set(due.get_column("idempotency_key")) - set(allowed.get_column("idempotency_key"))
                 is_retry = pl.col("role") == PlanRole.RETRY if "role" in allowed.columns else pl.lit(False)
                 lease = pl.lit(lease_until, dtype=pl.Datetime("us", "UTC")).alias("lease_expires_at")
-                rows = allowed.filter(~is_retry).with_columns(pl.lit(LedgerStatus.CLAIMED).alias("status"), *stamp).select(
-                    *LEDGER_COLUMNS, lease)
+                rows = (
+                    allowed.filter(~is_retry)
+                    .with_columns(pl.lit(LedgerStatus.CLAIMED).alias("status"), *stamp)
+                    .select(*LEDGER_COLUMNS, lease)
+                )
                 retries = allowed.filter(is_retry).select("idempotency_key", "amount_minor", "customer_email")
                 with self.registered("due_rows", rows), self.registered("retry_rows", retries):
-                    result.won = {k for (k,) in con.execute(
-                        f"INSERT INTO reminder_ledger ({', '.join(LEDGER_COLUMNS)}, lease_expires_at) SELECT * FROM due_rows "
-                        "ON CONFLICT DO NOTHING RETURNING idempotency_key").fetchall()}
+                    result.won = {
+                        k
+                        for (k,) in con.execute(
+                            f"INSERT INTO reminder_ledger ({', '.join(LEDGER_COLUMNS)}, lease_expires_at) "
+                            "SELECT * FROM due_rows "
+                            "ON CONFLICT DO NOTHING RETURNING idempotency_key"
+                        ).fetchall()
+                    }
                     result.won |= self._retake_failed(con, run_id, claimed_at, lease_until)
                 won = allowed.filter(pl.col("idempotency_key").is_in(list(result.won)))
                 self._record_skipped_and_advance(con, won, skipped, stamp)
@@ -119,31 +146,41 @@ class ClaimStore(LedgerConnection):
         return result
 
     @staticmethod
-    def _retake_failed(con: duckdb.DuckDBPyConnection, run_id: str, claimed_at: dt.datetime, lease_until: dt.datetime | None) -> set[str]:
+    def _retake_failed(
+        con: duckdb.DuckDBPyConnection, run_id: str, claimed_at: dt.datetime, lease_until: dt.datetime | None
+    ) -> set[str]:
         """Re-claim failed keys for a retry: the UPDATE only matches rows still `failed`, so a retry is taken once."""
-        return {k for (k,) in con.execute(
-            """
+        return {
+            k
+            for (k,) in con.execute(
+                """
             UPDATE reminder_ledger SET status = 'claimed', run_id = ?, claimed_at = ?, amount_minor = r.amount_minor,
                 customer_email = r.customer_email, lease_expires_at = ?
             FROM retry_rows r
             WHERE reminder_ledger.idempotency_key = r.idempotency_key AND reminder_ledger.status = 'failed'
             RETURNING reminder_ledger.idempotency_key
             """,
-            [run_id, claimed_at, lease_until],
-        ).fetchall()}
+                [run_id, claimed_at, lease_until],
+            ).fetchall()
+        }
 
     def resolve_by_hand(self, keys: list[str], sent: bool, note: str, wall: dt.datetime) -> list[str]:
         """An operator's answer for `unknown` keys: sent (never resend) or not sent (retry like a failure)."""
-        with self.registered("resolved_keys", pl.DataFrame({"idempotency_key": keys}, schema={"idempotency_key": pl.String})):
-            return [k for (k,) in self.con.execute(
-                """
+        with self.registered(
+            "resolved_keys", pl.DataFrame({"idempotency_key": keys}, schema={"idempotency_key": pl.String})
+        ):
+            return [
+                k
+                for (k,) in self.con.execute(
+                    """
                 UPDATE reminder_ledger SET status = ?, sent_at = CASE WHEN ? THEN claimed_at END,
                     last_error = ?, outcome_wall_at = ?, next_attempt_at = NULL
                 WHERE status = 'unknown' AND idempotency_key IN (SELECT idempotency_key FROM resolved_keys)
                 RETURNING idempotency_key
                 """,
-                [LedgerStatus.SENT if sent else LedgerStatus.FAILED, sent, note, wall],
-            ).fetchall()]
+                    [LedgerStatus.SENT if sent else LedgerStatus.FAILED, sent, note, wall],
+                ).fetchall()
+            ]
 
     def retryable_failures(self, as_of: dt.datetime, max_attempts: int) -> pl.DataFrame:
         """Failed reminder keys whose backoff is over and whose attempts are not used up."""
@@ -156,15 +193,23 @@ class ClaimStore(LedgerConnection):
             [max_attempts, as_of],
         )
 
-    def _record_skipped_and_advance(self, con: duckdb.DuckDBPyConnection, won: pl.DataFrame, skipped: pl.DataFrame, stamp: list[pl.Expr]) -> None:
+    def _record_skipped_and_advance(
+        self, con: duckdb.DuckDBPyConnection, won: pl.DataFrame, skipped: pl.DataFrame, stamp: list[pl.Expr]
+    ) -> None:
         reminders = won.filter(pl.col("kind") == EmailKind.REMINDER)
         if reminders.is_empty():
             return
-        skip_rows = skipped.join(reminders.select("invoice_id"), on="invoice_id", how="semi").with_columns(
-            pl.lit(LedgerStatus.SKIPPED).alias("status"), *stamp).select(LEDGER_COLUMNS)
+        skip_rows = (
+            skipped.join(reminders.select("invoice_id"), on="invoice_id", how="semi")
+            .with_columns(pl.lit(LedgerStatus.SKIPPED).alias("status"), *stamp)
+            .select(LEDGER_COLUMNS)
+        )
         advanced = reminders.select("invoice_id", "cycle", "stage", "stage_days")
         with self.registered("skip_rows", skip_rows), self.registered("won_rows", advanced):
-            con.execute(f"INSERT INTO reminder_ledger ({', '.join(LEDGER_COLUMNS)}) SELECT * FROM skip_rows ON CONFLICT DO NOTHING")
+            con.execute(
+                f"INSERT INTO reminder_ledger ({', '.join(LEDGER_COLUMNS)}) "
+                "SELECT * FROM skip_rows ON CONFLICT DO NOTHING"
+            )
             con.execute(
                 """
                 UPDATE invoice_cycles SET last_stage = w.stage, last_stage_days = w.stage_days
@@ -174,9 +219,16 @@ class ClaimStore(LedgerConnection):
                 """
             )
 
-    def record_outcomes(self, outcomes: pl.DataFrame, sent_at: dt.datetime | None, wall: dt.datetime,
-                        backoff_minutes: float, *, expected_status: LedgerStatus = LedgerStatus.CLAIMED,
-                        run_id: str | None = None) -> int:
+    def record_outcomes(
+        self,
+        outcomes: pl.DataFrame,
+        sent_at: dt.datetime | None,
+        wall: dt.datetime,
+        backoff_minutes: float,
+        *,
+        expected_status: LedgerStatus = LedgerStatus.CLAIMED,
+        run_id: str | None = None,
+    ) -> int:
         """Columns: idempotency_key, status, message_id, error. One UPDATE for the chunk; returns rows updated.
 
         Every update is guarded by the status it expects: a send's outcome
@@ -189,15 +241,17 @@ class ClaimStore(LedgerConnection):
         """
         recorded = outcomes.filter(pl.col("status").is_in(plain(PROVIDER_STATUSES)))
         with self.registered("outcomes", recorded):
-            return len(self.con.execute(
-                """
+            return len(
+                self.con.execute(
+                    """
                 UPDATE reminder_ledger SET
                     status = CASE WHEN o.status = 'released' THEN 'failed' ELSE o.status END,
                     message_id = coalesce(o.message_id, reminder_ledger.message_id),
                     sent_at = CASE WHEN o.status = 'sent' THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at) END,
                     attempts = reminder_ledger.attempts + CASE WHEN o.status = 'released' THEN 0 ELSE 1 END,
                     last_error = o.error, outcome_wall_at = ?,
-                    next_attempt_at = CASE WHEN o.status IN ('failed', 'released') THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at)
+                    next_attempt_at = CASE WHEN o.status IN ('failed', 'released')
+                        THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at)
                         + to_microseconds(CAST(? * 60000000 * pow(2, greatest(reminder_ledger.attempts
                             - CASE WHEN o.status = 'released' THEN 1 ELSE 0 END, 0)) AS BIGINT)) END
                 FROM outcomes o
@@ -205,11 +259,13 @@ class ClaimStore(LedgerConnection):
                   AND (? IS NULL OR reminder_ledger.run_id = ?)
                 RETURNING reminder_ledger.idempotency_key
                 """,
-                [sent_at, wall, sent_at, backoff_minutes, expected_status, run_id, run_id],
-            ).fetchall())
+                    [sent_at, wall, sent_at, backoff_minutes, expected_status, run_id, run_id],
+                ).fetchall()
+            )
 
-    def emails_in_window(self, since: dt.datetime, until: dt.datetime,
-                         only_customers: pl.DataFrame | None = None) -> pl.DataFrame:
+    def emails_in_window(
+        self, since: dt.datetime, until: dt.datetime, only_customers: pl.DataFrame | None = None
+    ) -> pl.DataFrame:
         """Per customer, how many distinct emails may have reached them in (since, until].
 
         The one count both the breaker check and the claim-time cap use; `only_customers` (a frame with
@@ -230,7 +286,8 @@ class ClaimStore(LedgerConnection):
 
     def unknown_with_message_ids(self) -> pl.DataFrame:
         return self.frame(
-            "SELECT idempotency_key, message_id FROM reminder_ledger WHERE status = 'unknown' AND message_id IS NOT NULL"
+            "SELECT idempotency_key, message_id FROM reminder_ledger "
+            "WHERE status = 'unknown' AND message_id IS NOT NULL"
         )
 
     def open_problems(self) -> pl.DataFrame:

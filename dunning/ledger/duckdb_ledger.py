@@ -33,28 +33,46 @@ QUARANTINE_MAX_CHARS = 1000
 def _kept(column: str) -> pl.Expr:
     """A rejected value as given, cut to QUARANTINE_MAX_CHARS: a 50 MB name is evidence enough at 1,000 characters."""
     text = pl.col(column).cast(pl.String)
-    return pl.when(text.str.len_chars() > QUARANTINE_MAX_CHARS).then(
-        text.str.slice(0, QUARANTINE_MAX_CHARS) + pl.lit("…")).otherwise(text).alias(column)
+    return (
+        pl.when(text.str.len_chars() > QUARANTINE_MAX_CHARS)
+        .then(text.str.slice(0, QUARANTINE_MAX_CHARS) + pl.lit("…"))
+        .otherwise(text)
+        .alias(column)
+    )
 
 
 class DuckDBLedger(ClaimStore, Operations):
     """Everything the pipeline stores, behind methods a PostgreSQL backend could implement too."""
 
     def invoice_state(self) -> pl.DataFrame:
-        return self.frame("SELECT invoice_id, cycle, cycle_open, last_stage_days, changed_snapshot_at FROM invoice_cycles")
+        return self.frame(
+            "SELECT invoice_id, cycle, cycle_open, last_stage_days, changed_snapshot_at FROM invoice_cycles"
+        )
 
     def latest_applied_snapshot(self) -> tuple[dt.datetime, str] | None:
         """When the newest snapshot a live run applied was taken, and by which run."""
-        row = self.con.execute("SELECT snapshot_taken_at, run_id FROM applied_snapshots "
-                               "ORDER BY snapshot_taken_at DESC LIMIT 1").fetchall()
+        row = self.con.execute(
+            "SELECT snapshot_taken_at, run_id FROM applied_snapshots ORDER BY snapshot_taken_at DESC LIMIT 1"
+        ).fetchall()
         return (row[0][0], row[0][1]) if row else None
 
-    def record_applied_snapshot(self, run_id: str, taken_at: dt.datetime, as_of: dt.datetime, path: str | None,
-                                stale_allowed: bool, wall: dt.datetime) -> None:
-        self.con.execute("INSERT INTO applied_snapshots VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                         [run_id, taken_at, as_of, path, stale_allowed, wall])
+    def record_applied_snapshot(
+        self,
+        run_id: str,
+        taken_at: dt.datetime,
+        as_of: dt.datetime,
+        path: str | None,
+        stale_allowed: bool,
+        wall: dt.datetime,
+    ) -> None:
+        self.con.execute(
+            "INSERT INTO applied_snapshots VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            [run_id, taken_at, as_of, path, stale_allowed, wall],
+        )
 
-    def record_cycle_changes(self, as_of: dt.datetime, cycled: pl.DataFrame, snapshot_taken_at: dt.datetime | None = None) -> None:
+    def record_cycle_changes(
+        self, as_of: dt.datetime, cycled: pl.DataFrame, snapshot_taken_at: dt.datetime | None = None
+    ) -> None:
         """Open and close the cycles this snapshot changes, in one transaction.
 
         Only the changed invoices are written; the snapshot itself is kept once
@@ -63,7 +81,8 @@ class DuckDBLedger(ClaimStore, Operations):
         """
         taken = snapshot_taken_at or as_of
         changes = cycled.filter(pl.col("cycle_action").is_not_null()).select(
-            "invoice_id", "cycle", pl.col("cycle_action").cast(pl.String))
+            "invoice_id", "cycle", pl.col("cycle_action").cast(pl.String)
+        )
         with self.transaction() as con, self.registered("cycle_changes", changes):
             con.execute(
                 """
@@ -87,8 +106,12 @@ class DuckDBLedger(ClaimStore, Operations):
     def quarantine(self, run_id: str, source: str, rejected: pl.DataFrame, at: dt.datetime) -> None:
         raw_columns = [c for c in rejected.columns if c not in ("rule", "source_row")]
         rows = rejected.select(
-            pl.lit(run_id).alias("run_id"), pl.lit(at).alias("quarantined_at"), pl.lit(source).alias("source"),
-            "source_row", _kept("invoice_id"), "rule",
+            pl.lit(run_id).alias("run_id"),
+            pl.lit(at).alias("quarantined_at"),
+            pl.lit(source).alias("source"),
+            "source_row",
+            _kept("invoice_id"),
+            "rule",
             pl.struct([_kept(c) for c in raw_columns]).struct.json_encode().alias("raw_row"),
         )
         with self.registered("rejected_rows", rows):
@@ -102,7 +125,8 @@ class DuckDBLedger(ClaimStore, Operations):
         with self.registered("stage_days", stages.select("stage", "stage_days")):
             return self.frame(
                 """
-                WITH r AS (SELECT invoice_id, cycle, stage FROM reminder_ledger WHERE kind = 'reminder' AND claimed_at <= ?),
+                WITH r AS (SELECT invoice_id, cycle, stage FROM reminder_ledger
+                           WHERE kind = 'reminder' AND claimed_at <= ?),
                      c AS (SELECT invoice_id, max(cycle) AS cycle FROM r GROUP BY invoice_id)
                 SELECT c.invoice_id, c.cycle, true AS cycle_open, max(s.stage_days)::INTEGER AS last_stage_days
                 FROM c JOIN r USING (invoice_id, cycle) LEFT JOIN stage_days s ON s.stage = r.stage
@@ -111,7 +135,9 @@ class DuckDBLedger(ClaimStore, Operations):
                 [as_of],
             )
 
-    def replace_partition(self, table: str, business_date: dt.date, rows: pl.DataFrame, policy_id: str | None = None) -> None:
+    def replace_partition(
+        self, table: str, business_date: dt.date, rows: pl.DataFrame, policy_id: str | None = None
+    ) -> None:
         """Replace one day's rows of a daily table (and policy, for simulations) in one transaction."""
         if table not in ("invoice_history_daily", "simulated_sends"):
             raise ValueError(f"not a daily table: {table}")

@@ -33,11 +33,19 @@ class Migration:
 
 MIGRATIONS = (
     Migration(1, "baseline: the tables of release 0.1", ()),  # an empty file gets the current DDL below
-    Migration(2, "claim leases: a claim names its owner run and expires, so no worker expires another's live claims",
-              ("ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS lease_expires_at TIMESTAMPTZ",)),
-    Migration(3, "snapshot times: a stale snapshot never reopens what a newer one closed",
-              ("ALTER TABLE invoice_cycles ADD COLUMN IF NOT EXISTS changed_snapshot_at TIMESTAMPTZ",
-               next(s for s in DDL if "applied_snapshots" in s))),
+    Migration(
+        2,
+        "claim leases: a claim names its owner run and expires, so no worker expires another's live claims",
+        ("ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS lease_expires_at TIMESTAMPTZ",),
+    ),
+    Migration(
+        3,
+        "snapshot times: a stale snapshot never reopens what a newer one closed",
+        (
+            "ALTER TABLE invoice_cycles ADD COLUMN IF NOT EXISTS changed_snapshot_at TIMESTAMPTZ",
+            next(s for s in DDL if "applied_snapshots" in s),
+        ),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 
@@ -72,8 +80,10 @@ def current_version(con: duckdb.DuckDBPyConnection) -> int:
 def check_not_newer(con: duckdb.DuckDBPyConnection, path: str) -> int:
     version = current_version(con)
     if version > LATEST:
-        raise LedgerTooNew(f"ledger {path} has schema version {version}, newer than this release knows ({LATEST}); "
-                           "upgrade dunning-pipeline before running it on this ledger")
+        raise LedgerTooNew(
+            f"ledger {path} has schema version {version}, newer than this release knows ({LATEST}); "
+            "upgrade dunning-pipeline before running it on this ledger"
+        )
     return version
 
 
@@ -87,13 +97,17 @@ def migrate(con: duckdb.DuckDBPyConnection, path: str) -> list[int]:
         for statement in DDL:
             con.execute(statement)
         for migration in MIGRATIONS:
-            con.execute("INSERT INTO schema_version VALUES (?, ?, ?)",
-                        [migration.version, migration.description, dt.datetime.now(dt.UTC)])
+            con.execute(
+                "INSERT INTO schema_version VALUES (?, ?, ?)",
+                [migration.version, migration.description, dt.datetime.now(dt.UTC)],
+            )
         con.execute("COMMIT")
         return [m.version for m in MIGRATIONS]
     if version == 1 and not _rows(con, "schema_version"):
-        con.execute("INSERT INTO schema_version VALUES (1, ?, ?)",
-                    [MIGRATIONS[0].description + " (found unversioned)", dt.datetime.now(dt.UTC)])
+        con.execute(
+            "INSERT INTO schema_version VALUES (1, ?, ?)",
+            [MIGRATIONS[0].description + " (found unversioned)", dt.datetime.now(dt.UTC)],
+        )
     for migration in MIGRATIONS:
         if migration.version <= version:
             continue
@@ -101,8 +115,10 @@ def migrate(con: duckdb.DuckDBPyConnection, path: str) -> list[int]:
         try:
             for statement in migration.statements:
                 con.execute(statement)
-            con.execute("INSERT INTO schema_version VALUES (?, ?, ?)",
-                        [migration.version, migration.description, dt.datetime.now(dt.UTC)])
+            con.execute(
+                "INSERT INTO schema_version VALUES (?, ?, ?)",
+                [migration.version, migration.description, dt.datetime.now(dt.UTC)],
+            )
         except BaseException:
             con.execute("ROLLBACK")
             raise

@@ -19,8 +19,18 @@ PER_RUN_TABLES = ("dunning_audit", "dunning_runs")
 
 @dataclass(frozen=True)
 class RunSummary:
-    COUNT_NAMES = ("snapshot_rows", "rejected_rows", "due", "sent", "failed", "unknown", "held", "skipped", "emails",
-                   "not_owed_reminded")
+    COUNT_NAMES = (
+        "snapshot_rows",
+        "rejected_rows",
+        "due",
+        "sent",
+        "failed",
+        "unknown",
+        "held",
+        "skipped",
+        "emails",
+        "not_owed_reminded",
+    )
     counts: dict[str, int]
     rejected_by_rule: list[tuple[str, int]]
     held_by_reason: list[tuple[str, int]]  # this run's holds and the keys still held from earlier cycles
@@ -50,11 +60,19 @@ class Operations(LedgerConnection):
             [paused, reason, changed_by, at],
         )
 
-    def add_alert(self, kind: str, message: str, at: dt.datetime, run_id: str | None = None,
-                  details: dict[str, Any] | None = None, severity: str = "critical") -> str:
+    def add_alert(
+        self,
+        kind: str,
+        message: str,
+        at: dt.datetime,
+        run_id: str | None = None,
+        details: dict[str, Any] | None = None,
+        severity: str = "critical",
+    ) -> str:
         alert_id = uuid.uuid4().hex
         self.con.execute(
-            "INSERT INTO alerts (alert_id, created_at, kind, severity, message, run_id, details) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO alerts (alert_id, created_at, kind, severity, message, run_id, details) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
             [alert_id, at, kind, severity, message, run_id, json.dumps(details, default=str) if details else None],
         )
         return alert_id
@@ -65,8 +83,15 @@ class Operations(LedgerConnection):
     def alerts_for_run(self, run_id: str) -> pl.DataFrame:
         return self.frame("SELECT * FROM alerts WHERE run_id = ? ORDER BY created_at", [run_id])
 
-    def record_incident(self, incident_id: str, at: dt.datetime, since: dt.datetime | None, source: str,
-                        flooded: int, apologies_sent: int) -> None:
+    def record_incident(
+        self,
+        incident_id: str,
+        at: dt.datetime,
+        since: dt.datetime | None,
+        source: str,
+        flooded: int,
+        apologies_sent: int,
+    ) -> None:
         self.con.execute(
             "INSERT INTO incidents VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (incident_id) DO UPDATE SET "
             "last_recovery_at = excluded.last_recovery_at, flooded_customers = excluded.flooded_customers, "
@@ -78,37 +103,71 @@ class Operations(LedgerConnection):
         """Keep each event once (first delivery wins); returns how many were new."""
         rows = events.with_columns(pl.lit(run_id).alias("first_run_id"), pl.lit(received_at).alias("received_at"))
         with self.registered("event_rows", rows):
-            return len(self.con.execute(
-                "INSERT INTO billing_events BY NAME SELECT * FROM event_rows ON CONFLICT DO NOTHING RETURNING event_id"
-            ).fetchall())
+            return len(
+                self.con.execute(
+                    "INSERT INTO billing_events BY NAME SELECT * FROM event_rows "
+                    "ON CONFLICT DO NOTHING RETURNING event_id"
+                ).fetchall()
+            )
 
     def quarantine_events(self, frame: pl.DataFrame, run_id: str, received_at: dt.datetime) -> int:
-        """Keep the billing events validation rejected (`event_id`, `type`, `reason`, `payload`), once per run that received them."""
+        """Keep the billing events validation rejected (`event_id`, `type`, `reason`, `payload`), once per run that
+        received them."""
         rows = frame.select("event_id", "type", "reason", "payload").with_columns(
-            pl.lit(run_id).alias("run_id"), pl.lit(received_at).alias("received_at"))
+            pl.lit(run_id).alias("run_id"), pl.lit(received_at).alias("received_at")
+        )
         with self.registered("rejected_events", rows):
             self.con.execute("INSERT INTO event_quarantine BY NAME SELECT * FROM rejected_events")
         return rows.height
 
     def recorded_keys(self, keys: list[str]) -> set[str]:
         with self.registered("asked_keys", pl.DataFrame({"k": keys}, schema={"k": pl.String})):
-            return {k for (k,) in self.con.execute(
-                "SELECT idempotency_key FROM reminder_ledger WHERE idempotency_key IN (SELECT k FROM asked_keys)").fetchall()}
+            return {
+                k
+                for (k,) in self.con.execute(
+                    "SELECT idempotency_key FROM reminder_ledger WHERE idempotency_key IN (SELECT k FROM asked_keys)"
+                ).fetchall()
+            }
 
-    def write_audit(self, run_id: str, audit: pl.DataFrame, counts: Mapping[str, int], as_of: dt.datetime,
-                    dry_run: bool, snapshot_rows: int, snapshot_path: str | None = None,
-                    run_outcome: RunOutcome = RunOutcome.COMPLETED) -> None:
+    def write_audit(
+        self,
+        run_id: str,
+        audit: pl.DataFrame,
+        counts: Mapping[str, int],
+        as_of: dt.datetime,
+        dry_run: bool,
+        snapshot_rows: int,
+        snapshot_path: str | None = None,
+        run_outcome: RunOutcome = RunOutcome.COMPLETED,
+    ) -> None:
         """The audit rows and the run's summary; `counts` as `audit.summarize` gives them."""
-        summary = pl.DataFrame([{
-            "run_id": run_id, "as_of": as_of, "dry_run": dry_run, "finished_wall_at": dt.datetime.now(dt.UTC),
-            "snapshot_path": snapshot_path, "snapshot_rows": snapshot_rows,
-            "rejected_rows": self.scalar("SELECT count(*) FROM snapshot_quarantine WHERE run_id = ?", [run_id]),
-            "due": counts["due"], "sent": counts["sent"], "failed": counts["failed"], "unknown": counts["unknown"],
-            "held": counts["held"],
-            "skipped": self.scalar("SELECT count(*) FROM reminder_ledger WHERE run_id = ? AND status = 'skipped'", [run_id]),
-            "emails": self.scalar("SELECT count(DISTINCT email_id) FROM reminder_ledger WHERE run_id = ? AND status = 'sent'", [run_id]),
-            "not_owed_reminded": counts["not_owed_reminded"], "outcome": str(run_outcome),
-        }])
+        summary = pl.DataFrame(
+            [
+                {
+                    "run_id": run_id,
+                    "as_of": as_of,
+                    "dry_run": dry_run,
+                    "finished_wall_at": dt.datetime.now(dt.UTC),
+                    "snapshot_path": snapshot_path,
+                    "snapshot_rows": snapshot_rows,
+                    "rejected_rows": self.scalar("SELECT count(*) FROM snapshot_quarantine WHERE run_id = ?", [run_id]),
+                    "due": counts["due"],
+                    "sent": counts["sent"],
+                    "failed": counts["failed"],
+                    "unknown": counts["unknown"],
+                    "held": counts["held"],
+                    "skipped": self.scalar(
+                        "SELECT count(*) FROM reminder_ledger WHERE run_id = ? AND status = 'skipped'", [run_id]
+                    ),
+                    "emails": self.scalar(
+                        "SELECT count(DISTINCT email_id) FROM reminder_ledger WHERE run_id = ? AND status = 'sent'",
+                        [run_id],
+                    ),
+                    "not_owed_reminded": counts["not_owed_reminded"],
+                    "outcome": str(run_outcome),
+                }
+            ]
+        )
         self.replace_run_rows("dunning_audit", run_id, audit)
         self.replace_run_rows("dunning_runs", run_id, summary)
 
@@ -121,7 +180,9 @@ class Operations(LedgerConnection):
             con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM run_rows")
 
     def last_run(self) -> dict[str, Any] | None:
-        rows = self.frame("SELECT * FROM dunning_runs WHERE NOT dry_run ORDER BY finished_wall_at DESC LIMIT 1").to_dicts()
+        rows = self.frame(
+            "SELECT * FROM dunning_runs WHERE NOT dry_run ORDER BY finished_wall_at DESC LIMIT 1"
+        ).to_dicts()
         return rows[0] if rows else None
 
     # The dead man's switch (dunning/liveness.py) reads these. Backfills are stored under run ids
@@ -132,39 +193,52 @@ class Operations(LedgerConnection):
         done = " AND coalesce(outcome, 'completed') = 'completed'" if completed_only else ""
         rows = self.frame(
             "SELECT run_id, as_of, finished_wall_at, outcome, due, sent, failed, unknown, held FROM dunning_runs "
-            f"WHERE NOT dry_run AND run_id NOT LIKE 'backfill:%'{done} ORDER BY finished_wall_at DESC LIMIT 1").to_dicts()
+            f"WHERE NOT dry_run AND run_id NOT LIKE 'backfill:%'{done} ORDER BY finished_wall_at DESC LIMIT 1"
+        ).to_dicts()
         return rows[0] if rows else None
 
     def last_dry_run(self) -> dict[str, Any] | None:
         rows = self.frame(
             "SELECT run_id, as_of, finished_wall_at, due, held FROM dunning_runs "
-            "WHERE dry_run AND run_id NOT LIKE 'backfill:%' ORDER BY finished_wall_at DESC LIMIT 1").to_dicts()
+            "WHERE dry_run AND run_id NOT LIKE 'backfill:%' ORDER BY finished_wall_at DESC LIMIT 1"
+        ).to_dicts()
         return rows[0] if rows else None
 
     def last_backfill(self) -> dict[str, Any] | None:
         rows = self.frame(
             "SELECT run_id, as_of, finished_wall_at FROM dunning_runs "
-            "WHERE run_id LIKE 'backfill:%' ORDER BY finished_wall_at DESC LIMIT 1").to_dicts()
+            "WHERE run_id LIKE 'backfill:%' ORDER BY finished_wall_at DESC LIMIT 1"
+        ).to_dicts()
         return rows[0] if rows else None
 
     def unknown_waiting_since(self, before: dt.datetime) -> tuple[int, dt.datetime | None, str | None]:
-        """`unknown` keys whose outcome was recorded (or, lacking that, claimed) before `before`: count, oldest time, oldest key."""
+        """`unknown` keys whose outcome was recorded (or, lacking that, claimed) before `before`: count, oldest time,
+        oldest key."""
         row = self.con.execute(
             "SELECT count(*), min(coalesce(outcome_wall_at, claimed_at)), "
             "arg_min(idempotency_key, coalesce(outcome_wall_at, claimed_at)) FROM reminder_ledger "
-            "WHERE status = 'unknown' AND coalesce(outcome_wall_at, claimed_at) < ?", [before]).fetchall()[0]
+            "WHERE status = 'unknown' AND coalesce(outcome_wall_at, claimed_at) < ?",
+            [before],
+        ).fetchall()[0]
         return int(row[0]), row[1], row[2]
 
     def open_alert(self, kind: str) -> dict[str, Any] | None:
         """The oldest unresolved alert of `kind`, if any."""
-        rows = self.frame("SELECT alert_id, created_at, kind, message FROM alerts WHERE kind = ? AND resolved_at IS NULL "
-                          "ORDER BY created_at LIMIT 1", [kind]).to_dicts()
+        rows = self.frame(
+            "SELECT alert_id, created_at, kind, message FROM alerts WHERE kind = ? AND resolved_at IS NULL "
+            "ORDER BY created_at LIMIT 1",
+            [kind],
+        ).to_dicts()
         return rows[0] if rows else None
 
     def resolve_alerts(self, kind: str, at: dt.datetime) -> int:
         """Mark every unresolved alert of `kind` resolved at `at`; returns how many."""
-        return len(self.con.execute("UPDATE alerts SET resolved_at = ? WHERE kind = ? AND resolved_at IS NULL RETURNING alert_id",
-                                    [at, kind]).fetchall())
+        return len(
+            self.con.execute(
+                "UPDATE alerts SET resolved_at = ? WHERE kind = ? AND resolved_at IS NULL RETURNING alert_id",
+                [at, kind],
+            ).fetchall()
+        )
 
     def is_paused(self) -> bool:
         """The pause flag alone; reads every row, so the connection has no unfinished result for a later `frame`."""
@@ -175,17 +249,31 @@ class Operations(LedgerConnection):
         """What one run did, as the CLI reports it: counts, rejections by rule, holds by reason, a health stop."""
         rows = self.con.execute(
             "SELECT snapshot_rows, rejected_rows, due, sent, failed, unknown, held, skipped, emails, not_owed_reminded "
-            "FROM dunning_runs WHERE run_id = ?", [run_id]).fetchall()
+            "FROM dunning_runs WHERE run_id = ?",
+            [run_id],
+        ).fetchall()
         if not rows:
             return None
         counts = dict(zip(RunSummary.COUNT_NAMES, (int(v or 0) for v in rows[0]), strict=True))
-        rules = self.con.execute("SELECT rule, count(*) FROM snapshot_quarantine WHERE run_id = ? GROUP BY rule "
-                                 "ORDER BY 2 DESC, 1", [run_id]).fetchall()
-        held = self.con.execute("SELECT reason, count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'held' "
-                                "GROUP BY reason ORDER BY reason", [run_id]).fetchall()
-        would = self.con.execute("SELECT count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'dry_run' "
-                                 "AND kind = 'reminder'", [run_id]).fetchall()[0][0]
-        stopped = self.con.execute("SELECT message FROM alerts WHERE run_id = ? AND kind = 'provider_unhealthy'",
-                                   [run_id]).fetchall()
-        return RunSummary(counts, [(r, int(n)) for r, n in rules], [(r, int(n)) for r, n in held], int(would),
-                          stopped[0][0] if stopped else None)
+        rules = self.con.execute(
+            "SELECT rule, count(*) FROM snapshot_quarantine WHERE run_id = ? GROUP BY rule ORDER BY 2 DESC, 1", [run_id]
+        ).fetchall()
+        held = self.con.execute(
+            "SELECT reason, count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'held' "
+            "GROUP BY reason ORDER BY reason",
+            [run_id],
+        ).fetchall()
+        would = self.con.execute(
+            "SELECT count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'dry_run' AND kind = 'reminder'",
+            [run_id],
+        ).fetchall()[0][0]
+        stopped = self.con.execute(
+            "SELECT message FROM alerts WHERE run_id = ? AND kind = 'provider_unhealthy'", [run_id]
+        ).fetchall()
+        return RunSummary(
+            counts,
+            [(r, int(n)) for r, n in rules],
+            [(r, int(n)) for r, n in held],
+            int(would),
+            stopped[0][0] if stopped else None,
+        )

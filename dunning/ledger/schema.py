@@ -11,8 +11,20 @@ with `ADD COLUMN IF NOT EXISTS`, for ledgers made before it existed).
 """
 
 LEDGER_COLUMNS = (
-    "idempotency_key", "kind", "invoice_id", "customer_id", "customer_email", "cycle", "stage",
-    "status", "amount_minor", "currency", "email_id", "message_id", "run_id", "claimed_at",
+    "idempotency_key",
+    "kind",
+    "invoice_id",
+    "customer_id",
+    "customer_email",
+    "cycle",
+    "stage",
+    "status",
+    "amount_minor",
+    "currency",
+    "email_id",
+    "message_id",
+    "run_id",
+    "claimed_at",
 )
 
 DDL = (

@@ -26,7 +26,7 @@ MAX_STEM = 200  # file systems allow 255 bytes per name; the Message-ID's domain
 def _file_name(message_id: str) -> str:
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", message_id.strip("<>"))
     if len(stem) > MAX_STEM:
-        stem = stem[:MAX_STEM - 17] + "_" + hashlib.sha256(stem.encode()).hexdigest()[:16]
+        stem = stem[: MAX_STEM - 17] + "_" + hashlib.sha256(stem.encode()).hexdigest()[:16]
     return stem + ".eml"
 
 

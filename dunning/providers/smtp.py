@@ -105,11 +105,17 @@ class _Connection:
                 raise smtplib.SMTPRecipientsRefused({message["To"]: (code, reply)})
         except (smtplib.SMTPSenderRefused, smtplib.SMTPRecipientsRefused) as exc:
             self.reset()
-            return SendOutcome(SendStatus.FAILED, message_id, f"rejected before data: {exc!r}"[:500],
-                               transport_error=_code_of(exc) == 421)
+            return SendOutcome(
+                SendStatus.FAILED,
+                message_id,
+                f"rejected before data: {exc!r}"[:500],
+                transport_error=_code_of(exc) == 421,
+            )
         except (smtplib.SMTPException, OSError) as exc:  # connect, TLS, login, timeout, dropped connection
             self.drop()
-            return SendOutcome(SendStatus.FAILED, message_id, f"rejected before data: {exc!r}"[:500], transport_error=True)
+            return SendOutcome(
+                SendStatus.FAILED, message_id, f"rejected before data: {exc!r}"[:500], transport_error=True
+            )
         return self._data(client, message_id, message.as_bytes(policy=WIRE_POLICY))
 
     def _data(self, client: smtplib.SMTP, message_id: str, data: bytes) -> SendOutcome:
@@ -125,22 +131,31 @@ class _Connection:
             code, reply = client.getreply()
         except (smtplib.SMTPException, OSError) as exc:
             self.drop()
-            return SendOutcome(SendStatus.FAILED, message_id, f"no 354 to DATA, nothing handed over: {exc!r}"[:500],
-                               transport_error=True)
+            return SendOutcome(
+                SendStatus.FAILED,
+                message_id,
+                f"no 354 to DATA, nothing handed over: {exc!r}"[:500],
+                transport_error=True,
+            )
         if code != 354:
             return self._refused(message_id, code, reply, "DATA refused")
         try:
             client.send(_dot_terminated(data))  # sendall: raises unless every byte, the final dot included, left
         except (smtplib.SMTPException, OSError) as exc:
             self.drop()
-            return SendOutcome(SendStatus.FAILED, message_id, f"connection lost before the final dot: {exc!r}"[:500],
-                               transport_error=True)
+            return SendOutcome(
+                SendStatus.FAILED,
+                message_id,
+                f"connection lost before the final dot: {exc!r}"[:500],
+                transport_error=True,
+            )
         try:
             code, reply = client.getreply()
         except (smtplib.SMTPException, OSError) as exc:
             self.drop()
-            return SendOutcome(SendStatus.UNKNOWN, message_id, f"no answer after the final dot: {exc!r}"[:500],
-                               transport_error=True)
+            return SendOutcome(
+                SendStatus.UNKNOWN, message_id, f"no answer after the final dot: {exc!r}"[:500], transport_error=True
+            )
         if code != 250:
             return self._refused(message_id, code, reply, "data rejected")
         return SendOutcome(SendStatus.SENT, message_id)
@@ -150,7 +165,9 @@ class _Connection:
             self.drop()
         else:
             self.reset()
-        return SendOutcome(SendStatus.FAILED, message_id, f"{what}: {code} {reply!r}"[:500], transport_error=code == 421)
+        return SendOutcome(
+            SendStatus.FAILED, message_id, f"{what}: {code} {reply!r}"[:500], transport_error=code == 421
+        )
 
 
 def _code_of(exc: smtplib.SMTPException) -> int | None:
@@ -194,9 +211,13 @@ class SmtpProvider(EmailProvider):
         if not any(names):
             return None
         values = tuple(os.environ.get(n) if n else None for n in names)
-        missing = [f"provider.{key}: environment variable {name} is not set or empty" if name else
-                   f"provider.{key}: not configured (username_env and password_env go together)"
-                   for key, name, value in zip(("username_env", "password_env"), names, values, strict=True) if not value]
+        missing = [
+            f"provider.{key}: environment variable {name} is not set or empty"
+            if name
+            else f"provider.{key}: not configured (username_env and password_env go together)"
+            for key, name, value in zip(("username_env", "password_env"), names, values, strict=True)
+            if not value
+        ]
         if missing:
             raise ConfigError("; ".join(missing))  # names only: a value never goes into an error
         return values  # type: ignore[return-value]
@@ -221,7 +242,9 @@ class SmtpProvider(EmailProvider):
 
     def send(self, message: Message) -> SendOutcome:
         if self.stopped_reason is not None:
-            return SendOutcome(SendStatus.RELEASED, message["Message-ID"], f"not handed over: {self.stopped_reason}"[:500])
+            return SendOutcome(
+                SendStatus.RELEASED, message["Message-ID"], f"not handed over: {self.stopped_reason}"[:500]
+            )
         outcome = self._connection().send(message)
         self._count(outcome)
         return outcome
@@ -236,8 +259,10 @@ class SmtpProvider(EmailProvider):
             self._last_errors = (self._last_errors + [outcome.error or "transport error"])[-3:]
             limit = self.settings.max_consecutive_errors
             if self._consecutive_errors >= limit and self.stopped_reason is None:
-                self.stopped_reason = (f"provider smtp {self.settings.host}:{self.settings.port} stopped as unhealthy after "
-                                       f"{limit} consecutive transport errors; last: " + " | ".join(self._last_errors))
+                self.stopped_reason = (
+                    f"provider smtp {self.settings.host}:{self.settings.port} stopped as unhealthy after "
+                    f"{limit} consecutive transport errors; last: " + " | ".join(self._last_errors)
+                )
 
     def send_many(self, messages: Iterable[Message]) -> list[SendOutcome]:
         if self.settings.connections == 1:
