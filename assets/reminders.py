@@ -4,8 +4,7 @@ import dagster as dg
 import polars as pl
 
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, frame_metadata
-from dunning import cycle
-from dunning.events import event_keys, notice_rows
+from dunning import cycle, steps
 from resources.dunning import CycleRequest, DunningHome
 
 
@@ -25,13 +24,8 @@ def reminders_due(
     """
     config = dunning_home.settings()
     clock = cycle_request.cycle_clock(context, config)
-    failed, notices = None, None
-    if clock.reads_live_state:
-        with dunning_home.ledger() as ledger:
-            failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts)
-            recorded = ledger.recorded_keys(event_keys(billing_events))
-        notices = notice_rows(billing_events, invoice_snapshot, recorded, config.provider.message_domain)
-    plan = cycle.plan_cycle(invoice_snapshot, config, failed, notices)
+    with dunning_home.ledger() as ledger:
+        plan = steps.plan_step(ledger, invoice_snapshot, billing_events, config, clock)
     due = cycle.due_rows(plan)
     by_stage = dict(due.group_by("stage").len().iter_rows()) if due.height else {}
     return dg.Output(

@@ -4,12 +4,12 @@ import dagster as dg
 import polars as pl
 
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, fail, frame_metadata
-from dunning import cycle
+from dunning import cycle, steps
 from dunning.alerts import Alert, raise_alert
 from dunning.clock import RunMode, utc_now
 from dunning.errors import DunningError
 from dunning.progress import report_send_progress
-from dunning.sending import held_outcomes, resolve_unknown, send_due
+from dunning.sending import held_outcomes
 from dunning.vocabulary import SendStatus
 from resources.dunning import CycleRequest, DunningHome
 
@@ -94,31 +94,25 @@ def send_batch(
 
     try:
         with dunning_home.ledger() as ledger:
-            pause = ledger.pause_state()
-            if pause.paused:
-                context.log.warning(f"paused ({pause.reason}): {due.height} key(s) held, nothing sent")
-                return dg.Output(
-                    held_outcomes(due, SendStatus.PAUSED),
-                    metadata={"paused": True, "pause_reason": pause.reason or "", "held": due.height},
-                )
-            with dunning_home.provider(config) as provider:
-                owners = ledger.claim_owners(context.run.run_id)
-                stale = ledger.expire_stale_claims(context.run.run_id, utc_now(), dead_runs(context.instance, owners))
-                resolved = resolve_unknown(ledger, provider, utc_now(), config.retry.backoff_minutes)
-                report, outcomes = send_due(
-                    ledger,
-                    provider,
-                    due,
-                    cycle.skipped_rows(reminders_due),
-                    config=config,
-                    run_id=context.run.run_id,
-                    as_of=clock.as_of,
-                    now=utc_now,
-                    cap=cycle.claim_cap(clock.as_of, config),
-                    progress=progress,
-                )
+            step = steps.send_step(
+                ledger,
+                lambda: dunning_home.provider(config),
+                reminders_due,
+                config,
+                clock,
+                run_id=context.run.run_id,
+                dead_runs=lambda owners: dead_runs(context.instance, list(owners)),
+                now=utc_now,
+                progress=progress,
+            )
     except DunningError as error:
         raise fail(error) from None
+    if step.report is None:
+        context.log.warning(f"paused ({step.pause.reason}): {due.height} key(s) held, nothing sent")
+        return dg.Output(
+            step.outcomes, metadata={"paused": True, "pause_reason": step.pause.reason or "", "held": due.height}
+        )
+    report, outcomes, stale, resolved = step.report, step.outcomes, step.stale_claims_expired, step.unknown_resolved
     if report.provider_stopped:
         with dunning_home.ledger() as ledger:
             alert_id = raise_alert(

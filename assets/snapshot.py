@@ -4,27 +4,12 @@ import dagster as dg
 import polars as pl
 
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, fail, frame_metadata, log_run_mode
-from dunning import cycle
-from dunning.clock import RunMode, utc_now
-from dunning.errors import DunningError, InvalidRowsHalt, SnapshotError
+from dunning import steps
+from dunning.clock import utc_now
+from dunning.errors import DunningError, SnapshotError
 from dunning.events import EVENTS_SCHEMA, PAYMENT_FAILED, load_events
 from dunning.landing import latest_for_day
-from dunning.policy import assign_cycles, stages_frame
 from resources.dunning import CycleRequest, DunningHome
-
-HISTORY_COLUMNS = (
-    "invoice_id",
-    "customer_id",
-    "customer_email",
-    "currency",
-    "amount_due",
-    "amount_paid",
-    "remaining_minor",
-    "due_date",
-    "status",
-    "days_overdue",
-    "cycle",
-)
 
 
 def _snapshot_path(dunning_home: DunningHome, cycle_request: CycleRequest, day) -> str:
@@ -54,39 +39,19 @@ def invoice_snapshot(
         config = dunning_home.settings()
         clock = cycle_request.cycle_clock(context, config)
         path = _snapshot_path(dunning_home, cycle_request, clock.partition_date)
-        loaded = cycle.load_snapshot(path, config)
-        taken_at = cycle.snapshot_taken_at(loaded.valid, clock.as_of)
         with dunning_home.ledger() as ledger:
-            if clock.live:  # before anything is written
-                cycle.refuse_stale(ledger, taken_at, cycle_request.allow_stale)
-            if loaded.rejected.height and clock.mode is not RunMode.DRY_RUN:
-                ledger.quarantine(context.run.run_id, path, loaded.rejected, utc_now())
-            if loaded.rejected.height and config.on_invalid_rows == "halt":
-                raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {loaded.summary}")
-            state = (
-                ledger.invoice_state()
-                if clock.reads_live_state
-                else ledger.state_as_of(clock.as_of, stages_frame(config))
+            applied = steps.apply_snapshot(
+                ledger,
+                path,
+                config,
+                clock,
+                run_id=context.run.run_id,
+                allow_stale=cycle_request.allow_stale,
+                wall=utc_now(),
             )
-            cycled = assign_cycles(loaded.valid, state, clock.as_of, config, taken_at)
-            if clock.live:
-                ledger.record_cycle_changes(clock.as_of, cycled, taken_at)
-                ledger.record_applied_snapshot(
-                    context.run.run_id, taken_at, clock.as_of, path, cycle_request.allow_stale, utc_now()
-                )
-            if clock.mode is not RunMode.DRY_RUN:
-                ledger.replace_partition(
-                    "invoice_history_daily",
-                    clock.partition_date,
-                    cycled.select(
-                        pl.lit(clock.partition_date).alias("business_date"),
-                        pl.lit(context.run.run_id).alias("run_id"),
-                        pl.lit(clock.as_of).alias("as_of"),
-                        *HISTORY_COLUMNS,
-                    ),
-                )
     except DunningError as error:
         raise fail(error) from None
+    loaded, cycled = applied.loaded, applied.cycled
     if loaded.rejected.height:
         context.log.warning(loaded.summary)
     mode = log_run_mode(context, clock.mode)

@@ -57,12 +57,13 @@ def disk_floor(directory: Path, files: int, size: int) -> float:
 
 
 def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, send: bool = True) -> dict:
-    from dunning import cycle
+    from dunning import cycle, steps
     from dunning.analytics import publish
+    from dunning.clock import CycleClock, RunMode
     from dunning.config import DunningConfig
     from dunning.ledger.duckdb_ledger import open_ledger
     from dunning.providers.file_outbox import FileOutbox
-    from dunning.sending import held_outcomes, send_due
+    from dunning.sending import held_outcomes
     from dunning.vocabulary import SendStatus
 
     home = _scratch(template, "steps")
@@ -83,10 +84,11 @@ def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, 
 
     loaded = step("load_validate", lambda: cycle.load_snapshot(home / "bench-snapshot.parquet", config))
     with open_ledger(home / "dunning.duckdb") as ledger:
+        clock = CycleClock(as_of, RunMode.LIVE, as_of.astimezone(config.zone).date())
 
-        def newly_due():
+        def newly_due():  # the assets' own plan step (dunning.steps), on the cycled snapshot
             cycled = cycle.cycle_snapshot(ledger, loaded.valid, config, as_of)
-            return cycled, cycle.plan_cycle(cycled, config, ledger.retryable_failures(as_of, config.retry.max_attempts))
+            return cycled, steps.plan_step(ledger, cycled, None, config, clock)
 
         cycled, plan = step("newly_due", newly_due, repeat=5)
         due = cycle.sendable_due(plan)
@@ -106,20 +108,21 @@ def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, 
         step("claim", claim_only)
         outbox = (outbox_root or home) / "outbox"
         if send:
-            report, outcomes = step(
+            sent = step(
                 "claim_render_send_record",
-                lambda: send_due(
+                lambda: steps.send_step(
                     ledger,
-                    FileOutbox(outbox),
-                    due,
-                    cycle.skipped_rows(plan),
-                    config=config,
+                    lambda: FileOutbox(outbox),
+                    plan,
+                    config,
+                    clock,
                     run_id="bench",
-                    as_of=as_of,
+                    dead_runs=lambda owners: (),
                     now=lambda: dt.datetime.now(dt.UTC),
-                    cap=cycle.claim_cap(as_of, config),
-                ),
+                ),  # fmt: skip
             )
+            report, outcomes = sent.report, sent.outcomes
+            assert report is not None, "the bench home is not paused"
             timings["claim_render_send_record"]["emails"] = report.emails
             timings["claim_render_send_record"]["emails_per_s"] = round(
                 report.emails / max(timings["claim_render_send_record"]["s"], 1e-9)

@@ -16,12 +16,15 @@ from email.message import Message
 from pathlib import Path
 
 import duckdb
+import polars as pl
 
-from dunning import cycle
+from dunning import cycle, steps
+from dunning.clock import CycleClock, RunMode
 from dunning.config import DunningConfig
+from dunning.errors import DunningError
 from dunning.ledger.duckdb_ledger import DuckDBLedger
 from dunning.providers.base import EmailProvider, SendOutcome
-from dunning.sending import Record, send_due
+from dunning.sending import Record
 from dunning.vocabulary import SendStatus
 
 SIMULATION_RUN = "guard-simulation"
@@ -75,34 +78,43 @@ def unique_constraint_in_force(ledger: DuckDBLedger) -> tuple[bool, str]:
 def simulated_double_pass(
     ledger: DuckDBLedger, snapshot_path: str | Path, config: DunningConfig, as_of: dt.datetime
 ) -> list[tuple[str, bool, str]]:
-    loaded = cycle.load_snapshot(snapshot_path, config)
+    """Two live passes of the real steps (`dunning.steps`), inside one rolled-back transaction.
+
+    The same composition the assets run: stale-snapshot refusal, quarantine,
+    cycles, retries, the breaker, the pause check (lifted inside the
+    simulation, since resuming is what is being proven), stale-claim expiry,
+    unknown lookups, claims. Only the provider is simulated.
+    """
+    clock = CycleClock(as_of, RunMode.LIVE, as_of.astimezone(config.zone).date())
+    path = str(snapshot_path)
     results: list[tuple[str, bool, str]] = []
+
+    def live_pass() -> pl.DataFrame:
+        applied = steps.apply_snapshot(
+            ledger, path, config, clock, run_id=SIMULATION_RUN, allow_stale=False, wall=as_of
+        )
+        return steps.plan_step(ledger, applied.cycled, None, config, clock)
+
     with ledger.simulation():
-        cycled = cycle.cycle_snapshot(ledger, loaded.valid, config, as_of)
-        ledger.record_cycle_changes(as_of, cycled)
-        plan = cycle.plan_cycle(cycled, config)
+        ledger.set_pause(False, "guard simulation", "guard", as_of)
+        try:
+            plan = live_pass()
+        except DunningError as error:
+            return [("first pass runs", False, str(error))]
         verdict = cycle.check_breaker(ledger, plan, as_of, config)
         results.append(("first pass within the breaker", verdict.passed, verdict.describe()))
-        due = cycle.sendable_due(plan)
-        send_due(
-            ledger,
-            SimulatedProvider(),
-            due,
-            cycle.skipped_rows(plan),
-            config=config,
-            run_id=SIMULATION_RUN,
-            as_of=as_of,
-            now=lambda: as_of,
-            cap=cycle.claim_cap(as_of, config),
-            render=_placeholder,
-        )
-        again = cycle.sendable_due(cycle.plan_cycle(cycle.cycle_snapshot(ledger, loaded.valid, config, as_of), config))
+        first = steps.send_step(
+            ledger, SimulatedProvider, plan, config, clock, run_id=SIMULATION_RUN, dead_runs=lambda owners: (),
+            now=lambda: as_of, render=_placeholder,
+        )  # fmt: skip
+        claimed = first.report.claimed if first.report else 0
+        again = cycle.sendable_due(live_pass())
         keys = again.get_column("idempotency_key").head(5).to_list()
         results.append(
             (
                 "second pass finds nothing newly due",
                 again.is_empty(),
-                f"first pass would send {due.height} key(s); second pass finds {again.height}"
+                f"first pass would send {claimed} key(s); second pass finds {again.height}"
                 + (f" (e.g. {', '.join(keys)})" if keys else ""),
             )
         )

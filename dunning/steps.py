@@ -1,0 +1,120 @@
+"""The cycle composed once: the steps every caller runs, in order, with the same rules.
+
+The Dagster assets (one step each), the resume guard's simulated double pass
+and the benchmark all call these functions, so a proof or a measurement is of
+the pipeline that actually runs, not of a copy of it:
+
+1. `apply_snapshot`: read and validate, refuse a stale snapshot, quarantine,
+   halt by policy, assign cycles against the ledger (as of the day for a
+   backfill), record cycle changes and the day's history.
+2. `plan_step`: newly due keys, failed sends whose backoff is over, and
+   payment-failed notices from new events.
+3. the breaker (`cycle.check_breaker`), a gate the caller enforces.
+4. `send_step`: the pause check, stale claims expired, unknown outcomes looked
+   up, then claim-send-record (`sending.send_due`).
+5. the audit (`cycle.audit_cycle`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from email.message import Message
+
+import polars as pl
+
+from dunning import cycle
+from dunning.clock import CycleClock, RunMode
+from dunning.config import DunningConfig
+from dunning.errors import InvalidRowsHalt
+from dunning.events import event_keys, notice_rows
+from dunning.ledger.base import Ledger
+from dunning.ledger.operations import PauseState
+from dunning.policy import assign_cycles, stages_frame
+from dunning.providers.base import EmailProvider
+from dunning.sending import Record, SendReport, held_outcomes, resolve_unknown, send_due
+from dunning.vocabulary import SendStatus
+
+HISTORY_COLUMNS = (
+    "invoice_id", "customer_id", "customer_email", "currency", "amount_due", "amount_paid", "remaining_minor",
+    "due_date", "status", "days_overdue", "cycle",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AppliedSnapshot:
+    loaded: cycle.ValidatedSnapshot
+    cycled: pl.DataFrame  # the valid rows with cycle, days overdue, owed, sendable
+    taken_at: dt.datetime
+
+
+def apply_snapshot(
+    ledger: Ledger, path: str, config: DunningConfig, clock: CycleClock, *, run_id: str, allow_stale: bool,
+    wall: dt.datetime,
+) -> AppliedSnapshot:  # fmt: skip
+    """Step 1. Raises SnapshotError (stale, unreadable) or InvalidRowsHalt before any cycle is computed."""
+    loaded = cycle.load_snapshot(path, config)
+    taken_at = cycle.snapshot_taken_at(loaded.valid, clock.as_of)
+    if clock.live:  # before anything is written
+        cycle.refuse_stale(ledger, taken_at, allow_stale)
+    if loaded.rejected.height and clock.mode is not RunMode.DRY_RUN:
+        ledger.quarantine(run_id, path, loaded.rejected, wall)
+    if loaded.rejected.height and config.on_invalid_rows == "halt":
+        raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {loaded.summary}")
+    state = ledger.invoice_state() if clock.reads_live_state else ledger.state_as_of(clock.as_of, stages_frame(config))
+    cycled = assign_cycles(loaded.valid, state, clock.as_of, config, taken_at)
+    if clock.live:
+        ledger.record_cycle_changes(clock.as_of, cycled, taken_at)
+        ledger.record_applied_snapshot(run_id, taken_at, clock.as_of, path, allow_stale, wall)
+    if clock.mode is not RunMode.DRY_RUN:
+        history = cycled.select(
+            pl.lit(clock.partition_date).alias("business_date"), pl.lit(run_id).alias("run_id"),
+            pl.lit(clock.as_of).alias("as_of"), *HISTORY_COLUMNS,
+        )  # fmt: skip
+        ledger.replace_partition("invoice_history_daily", clock.partition_date, history)
+    return AppliedSnapshot(loaded, cycled, taken_at)
+
+
+def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None, config: DunningConfig,
+              clock: CycleClock) -> pl.DataFrame:  # fmt: skip
+    """Step 2. Retries and notices belong to live and dry runs; a backfill asks what the policy would have sent."""
+    failed, notices = None, None
+    if clock.reads_live_state:
+        failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts)
+        if events is not None and events.height:
+            recorded = ledger.recorded_keys(event_keys(events))
+            notices = notice_rows(events, cycled, recorded, config.provider.message_domain)
+    return cycle.plan_cycle(cycled, config, failed, notices)
+
+
+@dataclass(frozen=True)
+class SendStepResult:
+    report: SendReport | None  # None when paused: nothing was attempted
+    outcomes: pl.DataFrame
+    pause: PauseState
+    stale_claims_expired: int = 0
+    unknown_resolved: int = 0
+
+
+def send_step(
+    ledger: Ledger, open_provider: Callable[[], EmailProvider], plan: pl.DataFrame, config: DunningConfig,
+    clock: CycleClock, *,
+    run_id: str, dead_runs: Callable[[Sequence[str]], Sequence[str]], now: Callable[[], dt.datetime],
+    progress: Callable[[SendReport, int], None] | None = None, render: Callable[[list[Record]], Message] | None = None,
+) -> SendStepResult:  # fmt: skip
+    """Step 4, for a live run. `open_provider` is called only when not paused; `dead_runs` says which of the
+    runs holding claims are known to have ended."""
+    due = cycle.sendable_due(plan)
+    pause = ledger.pause_state()
+    if pause.paused:
+        return SendStepResult(None, held_outcomes(due, SendStatus.PAUSED), pause)
+    with open_provider() as provider:  # built only when something may be sent (not while paused)
+        owners = ledger.claim_owners(run_id)
+        stale = ledger.expire_stale_claims(run_id, now(), list(dead_runs(owners)))
+        resolved = resolve_unknown(ledger, provider, now(), config.retry.backoff_minutes)
+        report, outcomes = send_due(
+            ledger, provider, due, cycle.skipped_rows(plan), config=config, run_id=run_id, as_of=clock.as_of,
+            now=now, cap=cycle.claim_cap(clock.as_of, config), progress=progress, render=render,
+        )  # fmt: skip
+    return SendStepResult(report, outcomes, pause, stale, resolved)
