@@ -269,3 +269,18 @@ def test_recover_names_a_bad_sent_log(deployment, tmp_path):
         "recover", "--incident", "X", "--snapshot", str(deployment.snapshot([invoice()])), "--sent-log", str(log)
     )
     assert code == 2 and "lacks required column(s): to, sent_at" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_the_resume_proof_runs_the_real_steps_retries_included(deployment, tmp_path):
+    from tests.smtp_server import free_port, smtp_config
+
+    config = smtp_config(tmp_path / "down.yaml", free_port())  # nothing listens: the send fails
+    assert deployment.run([invoice()], "2026-11-05T09:00:00Z", "--config", config)[0] == 0
+    assert deployment.ledger("status = 'failed'")[0]["idempotency_key"] == "dunning:in_1:1:day3"
+    assert deployment.cli("pause", "--reason", "checking")[0] == 0
+    code, out, err = deployment.cli("resume", "--as-of", "2026-11-05T10:00:00Z", "--config", config)
+    assert code == 0, err
+    # the failed key's backoff is over: the proof's first pass retries it, as a real cycle would
+    assert "first pass would send 1 key(s); second pass finds 0" in out
+    assert deployment.ledger("status = 'failed'")[0]["attempts"] == 1, "the simulation was rolled back"
