@@ -128,7 +128,7 @@ def _literal(path: Path) -> str:
 
 def _count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
     """The value of a `count(*)` query (which always returns a row)."""
-    row = con.execute(sql).fetchone()
+    row = next(iter(con.execute(sql).fetchall()), None)
     if row is None:
         raise LookupError(f"query returned no row: {sql}")
     return int(row[0])

@@ -278,8 +278,8 @@ def recovery_report(result: dg.ExecuteJobResult) -> tuple[str, int]:
 def _alert_settings(ledger: DuckDBLedger) -> tuple[Alerts, str | None]:
     """The `alerts` thresholds from HOME/config.yaml beside the ledger file (defaults when there is none);
     a broken file gives the defaults and its error, so `status` still answers."""
-    rows = ledger.con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()
-    path = Path(rows[0][0]).parent / CONFIG_FILE_NAME if rows and rows[0][0] else None
+    database = ledger.database_path()
+    path = Path(database).parent / CONFIG_FILE_NAME if database else None
     if path is None or not path.is_file():
         return Alerts(), None
     try:
@@ -296,26 +296,17 @@ def status(ledger: DuckDBLedger, now: dt.datetime | None = None, settings: Alert
     """Pause, the last live run (not dry, not backfill) and the last backfill apart, counts, alerts, liveness.
 
     `settings`: the `alerts` section; None reads HOME/config.yaml beside the ledger. `now`: the wall clock."""
-    con = ledger.con
     config_error = None
     if settings is None:
         settings, config_error = _alert_settings(ledger)
     live = liveness.assess(ledger, settings, now or utc_now())
-    paused = (
-        con.execute("SELECT paused, reason, changed_by, changed_at FROM pause_state WHERE id = 1").fetchall() or [None]
-    )[0]
+    pause = ledger.pause_state()
     last = ledger.last_live_run()
-    counts = dict(con.execute("SELECT status, count(*) FROM reminder_ledger GROUP BY status").fetchall())
-    alerts = con.execute(
-        "SELECT created_at, kind, message FROM alerts WHERE resolved_at IS NULL ORDER BY created_at DESC LIMIT 20"
-    ).fetchall()
-    unknown = con.execute(
-        "SELECT idempotency_key FROM reminder_ledger WHERE status = 'unknown' ORDER BY idempotency_key LIMIT 50"
-    ).fetchall()
+    counts = ledger.status_counts()
     hours = live.hours_since_last_live_run
     return {
-        "paused": bool(paused and paused[0]),
-        "pause_reason": paused[1] if paused and paused[0] else None,
+        "paused": bool(pause.paused),
+        "pause_reason": pause.reason if pause.paused else None,
         "last_run": {**last, "dry_run": False} if last else None,
         "last_live_run": _run_fields(live.last_live_run, "run_id", "as_of", "finished_wall_at"),
         "hours_since_last_live_run": round(hours, 2) if hours is not None else None,
@@ -323,9 +314,9 @@ def status(ledger: DuckDBLedger, now: dt.datetime | None = None, settings: Alert
         "stale_after_hours": live.stale_after_hours,
         "last_dry_run": _run_fields(ledger.last_dry_run(), "run_id", "as_of", "finished_wall_at"),
         "last_backfill": _run_fields(ledger.last_backfill(), "run_id", "as_of", "finished_wall_at"),
-        "ledger_counts": counts,
-        "open_alerts": [dict(zip(("created_at", "kind", "message"), a, strict=True)) for a in alerts],
-        "unknown_keys": [k for (k,) in unknown],
+        "ledger_counts": counts.by_status,
+        "open_alerts": counts.open_alerts,
+        "unknown_keys": counts.unknown_keys,
         "unknown_overdue": live.unknown_overdue,
         "unknown_after_hours": live.unknown_after_hours,
         "oldest_unknown_overdue": (

@@ -90,7 +90,7 @@ class LedgerConnection:
 
     def scalar(self, sql: str, params: Sequence[object] | None = None) -> object:
         """The first value of the first row, for a query that always returns one (an aggregate)."""
-        row = self.con.execute(sql, params or []).fetchone()
+        row = next(iter(self.con.execute(sql, params or []).fetchall()), None)
         if row is None:
             raise LookupError(f"query returned no row: {sql}")
         return row[0]

@@ -59,19 +59,22 @@ CREATE TABLE IF NOT EXISTS schema_version (
 
 
 def _exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
-    row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchone()
+    row = next(
+        iter(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchall()),
+        None,
+    )
     return bool(row and row[0])
 
 
 def _rows(con: duckdb.DuckDBPyConnection, table: str) -> int:
-    row = con.execute(f"SELECT count(*) FROM {table}").fetchone()
+    row = next(iter(con.execute(f"SELECT count(*) FROM {table}").fetchall()), None)
     return int(row[0]) if row else 0
 
 
 def current_version(con: duckdb.DuckDBPyConnection) -> int:
     """0 for an empty file, 1 for a release-0.1 ledger, else the highest version applied."""
     if _exists(con, "schema_version"):
-        row = con.execute("SELECT max(version) FROM schema_version").fetchone()
+        row = next(iter(con.execute("SELECT max(version) FROM schema_version").fetchall()), None)
         if row and row[0] is not None:
             return int(row[0])
     return 1 if _exists(con, "reminder_ledger") else 0

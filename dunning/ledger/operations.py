@@ -39,6 +39,13 @@ class RunSummary:
 
 
 @dataclass(frozen=True)
+class StatusCounts:
+    by_status: dict[str, int]
+    open_alerts: list[dict[str, Any]]  # the 20 newest unresolved: created_at, kind, message
+    unknown_keys: list[str]  # the first 50 held for a human
+
+
+@dataclass(frozen=True)
 class PauseState:
     paused: bool
     reason: str | None = None
@@ -50,7 +57,14 @@ class Operations(LedgerConnection):
     """The pause flag, alerts, incidents, billing events and per-run rows, on the ledger's connection."""
 
     def pause_state(self) -> PauseState:
-        row = self.con.execute("SELECT paused, reason, changed_by, changed_at FROM pause_state WHERE id = 1").fetchone()
+        row = next(
+            iter(
+                self.con.execute(
+                    "SELECT paused, reason, changed_by, changed_at FROM pause_state WHERE id = 1"
+                ).fetchall()
+            ),
+            None,
+        )
         return PauseState(*row) if row else PauseState(False)
 
     def set_pause(self, paused: bool, reason: str | None, changed_by: str, at: dt.datetime) -> None:
@@ -277,3 +291,25 @@ class Operations(LedgerConnection):
             int(would),
             stopped[0][0] if stopped else None,
         )
+
+    def status_counts(self) -> StatusCounts:
+        """What `dunning status` shows of the ledger: keys by status, open alerts, unknown keys held for a human."""
+        counts = {str(s): int(n) for s, n in self.con.execute(
+            "SELECT status, count(*) FROM reminder_ledger GROUP BY status").fetchall()}  # fmt: skip
+        alerts = [
+            {"created_at": created_at, "kind": kind, "message": message}
+            for created_at, kind, message in self.con.execute(
+                "SELECT created_at, kind, message FROM alerts WHERE resolved_at IS NULL "
+                "ORDER BY created_at DESC LIMIT 20"
+            ).fetchall()
+        ]
+        unknown = [str(k) for (k,) in self.con.execute(
+            "SELECT idempotency_key FROM reminder_ledger WHERE status = 'unknown' ORDER BY idempotency_key LIMIT 50"
+        ).fetchall()]  # fmt: skip
+        return StatusCounts(counts, alerts, unknown)
+
+    def database_path(self) -> str | None:
+        """The file this ledger lives in (None in memory)."""
+        rows = self.con.execute(
+            "SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()  # fmt: skip
+        return str(rows[0][0]) if rows and rows[0][0] else None
