@@ -86,6 +86,7 @@ def test_paid_then_reopened_starts_a_new_cycle_and_keeps_the_old(deployment):
     assert cycles == [(2, True)]
 
 
+@pytest.mark.slow
 def test_paid_void_and_draft_are_never_reminded_and_a_missing_email_is_reported(deployment):
     rows = [
         invoice(invoice_id="paid", customer_id="c1", status="paid", amount_paid=10000),
@@ -139,6 +140,7 @@ def test_halt_policy_stops_before_anything_is_sent(deployment, tmp_path):
     assert deployment.query("SELECT count(*) FROM snapshot_quarantine") == [(1,)]
 
 
+@pytest.mark.slow
 def test_the_email_states_the_remaining_balance(deployment):
     rows = [
         invoice(amount_due=12345, amount_paid=2000),

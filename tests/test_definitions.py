@@ -42,6 +42,7 @@ def test_definitions_load_with_the_expected_graph(monkeypatch, tmp_path):
     assert defs.resolve_schedule_def("hourly_dunning").cron_schedule == "0 * * * *"
 
 
+@pytest.mark.slow
 def test_workspace_loads_in_a_fresh_process(tmp_path):
     """What `dagster dev -w workspace.yaml` does first: import the module named by workspace.yaml."""
     result = subprocess.run(

@@ -107,6 +107,7 @@ def assert_one_storage_line(code: int, err: str, *names: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_a_disk_full_before_the_first_run_is_one_line_naming_the_home(small_disk, tmp_path):
     home = small_disk / "home"
     fill(small_disk)
@@ -246,6 +247,7 @@ def test_any_other_unexpected_error_is_one_line_with_exit_1_and_no_traceback(tmp
     ]
 
 
+@pytest.mark.slow
 def test_a_storage_error_outside_any_step_names_the_run_this_process_started(deployment, monkeypatch):
     """After the job, the CLI itself writes (prunes frames, opens the ledger): a full disk there is still exit 8,
     one line, with the run it belongs to (read back from the instance, which is still readable here)."""

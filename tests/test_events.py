@@ -57,6 +57,7 @@ def test_five_deliveries_in_a_file_and_again_next_run_give_one_notice(deployment
     assert stored == [("evt_1Pgc76B7WZ01zgkWwyRHS12y", "plan.created"), ("evt_pf_1", "invoice.payment_failed")]
 
 
+@pytest.mark.slow
 def test_notices_pass_through_the_breaker(deployment, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("group_by: invoice\n")
@@ -67,6 +68,7 @@ def test_notices_pass_through_the_breaker(deployment, tmp_path):
     assert deployment.outbox() == []
 
 
+@pytest.mark.slow
 def test_a_notice_without_an_address_uses_the_snapshot_or_is_held(deployment, tmp_path):
     events = write(
         tmp_path / "e.json",
@@ -126,6 +128,7 @@ def test_bad_payment_failed_events_are_quarantined_and_the_good_one_is_sent(depl
     assert deployment.query("SELECT event_id FROM billing_events") == [("evt_good",)]
 
 
+@pytest.mark.slow
 def test_an_unparsable_created_quarantines_a_payment_failed_event_and_is_null_on_others(deployment, tmp_path):
     bad = payment_failed_event("evt_yesterday")
     other = json.loads((FIXTURES / "event.json").read_text())
@@ -142,6 +145,7 @@ def test_an_unparsable_created_quarantines_a_payment_failed_event_and_is_null_on
     ]
 
 
+@pytest.mark.slow
 def test_a_header_injection_in_the_invoice_id_is_quarantined_and_the_good_one_still_sent(deployment, tmp_path):
     injected = payment_failed_event("evt_injected")
     injected["data"]["object"]["id"] = "in_1\r\nBcc: x@evil.test"

@@ -27,6 +27,7 @@ def smtp(tmp_path, port: int, *, timeout: float = 0.5, max_errors: int = 5) -> s
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_server_that_hangs_up_on_data_leaves_keys_failed_not_unknown(deployment, tmp_path):
     with RawSmtpServer("drop_on_data") as server:
         code, out, err = deployment.run(
@@ -45,6 +46,7 @@ def test_no_354_before_the_timeout_is_failed(deployment, tmp_path):
     assert rows_by_status(deployment) == {"failed": [1]}
 
 
+@pytest.mark.slow
 def test_a_421_after_the_dot_then_a_drop_on_data_are_both_failed(deployment, tmp_path):
     with RawSmtpServer("421_then_drop") as server:
         code, _, err = deployment.run(customers(4), "2026-11-05T09:00:00Z", "--config", smtp(tmp_path, server.port))

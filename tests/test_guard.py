@@ -28,6 +28,7 @@ def flood_rows(n: int = 400) -> list[dict]:
     return rows + [invoice(invoice_id="calm", customer_id="cus_calm", customer_email="calm@example.com")]
 
 
+@pytest.mark.slow
 def test_forced_flood_trips_the_breaker_with_one_alert_and_no_email(deployment, tmp_path):
     code, out, err = deployment.run(flood_rows(), "2026-11-05T09:00:00Z", "--config", per_invoice(tmp_path))
     assert code == 3
@@ -87,6 +88,7 @@ def test_two_concurrent_claimers_cannot_exceed_the_cap_together(tmp_path):
     assert len(results[0]) + len(results[1]) == 1
 
 
+@pytest.mark.slow
 def test_pause_holds_every_send_and_status_shows_it(deployment):
     assert deployment.cli("pause", "--reason", "flood investigation")[0] == 0
     code, out, err = deployment.run([invoice()], "2026-11-05T09:00:00Z")
@@ -99,6 +101,7 @@ def test_pause_holds_every_send_and_status_shows_it(deployment):
     assert status["paused"] is True and status["pause_reason"] == "flood investigation"
 
 
+@pytest.mark.slow
 def test_resume_refuses_when_the_unique_key_is_gone_and_succeeds_when_live(deployment):
     deployment.run([invoice()], "2026-11-05T09:00:00Z")
     deployment.cli("pause", "--reason", "test")
@@ -158,6 +161,7 @@ def http_server():
     server.shutdown()
 
 
+@pytest.mark.slow
 def test_breaker_alert_reaches_the_webhook_and_pagerduty_with_customers_named(
     deployment, tmp_path, http_server, monkeypatch
 ):

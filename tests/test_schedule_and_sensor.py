@@ -3,6 +3,7 @@
 import datetime as dt
 
 import dagster as dg
+import pytest
 
 from dunning.ledger.duckdb_ledger import open_ledger
 from pipelines.definitions import defs
@@ -74,6 +75,7 @@ def test_a_failed_run_pages_once(tmp_path, monkeypatch):
     assert kind == "run_failure" and run_id == result.run_id and "dunning_cycle" in message
 
 
+@pytest.mark.slow
 def test_a_breaker_trip_is_not_paged_twice(tmp_path, monkeypatch):
     home = tmp_path / "home"
     monkeypatch.setenv("DUNNING_HOME", str(home))

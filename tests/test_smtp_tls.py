@@ -265,6 +265,7 @@ def tls_config(path, port: int, ca_file: str | None = None) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_cli_delivers_over_starttls_verified_against_ca_file(deployment, tmp_path, local_cert, ca_file):
     handler = ScriptedHandler()
     with TlsSmtpServer(handler, local_cert) as server:
@@ -276,6 +277,7 @@ def test_cli_delivers_over_starttls_verified_against_ca_file(deployment, tmp_pat
     assert handler.keys() == [KEY]
 
 
+@pytest.mark.slow
 def test_cli_without_ca_file_fails_against_a_private_ca_and_sends_nothing(deployment, tmp_path, local_cert):
     handler = ScriptedHandler()
     rows = [invoice(), invoice(invoice_id="in_2", customer_id="cus_2", customer_email="bob@example.com")]
