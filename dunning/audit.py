@@ -50,6 +50,9 @@ EARLIER_REASONS: dict[LedgerStatus, HoldReason] = {
 }
 
 
+KEY_COLUMNS = ("idempotency_key", "kind", "invoice_id", "customer_id", "cycle", "stage")  # what names a key
+
+
 def build_audit(
     due: pl.DataFrame,
     outcomes: pl.DataFrame,
@@ -76,12 +79,7 @@ def build_audit(
     outcome_of = {key: str(verdict.outcome) for key, verdict in verdicts.items()}
     reason_of = {key: None if verdict.reason is None else str(verdict.reason) for key, verdict in verdicts.items()}
     current = rows.with_columns(status.alias("_status")).select(
-        "idempotency_key",
-        "kind",
-        "invoice_id",
-        "customer_id",
-        "cycle",
-        "stage",
+        *KEY_COLUMNS,
         pl.col("_status").replace_strict(outcome_of, return_dtype=pl.String).alias("outcome"),
         pl.col("_status").replace_strict(reason_of, return_dtype=pl.String).alias("reason"),
         pl.when(pl.col("_status") == SendStatus.SENT).then(pl.col("amount_minor")).alias("amount_stated_minor"),
@@ -89,12 +87,7 @@ def build_audit(
         pl.when(pl.col("_status") == SendStatus.SENT).then(pl.col("sent_message_id")).alias("message_id"),
     )
     earlier = earlier_open_problems.select(
-        "idempotency_key",
-        "kind",
-        "invoice_id",
-        "customer_id",
-        "cycle",
-        "stage",
+        *KEY_COLUMNS,
         pl.lit(AuditOutcome.HELD).alias("outcome"),
         # a reason, never an outcome: a status with no reason of its own (none today) gets none
         pl.col("status")
@@ -109,12 +102,7 @@ def build_audit(
         pl.lit(run_id).alias("run_id"),
         pl.lit(as_of).alias("as_of"),
         pl.lit(dry_run).alias("dry_run"),
-        "idempotency_key",
-        "kind",
-        "invoice_id",
-        "customer_id",
-        "cycle",
-        "stage",
+        *KEY_COLUMNS,
         "outcome",
         "reason",
         "owed",
