@@ -40,7 +40,7 @@ from dunning.config import Provider
 from dunning.errors import ConfigError
 from dunning.providers.base import EmailProvider, SendOutcome
 from dunning.render import WIRE_POLICY
-from dunning.vocabulary import SendStatus
+from dunning.vocabulary import ProviderStatus, SendStatus
 
 
 class _Connection:
@@ -112,10 +112,7 @@ class _Connection:
                 transport_error=_code_of(exc) == 421,
             )
         except (smtplib.SMTPException, OSError) as exc:  # connect, TLS, login, timeout, dropped connection
-            self.drop()
-            return SendOutcome(
-                SendStatus.FAILED, message_id, f"rejected before data: {exc!r}"[:500], transport_error=True
-            )
+            return self._lost(message_id, SendStatus.FAILED, "rejected before data", exc)
         return self._data(client, message_id, message.as_bytes(policy=WIRE_POLICY))
 
     def _data(self, client: smtplib.SMTP, message_id: str, data: bytes) -> SendOutcome:
@@ -130,35 +127,25 @@ class _Connection:
             client.putcmd("data")
             code, reply = client.getreply()
         except (smtplib.SMTPException, OSError) as exc:
-            self.drop()
-            return SendOutcome(
-                SendStatus.FAILED,
-                message_id,
-                f"no 354 to DATA, nothing handed over: {exc!r}"[:500],
-                transport_error=True,
-            )
+            return self._lost(message_id, SendStatus.FAILED, "no 354 to DATA, nothing handed over", exc)
         if code != 354:
             return self._refused(message_id, code, reply, "DATA refused")
         try:
             client.send(_dot_terminated(data))  # sendall: raises unless every byte, the final dot included, left
         except (smtplib.SMTPException, OSError) as exc:
-            self.drop()
-            return SendOutcome(
-                SendStatus.FAILED,
-                message_id,
-                f"connection lost before the final dot: {exc!r}"[:500],
-                transport_error=True,
-            )
+            return self._lost(message_id, SendStatus.FAILED, "connection lost before the final dot", exc)
         try:
             code, reply = client.getreply()
         except (smtplib.SMTPException, OSError) as exc:
-            self.drop()
-            return SendOutcome(
-                SendStatus.UNKNOWN, message_id, f"no answer after the final dot: {exc!r}"[:500], transport_error=True
-            )
+            return self._lost(message_id, SendStatus.UNKNOWN, "no answer after the final dot", exc)
         if code != 250:
             return self._refused(message_id, code, reply, "data rejected")
         return SendOutcome(SendStatus.SENT, message_id)
+
+    def _lost(self, message_id: str, status: ProviderStatus, what: str, exc: BaseException) -> SendOutcome:
+        """The connection failed (a transport error): drop it, and say which side of the hand-over it was on."""
+        self.drop()
+        return SendOutcome(status, message_id, f"{what}: {exc!r}"[:500], transport_error=True)
 
     def _refused(self, message_id: str, code: int, reply: bytes, what: str) -> SendOutcome:
         if code == 421:  # the server is closing the session: a transport problem, and the connection is gone
