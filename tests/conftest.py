@@ -13,6 +13,7 @@ import polars as pl
 import pytest
 
 from pipelines import cli
+from tests.in_process import InProcessCycle, run_cycle
 
 INVOICE_DEFAULTS = {
     "invoice_id": "in_1",
@@ -63,6 +64,12 @@ class Deployment:
 
     def run(self, rows: list[dict], as_of: str, *extra: str) -> tuple[int, str, str]:
         return self.cli("run", "--snapshot", str(self.snapshot(rows)), "--as-of", as_of, *extra)
+
+    def run_in_process(
+        self, rows: list[dict], as_of: str, config: str | Path | None = None, events: Path | None = None
+    ) -> InProcessCycle:
+        """The same cycle as `run`, composed from `dunning.steps` without Dagster (`tests/in_process.py`)."""
+        return run_cycle(self.home, self.snapshot(rows), as_of, config, events)
 
     def query(self, sql: str, params: list | None = None) -> list[tuple]:
         con = duckdb.connect(str(self.home / "dunning.duckdb"), read_only=True)

@@ -10,9 +10,9 @@ PAID_10TH = invoice(due_date="2026-11-01", status="paid", amount_paid=10000, sna
 
 @pytest.mark.slow
 def test_yesterdays_export_loaded_after_todays_reminds_no_one_who_paid(deployment):
-    assert deployment.run([OPEN_9TH], "2026-11-09T09:00:00Z")[0] == 0
+    assert deployment.run_in_process([OPEN_9TH], "2026-11-09T09:00:00Z").sent_keys == ["dunning:in_1:1:day7"]
     assert len(deployment.outbox()) == 1
-    assert deployment.run([PAID_10TH], "2026-11-10T09:00:00Z")[0] == 0
+    deployment.run_in_process([PAID_10TH], "2026-11-10T09:00:00Z")
     code, out, err = deployment.run([OPEN_9TH], "2026-11-10T12:00:00Z")
     assert code == 2 and "Traceback" not in err
     assert (
@@ -33,8 +33,8 @@ def test_yesterdays_export_loaded_after_todays_reminds_no_one_who_paid(deploymen
 @pytest.mark.slow
 def test_without_snapshot_at_the_runs_clock_dates_the_snapshot(deployment):
     open_row, paid_row = invoice(), invoice(status="paid", amount_paid=10000)
-    assert deployment.run([open_row], "2026-11-09T09:00:00Z")[0] == 0
-    assert deployment.run([paid_row], "2026-11-10T09:00:00Z")[0] == 0
+    deployment.run_in_process([open_row], "2026-11-09T09:00:00Z")
+    deployment.run_in_process([paid_row], "2026-11-10T09:00:00Z")
     code, _, err = deployment.run([open_row], "2026-11-10T08:00:00Z")
     assert code == 2 and "older than the last applied one" in err
     assert deployment.run([open_row], "2026-11-10T08:00:00Z", "--allow-stale")[0] == 0
