@@ -30,11 +30,20 @@ run: setup
 # 4 workers on 2 cores about 205 s).
 WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
 
+# Test homes go on a RAM disk when the machine has one: the suite writes thousands of small DuckDB and SQLite
+# files, each commit an fsync (measured on 2 cores: 132 s on /dev/shm, 154-168 s on the disk). One directory per
+# checkout, since pytest empties it when a session starts; removed after a passing run, kept after a failure.
+SHM_TMP := $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm/dunning-tests-$$(printf %s "$(CURDIR)" | cksum | cut -d' ' -f1))
+TEST_TMP ?= $(SHM_TMP)
+PYTEST_ARGS := -q -n $(WORKERS) $(if $(TEST_TMP),--basetemp=$(TEST_TMP))
+
 test: setup
-	$(BIN)/python -m pytest -q -n $(WORKERS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(if $(TEST_TMP),rm -rf $(TEST_TMP))
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -n $(WORKERS) -m "not slow"
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not slow"
+	$(if $(TEST_TMP),rm -rf $(TEST_TMP))
 
 lint: setup
 	$(BIN)/ruff check .
@@ -51,4 +60,4 @@ ui: setup
 	DAGSTER_HOME=$(abspath $(HOME_DIR))/dagster DUNNING_HOME=$(abspath $(HOME_DIR)) $(BIN)/dagster dev -w workspace.yaml
 
 clean:
-	rm -rf $(VENV) $(HOME_DIR)
+	rm -rf $(VENV) $(HOME_DIR) $(TEST_TMP)
