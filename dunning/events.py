@@ -32,7 +32,7 @@ from dunning.keys import email_id, event_key, message_id
 from dunning.policy import sendable_expr
 from dunning.safe_text import has_control
 from dunning.stripe import read_events
-from dunning.vocabulary import EmailKind, PlanRole
+from dunning.vocabulary import PLAN_ROLE_DTYPE, EmailKind, PlanRole
 
 PAYMENT_FAILED = "invoice.payment_failed"
 EVENTS_SCHEMA = pl.Schema(
@@ -268,7 +268,7 @@ def notice_rows(events: pl.DataFrame, snapshot: pl.DataFrame, already_recorded: 
     ids = [email_id([k]) for k in keys]
     return notices.with_columns(
         pl.lit(EmailKind.PAYMENT_FAILED).alias("kind"),
-        pl.lit(PlanRole.DUE).alias("role"),
+        pl.lit(PlanRole.DUE, dtype=PLAN_ROLE_DTYPE).alias("role"),
         pl.col("amount_remaining").alias("amount_minor"),
         pl.col("amount_remaining").alias("remaining_minor"),
         (pl.col("amount_remaining").fill_null(0) > 0).alias("owed"),

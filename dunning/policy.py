@@ -18,7 +18,7 @@ import polars as pl
 from dunning.config import DunningConfig
 from dunning.keys import reminder_key_expr
 from dunning.safe_text import ADDRESS_PATTERN, MAX_ADDRESS
-from dunning.vocabulary import EmailKind, PlanRole, Tone, plain
+from dunning.vocabulary import PLAN_ROLE_DTYPE, EmailKind, PlanRole, Tone, plain
 
 CYCLE_ACTION = pl.Enum(["open", "close"])
 STATE_SCHEMA = pl.Schema(
@@ -190,6 +190,7 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
             pl.when(pl.col("stage_days") == pl.col("target_days"))
             .then(pl.lit(PlanRole.DUE))
             .otherwise(pl.lit(PlanRole.SKIPPED))
+            .cast(PLAN_ROLE_DTYPE)
             .alias("role"),
             reminder_key_expr().alias("idempotency_key"),
             pl.lit(EmailKind.REMINDER).alias("kind"),
@@ -229,7 +230,7 @@ def plan_retries(cycled: pl.DataFrame, failed: pl.DataFrame, due: pl.DataFrame, 
         .join(current, on=["invoice_id", "cycle"], how="inner")
         .filter(pl.col("stage_days") == pl.col("last_stage_days"))
         .with_columns(
-            pl.lit(PlanRole.RETRY).alias("role"),
+            pl.lit(PlanRole.RETRY, dtype=PLAN_ROLE_DTYPE).alias("role"),
             pl.lit(EmailKind.REMINDER).alias("kind"),
             pl.col("remaining_minor").alias("amount_minor"),
             pl.col("email_id").alias("email_group"),

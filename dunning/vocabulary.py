@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Literal, TypeAlias, TypeVar
 
+import polars as pl
+
 K = TypeVar("K", bound=str)
 V = TypeVar("V")
 
@@ -63,6 +65,10 @@ class PlanRole(StrEnum):
     DUE = "due"  # send now
     RETRY = "retry"  # a failed send whose backoff is over
     SKIPPED = "skipped"  # record as skipped, never send
+
+
+# the plan's `role` column: a value outside the set fails where it is made, not as a silent miss in a filter
+PLAN_ROLE_DTYPE = pl.Enum(plain(PlanRole))
 
 
 class Tone(StrEnum):

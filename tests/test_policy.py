@@ -4,6 +4,7 @@ import datetime as dt
 from zoneinfo import ZoneInfo
 
 import polars as pl
+import pytest
 
 from dunning.config import DunningConfig
 from dunning.policy import STATE_SCHEMA, assign_cycles, plan_reminders
@@ -160,3 +161,24 @@ def test_the_vectorized_plan_matches_a_per_invoice_reference(tmp_path):
     assert len(expected) > 100
     assert set(planned.select("idempotency_key", "role").iter_rows()) == expected
     assert planned.height == len(expected)
+
+
+def test_the_plan_role_is_a_closed_set_through_every_part_of_the_plan(tmp_path):
+    """Due, skipped and retry rows carry `role` as the PlanRole enum; a value outside it cannot be made."""
+    from dunning.cycle import plan_cycle
+    from dunning.vocabulary import PLAN_ROLE_DTYPE, PlanRole
+
+    state = pl.DataFrame(  # in_2's day7 was claimed and failed: a retry, not a new due row
+        [{"invoice_id": "in_2", "cycle": 1, "cycle_open": True, "last_stage_days": 7}], schema=STATE_SCHEMA
+    )
+    cycled, _ = plan(tmp_path, [invoice(), invoice(invoice_id="in_2")], "2026-11-11T09:00:00", state=state)
+    failed = pl.DataFrame(
+        {"idempotency_key": ["dunning:in_2:1:day7"], "invoice_id": ["in_2"], "cycle": pl.Series([1], dtype=pl.Int32),
+         "stage": ["day7"], "email_id": ["e1"], "message_id": ["<m1@x>"]}
+    )  # fmt: skip
+    planned = plan_cycle(cycled, DEFAULT_CONFIG, failed)
+    assert planned.schema["role"] == PLAN_ROLE_DTYPE
+    assert sorted(planned.get_column("role").cast(pl.String).unique()) == ["due", "retry", "skipped"]
+    assert set(PLAN_ROLE_DTYPE.categories.to_list()) == {str(m) for m in PlanRole}
+    with pytest.raises(pl.exceptions.InvalidOperationError):
+        pl.Series(["due", "resend"]).cast(PLAN_ROLE_DTYPE)
