@@ -94,3 +94,23 @@ class Deployment:
 @pytest.fixture
 def deployment(tmp_path: Path) -> Deployment:
     return Deployment(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """One throwaway PostgreSQL cluster per test session (per xdist worker), stopped at the end."""
+    from tests.postgres_server import start_cluster
+
+    cluster = start_cluster()
+    if cluster is None:
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl) on this machine: apt-get install postgresql")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def postgres_dsn(postgres_cluster) -> str:
+    """A new, empty database on the session's cluster: its libpq URL."""
+    return postgres_cluster.fresh_database()
