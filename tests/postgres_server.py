@@ -77,8 +77,8 @@ class PostgresCluster:
         if init.returncode != 0:
             raise RuntimeError(f"initdb failed: {init.stderr.strip()}")
         options = f"-k {self.root} -p {self.port} -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=on"
-        started = self._run("pg_ctl", "-w", "-D", str(self.data_dir), "-l", str(self.root / "server.log"), "-o", options,
-                            "start")  # fmt: skip
+        log = str(self.root / "server.log")
+        started = self._run("pg_ctl", "-w", "-D", str(self.data_dir), "-l", log, "-o", options, "start")
         if started.returncode != 0:
             log = (self.root / "server.log").read_text() if (self.root / "server.log").exists() else ""
             raise RuntimeError(f"pg_ctl start failed: {started.stderr.strip()} {log[-2000:]}")
