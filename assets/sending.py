@@ -77,7 +77,13 @@ def send_batch(
             *SIMULATED_COLUMNS,
         )
         with dunning_home.ledger() as ledger:
-            ledger.replace_partition("simulated_sends", clock.partition_date, simulated, policy_id=config.policy_id)
+            ledger.replace_partition(
+                "simulated_sends",
+                clock.partition_date,
+                simulated,
+                policy_id=config.policy_id,
+                shard=cycle_request.shard_spec(),
+            )
         context.log.info(
             f"backfill of {clock.partition_date}: {due.height} key(s) recorded in simulated_sends, nothing sent"
         )

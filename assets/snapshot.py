@@ -48,6 +48,7 @@ def invoice_snapshot(
                 run_id=context.run.run_id,
                 allow_stale=cycle_request.allow_stale,
                 wall=utc_now(),
+                shard=cycle_request.shard_spec(),
             )
     except DunningError as error:
         raise fail(error) from None
@@ -65,6 +66,7 @@ def invoice_snapshot(
             "rejections": loaded.summary,
             "owed_invoices": int(cycled.get_column("owed").sum()),
             "as_of": clock.as_of.isoformat(),
+            "shard": str(cycle_request.shard_spec()),
         },
     )
 
@@ -89,7 +91,7 @@ def billing_events(
             received_at = utc_now()
             with dunning_home.ledger() as ledger, ledger.transaction():
                 new = ledger.store_events(events, context.run.run_id, received_at)
-                if loaded.rejected.height:
+                if loaded.rejected.height and cycle_request.shard_spec().index == 0:  # kept once, by shard 0
                     ledger.quarantine_events(loaded.rejected, context.run.run_id, received_at)
     except DunningError as error:
         raise fail(error) from None

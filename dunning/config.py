@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from dunning.errors import ConfigError
 from dunning.safe_text import is_address
+from dunning.sharding import MAX_SHARDS
 
 
 class _Strict(BaseModel):
@@ -165,6 +166,9 @@ class DunningConfig(_Strict):
     claim_chunk_size: Count = Field(default=2000, ge=1, le=100_000)
     # how long (wall clock) a claim stays ours without renewal; renewed while its chunk is being sent
     claim_lease_minutes: Number = Field(default=30.0, gt=0, le=24 * 60)
+    # how many shards split a day's cycle by customer (`dunning.sharding`): the schedule asks for one run per
+    # shard and the CLI gives the `dunning_ledger` pool this many slots; never part of what decides a send
+    shards: Count = Field(default=1, ge=1, le=MAX_SHARDS)
 
     @field_validator("timezone")
     @classmethod

@@ -34,6 +34,7 @@ from dunning.ledger.operations import PauseState
 from dunning.policy import assign_cycles, stages_frame
 from dunning.providers.base import EmailProvider
 from dunning.sending import Record, SendReport, held_outcomes, resolve_unknown, send_due
+from dunning.sharding import EVERYONE, Shard
 from dunning.vocabulary import SendStatus
 
 HISTORY_COLUMNS = (
@@ -51,17 +52,22 @@ class AppliedSnapshot:
 
 def apply_snapshot(
     ledger: Ledger, path: str, config: DunningConfig, clock: CycleClock, *, run_id: str, allow_stale: bool,
-    wall: dt.datetime,
+    wall: dt.datetime, shard: Shard = EVERYONE,
 ) -> AppliedSnapshot:  # fmt: skip
-    """Step 1. Raises SnapshotError (stale, unreadable) or InvalidRowsHalt before any cycle is computed."""
-    loaded = cycle.load_snapshot(path, config)
-    taken_at = cycle.snapshot_taken_at(loaded.valid, clock.as_of)
+    """Step 1. Raises SnapshotError (stale, unreadable) or InvalidRowsHalt before any cycle is computed.
+
+    A shard (`dunning.sharding`) keeps only its customers' rows, and quarantines only its rejected rows (a row
+    without a customer id is shard 0's); the snapshot's age and the halt are judged on the whole file, so every
+    shard agrees on them. `loaded` is the shard's part."""
+    whole = cycle.load_snapshot(path, config)
+    taken_at = cycle.snapshot_taken_at(whole.valid, clock.as_of)
     if clock.live:  # before anything is written
         cycle.refuse_stale(ledger, taken_at, allow_stale)
+    loaded = cycle.ValidatedSnapshot(shard.keep(whole.valid), shard.keep(whole.rejected))
     if loaded.rejected.height and clock.mode is not RunMode.DRY_RUN:
         ledger.quarantine(run_id, path, loaded.rejected, wall)
-    if loaded.rejected.height and config.on_invalid_rows == "halt":
-        raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {loaded.summary}")
+    if whole.rejected.height and config.on_invalid_rows == "halt":
+        raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {whole.summary}")
     state = ledger.invoice_state() if clock.reads_live_state else ledger.state_as_of(clock.as_of, stages_frame(config))
     cycled = assign_cycles(loaded.valid, state, clock.as_of, config, taken_at)
     if clock.live:
@@ -72,16 +78,19 @@ def apply_snapshot(
             pl.lit(clock.partition_date).alias("business_date"), pl.lit(run_id).alias("run_id"),
             pl.lit(clock.as_of).alias("as_of"), *HISTORY_COLUMNS,
         )  # fmt: skip
-        ledger.replace_partition("invoice_history_daily", clock.partition_date, history)
+        ledger.replace_partition("invoice_history_daily", clock.partition_date, history, shard=shard)
     return AppliedSnapshot(loaded, cycled, taken_at)
 
 
 def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None, config: DunningConfig,
-              clock: CycleClock) -> pl.DataFrame:  # fmt: skip
-    """Step 2. Retries and notices belong to live and dry runs; a backfill asks what the policy would have sent."""
+              clock: CycleClock, shard: Shard = EVERYONE) -> pl.DataFrame:  # fmt: skip
+    """Step 2. Retries and notices belong to live and dry runs; a backfill asks what the policy would have sent.
+
+    `cycled` is already the shard's; retries follow it (they join on its invoices), notices only for its customers."""
     failed, notices = None, None
     if clock.reads_live_state:
         failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts)
+        events = shard.keep(events) if events is not None else None
         if events is not None and events.height:
             recorded = ledger.recorded_keys(event_keys(events))
             notices = notice_rows(events, cycled, recorded, config.provider.message_domain)

@@ -25,10 +25,18 @@ from dunning.errors import DunningError, GuardNotLive, StorageError, UserInputEr
 from dunning.guard import prove_guard
 from dunning.ledger.duckdb_ledger import open_ledger
 from dunning.safe_text import for_terminal
+from dunning.sharding import Shard, parse_shard
 from dunning.stripe import read_events
 from pipelines import report
 from pipelines.cli_args import build_parser
-from pipelines.instance import end_run_failed, get_instance, last_own_run, owner_tags, runs_written_since
+from pipelines.instance import (
+    end_run_failed,
+    get_instance,
+    last_own_run,
+    owner_tags,
+    runs_written_since,
+    set_pool_slots,
+)
 from pipelines.io_manager import prune_run_frames
 from pipelines.progress_bar import send_progress_bar
 
@@ -79,12 +87,28 @@ def _home(args: argparse.Namespace) -> Path:
     return home
 
 
-def _instance(home: Path) -> dg.DagsterInstance:
-    """The home's Dagster instance, with DUNNING_HOME set for the definitions' resources."""
+def _instance(home: Path, shards: int | None = None) -> dg.DagsterInstance:
+    """The home's Dagster instance, with DUNNING_HOME set for the definitions' resources; given the config's
+    `shards`, the `dunning_ledger` pool gets that many slots (one per shard that may work at once)."""
     instance = get_instance(home)
     _SEEN["instance"] = instance
     os.environ["DUNNING_HOME"] = str(home)
+    if shards is not None:
+        from assets.common import LEDGER_POOL
+
+        set_pool_slots(instance, LEDGER_POOL, shards)
     return instance
+
+
+def _shard(args: argparse.Namespace) -> Shard | None:
+    """`--shard K/N`, checked before Dagster starts (a bad value: one line, exit 2)."""
+    return parse_shard(args.shard) if getattr(args, "shard", None) is not None else None
+
+
+def _shard_tags(shard: Shard | None) -> dict[str, str]:
+    from resources.dunning import SHARD_TAG
+
+    return {SHARD_TAG: str(shard)} if shard is not None else {}
 
 
 def _cycle_run_config(
@@ -97,6 +121,7 @@ def _cycle_run_config(
     events_path: str | None = None,
     verbose: bool = False,
     allow_stale: bool = False,
+    shard: Shard | None = None,
 ) -> dict:
     return {
         "resources": {
@@ -108,6 +133,7 @@ def _cycle_run_config(
                     "dry_run": dry_run,
                     "allow_stale": allow_stale,
                     "events_path": events_path,
+                    "shard": str(shard) if shard is not None else None,
                 }
             },
         },
@@ -124,7 +150,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     events = _existing(args.events, "events") if args.events else None
     if events:
         read_events(Path(events))  # a bad events file: one line, exit 2, before Dagster starts or anything is written
-    instance = _instance(home)
+    shard = _shard(args)
+    instance = _instance(home, config.shards)
     run_config = _cycle_run_config(
         home,
         config_path,
@@ -134,6 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         events_path=events,
         verbose=args.verbose,
         allow_stale=bool(args.allow_stale),
+        shard=shard,
     )
     with open_ledger(home / "dunning.duckdb") as ledger:
         paused = ledger.pause_state().paused
@@ -143,6 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "dunning/dry_run": str(bool(args.dry_run)).lower(),
         "dunning/paused": str(paused).lower(),
         "dagster/partition": partition,
+        **_shard_tags(shard),
         **owner_tags(),
     }
     with send_progress_bar(args.progress):
@@ -168,16 +197,19 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     today = utc_now().astimezone(config.zone).date()
     if end < start or end >= today:
         raise UserInputError(f"backfill needs past days with --from <= --to < {today} (today is live, not a backfill)")
-    instance = _instance(home)
+    shard = _shard(args)
+    instance = _instance(home, config.shards)
     backfill_id = f"cli-{utc_now():%Y%m%dT%H%M%S}"
     failures, on_storage = 0, False
     day = start
     while day <= end:
-        run_config = _cycle_run_config(home, config_path)  # no clock: a past partition is evaluated at its day's end
+        # no clock: a past partition is evaluated at its day's end
+        run_config = _cycle_run_config(home, config_path, shard=shard)
         tags = {
             "dagster/partition": day.isoformat(),
             "dagster/backfill": backfill_id,
             "dunning/trigger": "backfill",
+            **_shard_tags(shard),
             **owner_tags(),
         }
         result = dg.execute_job(

@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+SHARD_HELP = (
+    "only the customers of shard K of N (K from 0): crc32(customer_id) %% N == K; "
+    "run every K from 0 to N-1 to cover the day"
+)
+
 
 def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dunning", description="Send each payment reminder once; never flood.")
@@ -23,6 +28,7 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
         action="store_true",
         help="apply a snapshot taken before the last applied one (it still reopens no closed cycle)",
     )
+    run.add_argument("--shard", metavar="K/N", help=SHARD_HELP)
     run.add_argument("-v", "--verbose", action="store_true", help="show Dagster's step logs")
     run.add_argument(
         "--progress",
@@ -37,6 +43,7 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     backfill.add_argument("--from", dest="start", required=True, help="first day, YYYY-MM-DD")
     backfill.add_argument("--to", dest="end", required=True, help="last day, YYYY-MM-DD (before today)")
     backfill.add_argument("--config", help="policy to simulate (default: HOME/config.yaml if present, else defaults)")
+    backfill.add_argument("--shard", metavar="K/N", help=SHARD_HELP)
     backfill.set_defaults(handler=handlers["backfill"])
 
     pause = commands.add_parser("pause", help="stop all sends (scheduled runs skip, manual runs hold everything)")

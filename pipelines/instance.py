@@ -4,7 +4,13 @@ A brand-new SQLite instance migrates its storage on first use; two processes
 doing that at once can crash ("alembic_version has more than one head"), so
 the first use happens under an exclusive file lock.
 
-The instance limits the `dunning_ledger` pool to one step at a time. A run
+The instance limits the `dunning_ledger` pool to one step at a time, or to
+`shards` steps (the config's `shards:`, set by the CLI through
+`set_pool_slots`, the call behind `dagster instance concurrency set`) so that
+N shards of one day can work at once. Runs of the same shard (run tag
+`dunning/shard`) queue one at a time instead of racing: the run queue's
+per-value tag limit below, applied by the instance's QueuedRunCoordinator (the
+default coordinator) to every run the daemon launches (schedule, UI). A run
 whose process was killed keeps its pool slot until something marks it ended;
 under `dagster dev` the daemon's run monitoring does that
 (`free_slots_after_run_end_seconds`), but the CLI runs without a daemon, so it
@@ -34,6 +40,12 @@ run_monitoring:
 concurrency:
   pools:
     default_limit: 1
+  runs:
+    tag_concurrency_limits:
+      - key: dunning/shard
+        value:
+          applyLimitPerUniqueValue: true
+        limit: 1
 """
 
 
@@ -130,6 +142,14 @@ def end_run_failed(instance: dg.DagsterInstance, run: dg.DagsterRun, message: st
     except Exception:  # noqa: BLE001
         return False
     return True
+
+
+def set_pool_slots(instance: dg.DagsterInstance, pool: str, slots: int) -> None:
+    """Give `pool` exactly `slots` slots on this instance (what `dagster instance concurrency set` does), only
+    when it differs: an explicit limit overrides `default_limit`, so it is set every time, to 1 as well."""
+    storage = instance.event_log_storage
+    if storage.get_concurrency_info(pool).slot_count != slots:
+        storage.set_concurrency_slots(pool, slots)
 
 
 def dagster_home(home: Path) -> Path:

@@ -1,10 +1,21 @@
-"""The hourly schedule: one run per hour, deduplicated by a run key for that hour, skipped while paused."""
+"""The hourly schedule: one run per hour (per shard), deduplicated by a run key for that hour, skipped while paused.
+
+Why a run tag and not a MultiPartitionsDefinition (day x shard) for sharding:
+the daily partition keys stay exactly what they are, so backfills, the UI's
+partition ranges, the landing sensor and every recorded materialization keep
+working unchanged; the number of shards can change from one hour to the next
+(`shards:` in the config) without re-keying history or leaving a grid of
+never-materialized (day, shard) partitions behind; and sharding is a way of
+splitting the work, not a property of the data, since any shard's rows can be
+redone by an unsharded run. The tag `dunning/shard` = "K/N" is what the run
+queue's per-value limit keys on, so runs of one shard queue instead of racing.
+"""
 
 import dagster as dg
 
 from dunning.errors import LedgerBusy
 from pipelines.jobs import dunning_cycle_job
-from resources.dunning import DunningHome
+from resources.dunning import SHARD_TAG, DunningHome
 
 
 @dg.schedule(
@@ -16,6 +27,8 @@ from resources.dunning import DunningHome
 def hourly_dunning(context: dg.ScheduleEvaluationContext, dunning_home: DunningHome):
     """Asks for one cycle per hour with the hour as its clock; the run key stops a double launch.
 
+    With `shards: N` (N > 1) it asks for N runs, shard K of N each, tagged and
+    keyed by shard; with one shard the request is exactly the unsharded one.
     While paused it skips with the reason. If the ledger is busy it asks for the
     run anyway: the job itself holds every send while paused.
     """
@@ -28,9 +41,22 @@ def hourly_dunning(context: dg.ScheduleEvaluationContext, dunning_home: DunningH
         context.log.info("ledger busy; requesting the run, which checks the pause itself")
     scheduled = context.scheduled_execution_time
     as_of = scheduled.isoformat()
-    return dg.RunRequest(
-        run_key=f"dunning-cycle-{as_of}",
-        partition_key=scheduled.astimezone(dunning_home.settings().zone).date().isoformat(),
-        run_config={"resources": {"cycle_request": {"config": {"as_of": as_of}}}},
-        tags={"dunning/trigger": "schedule"},
-    )
+    settings = dunning_home.settings()
+    partition = scheduled.astimezone(settings.zone).date().isoformat()
+    if settings.shards == 1:
+        return dg.RunRequest(
+            run_key=f"dunning-cycle-{as_of}",
+            partition_key=partition,
+            run_config={"resources": {"cycle_request": {"config": {"as_of": as_of}}}},
+            tags={"dunning/trigger": "schedule"},
+        )
+    shards = [f"{k}/{settings.shards}" for k in range(settings.shards)]
+    return [
+        dg.RunRequest(
+            run_key=f"dunning-cycle-{as_of}-shard-{shard}",
+            partition_key=partition,
+            run_config={"resources": {"cycle_request": {"config": {"as_of": as_of, "shard": shard}}}},
+            tags={"dunning/trigger": "schedule", SHARD_TAG: shard},
+        )
+        for shard in shards
+    ]

@@ -18,8 +18,10 @@ from dunning.config import DunningConfig, load_config
 from dunning.ledger.duckdb_ledger import DuckDBLedger, open_ledger
 from dunning.providers.base import EmailProvider
 from dunning.providers.factory import build_provider
+from dunning.sharding import Shard, shard_or_everyone
 
 CONFIG_FILE_NAME = "config.yaml"
+SHARD_TAG = "dunning/shard"  # "K/N" on a sharded run: the run queue lets one run per value be in progress
 
 
 class DunningHome(dg.ConfigurableResource):
@@ -60,6 +62,11 @@ class CycleRequest(dg.ConfigurableResource):
     dry_run: bool = False
     events_path: str | None = None
     allow_stale: bool = False  # apply a snapshot older than the last applied one (it still reopens no cycle)
+    shard: str | None = None  # "K/N": only the customers of shard K of N (`dunning.sharding`); None: everyone
+
+    def shard_spec(self) -> Shard:
+        """The run's shard; a malformed value raises UserInputError."""
+        return shard_or_everyone(self.shard)
 
     def cycle_clock(self, context, config: DunningConfig) -> CycleClock:
         """The run's clock and mode (`dunning.clock.cycle_clock`), from the partition and `as_of`."""

@@ -15,6 +15,7 @@ import polars as pl
 
 from dunning.ledger.claims import ClaimCap, ClaimResult
 from dunning.ledger.operations import PauseState
+from dunning.sharding import Shard
 from dunning.vocabulary import LedgerStatus, RunOutcome
 
 
@@ -111,7 +112,12 @@ class Ledger(AlertStore, Protocol):
     def state_as_of(self, as_of: dt.datetime, stages: pl.DataFrame) -> pl.DataFrame: ...
 
     def replace_partition(
-        self, table: str, business_date: dt.date, rows: pl.DataFrame, policy_id: str | None = None
+        self,
+        table: str,
+        business_date: dt.date,
+        rows: pl.DataFrame,
+        policy_id: str | None = None,
+        shard: Shard = ...,
     ) -> None: ...
 
     def store_events(self, events: pl.DataFrame, run_id: str, received_at: dt.datetime) -> int: ...

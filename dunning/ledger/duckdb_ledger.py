@@ -12,6 +12,7 @@ import polars as pl
 from dunning.ledger.claims import ClaimStore
 from dunning.ledger.connection import LedgerConnection, connect
 from dunning.ledger.operations import Operations
+from dunning.sharding import EVERYONE, Shard
 
 
 @contextlib.contextmanager
@@ -136,9 +137,17 @@ class DuckDBLedger(ClaimStore, Operations):
             )
 
     def replace_partition(
-        self, table: str, business_date: dt.date, rows: pl.DataFrame, policy_id: str | None = None
+        self,
+        table: str,
+        business_date: dt.date,
+        rows: pl.DataFrame,
+        policy_id: str | None = None,
+        shard: Shard = EVERYONE,
     ) -> None:
-        """Replace one day's rows of a daily table (and policy, for simulations) in one transaction."""
+        """Replace one day's rows of a daily table (and policy, for simulations) in one transaction.
+
+        A shard replaces only the day's rows of the customers it owns, whether or not they are still in `rows`:
+        the other shards' rows of the day stay, so N shards leave the day as one unsharded run would."""
         if table not in ("invoice_history_daily", "simulated_sends"):
             raise ValueError(f"not a daily table: {table}")
         where = "business_date = ?"
@@ -147,5 +156,11 @@ class DuckDBLedger(ClaimStore, Operations):
             where += " AND policy_id = ?"
             params.append(policy_id)
         with self.transaction() as con, self.registered("partition_rows", rows):
-            con.execute(f"DELETE FROM {table} WHERE {where}", params)
+            if shard.everyone:
+                con.execute(f"DELETE FROM {table} WHERE {where}", params)
+            else:
+                day = self.frame(f"SELECT DISTINCT customer_id FROM {table} WHERE {where}", params)
+                with self.registered("shard_customers", shard.owned_ids(day).to_frame("customer_id")):
+                    mine = "customer_id IN (SELECT customer_id FROM shard_customers)"
+                    con.execute(f"DELETE FROM {table} WHERE {where} AND {mine}", params)
             con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM partition_rows")
