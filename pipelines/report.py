@@ -184,8 +184,10 @@ def run_report(
     result: dg.ExecuteJobResult, ledger: DuckDBLedger, *, as_of: dt.datetime, dry_run: bool
 ) -> tuple[str, int]:
     run_id = result.run_id
+    shard = result.dagster_run.tags.get("dunning/shard")  # a sharded run counts only its customers
     header = (
         f"dunning cycle {run_id[:8]} as of {as_of.isoformat()}"
+        f"{f' (shard {shard})' if shard else ''}"
         f"{' (dry run: nothing claimed or sent)' if dry_run else ''}"
     )
     if not result.success:

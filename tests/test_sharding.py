@@ -123,6 +123,7 @@ def test_three_shards_send_what_one_run_sends_and_a_rerun_sends_nothing(tmp_path
     for k in range(3):
         code, out, err = sharded.run(_rows(), AS_OF, "--events", events, "--shard", f"{k}/3")
         assert code == 0, err
+        assert f"(shard {k}/3)" in out.splitlines()[0]
 
     keys = "SELECT idempotency_key, status FROM reminder_ledger ORDER BY ALL"
     assert sharded.query(keys) == whole.query(keys) and len(whole.query(keys)) == 12 + 12 + 2
