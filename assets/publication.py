@@ -3,7 +3,7 @@
 import dagster as dg
 
 from assets.common import ASSET_DEFAULTS
-from dunning.analytics import ANALYST_VIEWS, publish
+from dunning.analytics import ANALYST_VIEWS
 from resources.dunning import CycleRequest, DunningHome
 
 
@@ -17,7 +17,7 @@ def analyst_history(
     locks the pipeline's `dunning.duckdb`, and each publication replaces files atomically.
     """
     with dunning_home.ledger() as ledger:
-        counts = publish(ledger.con, dunning_home.root)
+        counts = ledger.publish(dunning_home.root)
     return dg.MaterializeResult(
         metadata={
             "path": str(dunning_home.root / "analytics.duckdb"),

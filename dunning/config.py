@@ -153,6 +153,15 @@ class Retry(_Strict):
     backoff_minutes: Number = Field(default=30.0, ge=0, le=60 * 24 * 366)
 
 
+class LedgerSettings(_Strict):
+    """Where the ledger lives: `duckdb` (HOME/dunning.duckdb, one machine) or `postgres` (shared by several homes
+    and workers). The PostgreSQL DSN is read only from the environment variable named by `dsn_env`, never from
+    this file: it may hold a password."""
+
+    kind: Literal["duckdb", "postgres"] = "duckdb"
+    dsn_env: str = Field(default="DUNNING_POSTGRES_DSN", pattern=ENV_NAME)
+
+
 class DunningConfig(_Strict):
     stages: tuple[Stage, ...] = DEFAULT_STAGES
     group_by: Literal["customer", "invoice"] = "customer"
@@ -162,6 +171,7 @@ class DunningConfig(_Strict):
     provider: Provider = Provider()
     alerts: Alerts = Alerts()
     retry: Retry = Retry()
+    ledger: LedgerSettings = LedgerSettings()
     locale: str = "en_US"
     claim_chunk_size: Count = Field(default=2000, ge=1, le=100_000)
     # how long (wall clock) a claim stays ours without renewal; renewed while its chunk is being sent
@@ -247,3 +257,24 @@ def load_config(path: str | Path | None) -> DunningConfig:
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
     return parse_config(data, source=str(path))
+
+
+def load_ledger_settings(path: str | Path | None) -> LedgerSettings:
+    """Only the `ledger:` section of the config at `path` (the default ledger without a file or section): what
+    `pause`, `resolve` and `status` need to find the ledger even when another section of the file is broken."""
+    if path is None:
+        return LedgerSettings()
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read for its ledger section: {exc}") from None
+    section = data.get("ledger") if isinstance(data, dict) else None
+    try:
+        return _LedgerOnly.model_validate({} if section is None else {"ledger": section}).ledger
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_describe(exc)}") from None
+
+
+class _LedgerOnly(_Strict):
+    ledger: LedgerSettings = LedgerSettings()

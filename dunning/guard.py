@@ -10,19 +10,17 @@ the breaker and leaves nothing newly due for an immediate second pass.
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from dataclasses import dataclass, field
 from email.message import Message
 from pathlib import Path
 
-import duckdb
 import polars as pl
 
 from dunning import cycle, steps
 from dunning.clock import CycleClock, RunMode
 from dunning.config import DunningConfig
 from dunning.errors import DunningError
-from dunning.ledger.duckdb_ledger import DuckDBLedger
+from dunning.ledger.base import Ledger
 from dunning.providers.base import EmailProvider, SendOutcome
 from dunning.sending import Record
 from dunning.vocabulary import SendStatus
@@ -60,23 +58,14 @@ class GuardReport:
         return "\n".join(f"  [{'ok' if ok else 'FAIL'}] {name}: {detail}" for name, ok, detail in self.results)
 
 
-def unique_constraint_in_force(ledger: DuckDBLedger) -> tuple[bool, str]:
-    probe = f"guard-probe:{uuid.uuid4().hex}"
-    insert = (
-        "INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status) "
-        "VALUES (?, 'reminder', 'guard-probe', 'skipped')"
-    )
-    try:
-        with ledger.simulation():
-            ledger.con.execute(insert, [probe])
-            ledger.con.execute(insert, [probe])
-    except (duckdb.ConstraintException, duckdb.TransactionException):
+def unique_constraint_in_force(ledger: Ledger) -> tuple[bool, str]:
+    if ledger.refuses_duplicate_key():  # tried inside a transaction that is rolled back, on either database
         return True, "a duplicate idempotency_key was refused (and rolled back)"
     return False, "a duplicate idempotency_key was accepted: reminder_ledger has no unique key on idempotency_key"
 
 
 def simulated_double_pass(
-    ledger: DuckDBLedger, snapshot_path: str | Path, config: DunningConfig, as_of: dt.datetime
+    ledger: Ledger, snapshot_path: str | Path, config: DunningConfig, as_of: dt.datetime
 ) -> list[tuple[str, bool, str]]:
     """Two live passes of the real steps (`dunning.steps`), inside one rolled-back transaction.
 
@@ -122,7 +111,7 @@ def simulated_double_pass(
 
 
 def prove_guard(
-    ledger: DuckDBLedger, snapshot_path: str | Path, config: DunningConfig, as_of: dt.datetime, breaker_wired: bool
+    ledger: Ledger, snapshot_path: str | Path, config: DunningConfig, as_of: dt.datetime, breaker_wired: bool
 ) -> GuardReport:
     report = GuardReport()
     report.add("unique key on reminder_ledger", *unique_constraint_in_force(ledger))

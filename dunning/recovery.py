@@ -21,7 +21,7 @@ import polars as pl
 from dunning.config import DunningConfig
 from dunning.errors import SnapshotError
 from dunning.keys import apology_key, email_id, message_id
-from dunning.ledger.duckdb_ledger import DuckDBLedger
+from dunning.ledger.base import Ledger
 from dunning.policy import sendable_expr
 from dunning.providers.base import EmailProvider
 from dunning.render import apology_email
@@ -41,12 +41,12 @@ class RecoveryReport:
     send: SendReport
 
 
-def ledger_sends(ledger: DuckDBLedger, since: dt.datetime, until: dt.datetime) -> pl.DataFrame:
+def ledger_sends(ledger: Ledger, since: dt.datetime, until: dt.datetime) -> pl.DataFrame:
     """One row per email the ledger says may have reached a customer (apologies excluded)."""
     return ledger.frame(
         """
-        SELECT customer_id, any_value(customer_email) AS address, min(coalesce(sent_at, claimed_at)) AS sent_at,
-               any_value(message_id) AS message_id
+        SELECT customer_id, min(customer_email) AS address, min(coalesce(sent_at, claimed_at)) AS sent_at,
+               min(message_id) AS message_id
         FROM reminder_ledger
         WHERE kind <> 'apology' AND status IN ('sent', 'unknown', 'claimed')
           AND coalesce(sent_at, claimed_at) > ? AND coalesce(sent_at, claimed_at) <= ?
@@ -159,7 +159,7 @@ def apology_rows(flooded: pl.DataFrame, snapshot: pl.DataFrame, incident_id: str
 
 
 def recover(
-    ledger: DuckDBLedger,
+    ledger: Ledger,
     provider: EmailProvider,
     snapshot: pl.DataFrame,
     config: DunningConfig,

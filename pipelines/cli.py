@@ -20,10 +20,10 @@ from pathlib import Path
 import dagster as dg
 
 from dunning.clock import parse_as_of, utc_now
-from dunning.config import load_config
+from dunning.config import LedgerSettings, load_config, load_ledger_settings
 from dunning.errors import DunningError, GuardNotLive, StorageError, UserInputError
 from dunning.guard import prove_guard
-from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.ledger.factory import open_ledger_for
 from dunning.safe_text import for_terminal
 from dunning.sharding import Shard, parse_shard
 from dunning.stripe import read_events
@@ -78,6 +78,12 @@ def _config_path(args: argparse.Namespace, home: Path) -> str | None:
         return str(Path(args.config).resolve())
     default = home / "config.yaml"
     return str(default) if default.is_file() else None
+
+
+def _ledger_settings(args: argparse.Namespace, home: Path) -> LedgerSettings:
+    """Where the ledger is, from the config's `ledger:` section alone: `pause` must work when another section of
+    the file is broken."""
+    return load_ledger_settings(_config_path(args, home))
 
 
 def _home(args: argparse.Namespace) -> Path:
@@ -163,7 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         allow_stale=bool(args.allow_stale),
         shard=shard,
     )
-    with open_ledger(home / "dunning.duckdb") as ledger:
+    with open_ledger_for(config, home) as ledger:
         paused = ledger.pause_state().paused
     partition = as_of.astimezone(config.zone).date().isoformat()
     tags = {
@@ -179,7 +185,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config, tags=tags, raise_on_error=False
         )
     prune_run_frames(home)
-    with open_ledger(home / "dunning.duckdb") as ledger:
+    with open_ledger_for(config, home) as ledger:
         text, code = report.run_report(result, ledger, as_of=as_of, dry_run=bool(args.dry_run))
     if code == 0:
         say(text)
@@ -235,7 +241,7 @@ def _day(text: str, flag: str) -> dt.date:
 
 def cmd_pause(args: argparse.Namespace) -> int:
     home = _home(args)
-    with open_ledger(home / "dunning.duckdb") as ledger:
+    with open_ledger_for(_ledger_settings(args, home), home) as ledger:
         ledger.set_pause(True, args.reason, _operator(), utc_now())
     say(
         f"dunning paused: no reminders will be sent until `dunning resume` proves the guard is live"
@@ -258,7 +264,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     home = _home(args)
     config = load_config(_config_path(args, home))
     as_of = parse_as_of(args.as_of)
-    with open_ledger(home / "dunning.duckdb") as ledger:
+    with open_ledger_for(config, home) as ledger:
         snapshot = args.snapshot or (ledger.last_run() or {}).get("snapshot_path")
         if not snapshot:
             raise UserInputError("no snapshot to prove the guard on: pass --snapshot (no earlier run recorded one)")
@@ -314,7 +320,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     note = f"resolved by {_operator()}: {'sent' if args.sent else 'not sent'}" + (
         f" ({args.note})" if args.note else ""
     )
-    with open_ledger(home / "dunning.duckdb") as ledger:
+    with open_ledger_for(_ledger_settings(args, home), home) as ledger:
         done = ledger.resolve_by_hand(args.keys, args.sent, note, utc_now())
     missing = sorted(set(args.keys) - set(done))
     if done:
@@ -329,8 +335,8 @@ def cmd_resolve(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     home = _home(args)
-    with open_ledger(home / "dunning.duckdb") as ledger:
-        status = report.status(ledger)
+    with open_ledger_for(_ledger_settings(args, home), home) as ledger:
+        status = report.status(ledger, home=home)
     say(json.dumps(status, default=str, indent=2) if args.json else report.status_text(status))
     return 0
 

@@ -10,7 +10,6 @@ import datetime as dt
 import dagster as dg
 
 from dunning import cycle, recovery
-from dunning.analytics import publish
 from dunning.clock import parse_as_of, utc_now
 from dunning.errors import DunningError
 from dunning.policy import with_balances
@@ -50,7 +49,7 @@ def send_flood_apologies(
                 sent_log=config.sent_log_path,
                 now=utc_now,
             )
-            publish(ledger.con, dunning_home.root)  # analysts see the incident and its apologies at once
+            ledger.publish(dunning_home.root)  # analysts see the incident and its apologies at once
     except DunningError as error:
         raise dg.Failure(
             description=str(error), metadata={"error_class": type(error).__name__}, allow_retries=False

@@ -15,7 +15,7 @@ from dunning import liveness
 from dunning.clock import utc_now
 from dunning.config import Alerts, load_config
 from dunning.errors import ConfigError, ProviderUnhealthy, exit_codes_by_class
-from dunning.ledger.duckdb_ledger import DuckDBLedger
+from dunning.ledger.base import Ledger
 from dunning.ledger.operations import PauseState, RunSummary
 from resources.dunning import CONFIG_FILE_NAME
 
@@ -180,9 +180,7 @@ def _failed_checks(result: dg.ExecuteJobResult) -> list[dg.AssetCheckEvaluation]
     return [e for e in result.get_asset_check_evaluations() if not e.passed]
 
 
-def run_report(
-    result: dg.ExecuteJobResult, ledger: DuckDBLedger, *, as_of: dt.datetime, dry_run: bool
-) -> tuple[str, int]:
+def run_report(result: dg.ExecuteJobResult, ledger: Ledger, *, as_of: dt.datetime, dry_run: bool) -> tuple[str, int]:
     run_id = result.run_id
     shard = result.dagster_run.tags.get("dunning/shard")  # a sharded run counts only its customers
     header = (
@@ -277,11 +275,12 @@ def recovery_report(result: dg.ExecuteJobResult) -> tuple[str, int]:
     return "\n".join(lines), 0
 
 
-def _alert_settings(ledger: DuckDBLedger) -> tuple[Alerts, str | None]:
-    """The `alerts` thresholds from HOME/config.yaml beside the ledger file (defaults when there is none);
-    a broken file gives the defaults and its error, so `status` still answers."""
+def _alert_settings(ledger: Ledger, home: Path | None = None) -> tuple[Alerts, str | None]:
+    """The `alerts` thresholds from HOME/config.yaml (`home`, else the directory of the ledger file; defaults when
+    there is none); a broken file gives the defaults and its error, so `status` still answers."""
     database = ledger.database_path()
-    path = Path(database).parent / CONFIG_FILE_NAME if database else None
+    directory = home if home is not None else (Path(database).parent if database else None)
+    path = directory / CONFIG_FILE_NAME if directory is not None else None
     if path is None or not path.is_file():
         return Alerts(), None
     try:
@@ -294,13 +293,16 @@ def _run_fields(run: dict | None, *names: str) -> dict | None:
     return {name: run[name] for name in names} if run else None
 
 
-def status(ledger: DuckDBLedger, now: dt.datetime | None = None, settings: Alerts | None = None) -> dict:
+def status(
+    ledger: Ledger, now: dt.datetime | None = None, settings: Alerts | None = None, home: Path | None = None
+) -> dict:
     """Pause, the last live run (not dry, not backfill) and the last backfill apart, counts, alerts, liveness.
 
-    `settings`: the `alerts` section; None reads HOME/config.yaml beside the ledger. `now`: the wall clock."""
+    `settings`: the `alerts` section; None reads `home`'s config.yaml (without `home`: the one beside a ledger
+    file). `now`: the wall clock."""
     config_error = None
     if settings is None:
-        settings, config_error = _alert_settings(ledger)
+        settings, config_error = _alert_settings(ledger, home)
     live = liveness.assess(ledger, settings, now or utc_now())
     pause = ledger.pause_state()
     last = ledger.last_live_run()

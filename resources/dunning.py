@@ -15,7 +15,8 @@ import dagster as dg
 
 from dunning.clock import CycleClock, cycle_clock, parse_as_of
 from dunning.config import DunningConfig, load_config
-from dunning.ledger.duckdb_ledger import DuckDBLedger, open_ledger
+from dunning.ledger.base import Ledger
+from dunning.ledger.factory import DUCKDB_FILE, open_ledger_for
 from dunning.providers.base import EmailProvider
 from dunning.providers.factory import build_provider
 from dunning.sharding import Shard, shard_or_everyone
@@ -37,7 +38,8 @@ class DunningHome(dg.ConfigurableResource):
 
     @property
     def database_path(self) -> Path:
-        return self.root / "dunning.duckdb"
+        """The DuckDB ledger's file (with `ledger.kind: postgres` the ledger is not in the home)."""
+        return self.root / DUCKDB_FILE
 
     def settings(self) -> DunningConfig:
         path = self.config_path
@@ -46,8 +48,9 @@ class DunningHome(dg.ConfigurableResource):
         return load_config(path)
 
     @contextlib.contextmanager
-    def ledger(self, timeout_seconds: float | None = None) -> Iterator[DuckDBLedger]:
-        with open_ledger(self.database_path, timeout_seconds or self.lock_timeout_seconds) as ledger:
+    def ledger(self, timeout_seconds: float | None = None) -> Iterator[Ledger]:
+        """The ledger the config names (`ledger:`; HOME/dunning.duckdb by default)."""
+        with open_ledger_for(self.settings(), self.root, timeout_seconds or self.lock_timeout_seconds) as ledger:
             yield ledger
 
     def provider(self, config: DunningConfig) -> EmailProvider:

@@ -1,18 +1,19 @@
-"""The ledger's safety net, on a real DuckDB file: the key is unique, claims race safely, crashes become unknown."""
+"""The ledger's safety net, on a real DuckDB file and a real PostgreSQL database (`backend`): the key is unique,
+claims race safely, crashes become unknown."""
 
 import datetime as dt
 import threading
 
-import duckdb
 import polars as pl
 import pytest
 
 from dunning.config import DunningConfig
 from dunning.errors import LedgerBusy
-from dunning.ledger.duckdb_ledger import DuckDBLedger, open_ledger
+from dunning.ledger.duckdb_ledger import open_ledger
 from dunning.providers.file_outbox import FileOutbox
 from dunning.render import reminder_email
 from dunning.sending import resolve_unknown, send_due, with_email_ids
+from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture: each test below runs on both databases
 
 AS_OF = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
 
@@ -45,11 +46,11 @@ def due_rows(n: int, customer: str = "c1") -> pl.DataFrame:
 NO_SKIPS = due_rows(1).head(0)
 
 
-def test_the_primary_key_refuses_a_second_row_for_a_key(tmp_path):
-    with open_ledger(tmp_path / "d.duckdb") as ledger:
+def test_the_primary_key_refuses_a_second_row_for_a_key(backend):
+    with backend.open() as ledger:
         assert ledger.claim(due_rows(1), NO_SKIPS, "run-1", AS_OF).won == {"dunning:in_0:1:day3"}
         assert ledger.claim(due_rows(1), NO_SKIPS, "run-2", AS_OF).won == set()
-        with pytest.raises(duckdb.ConstraintException):
+        with pytest.raises(backend.duplicate_error):
             ledger.con.execute(
                 "INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status) "
                 "VALUES ('dunning:in_0:1:day3', 'reminder', 'c1', 'claimed')"
@@ -57,10 +58,8 @@ def test_the_primary_key_refuses_a_second_row_for_a_key(tmp_path):
         assert ledger.con.execute("SELECT count(*), min(run_id) FROM reminder_ledger").fetchone() == (1, "run-1")
 
 
-def test_two_overlapping_claimers_cannot_both_own_a_key(tmp_path):
-    path = tmp_path / "d.duckdb"
-    with open_ledger(path) as ledger:
-        first, second = DuckDBLedger(ledger.con.cursor()), DuckDBLedger(ledger.con.cursor())
+def test_two_overlapping_claimers_cannot_both_own_a_key(backend):
+    with backend.open() as ledger, backend.twin(ledger) as first, backend.twin(ledger) as second:
         barrier, won = threading.Barrier(2), {}
 
         def claim(name, claimer):
@@ -78,10 +77,10 @@ def test_two_overlapping_claimers_cannot_both_own_a_key(tmp_path):
         assert all(owners[k] == "a" for k in won["a"]) and all(owners[k] == "b" for k in won["b"])
 
 
-def test_a_claim_without_outcome_becomes_unknown_and_lookup_resolves_it(tmp_path):
+def test_a_claim_without_outcome_becomes_unknown_and_lookup_resolves_it(tmp_path, backend):
     outbox = FileOutbox(tmp_path / "outbox")
     due = due_rows(2)
-    with open_ledger(tmp_path / "d.duckdb") as ledger:
+    with backend.open() as ledger:
         ledger.claim(due, NO_SKIPS, "crashed-run", AS_OF)
         # the crashed run had handed in_0's email to the provider before dying, but not in_1's
         first = due.row(0, named=True)
@@ -98,9 +97,9 @@ def test_a_claim_without_outcome_becomes_unknown_and_lookup_resolves_it(tmp_path
         assert statuses == {"dunning:in_0:1:day3": "sent", "dunning:in_1:1:day3": "failed"}
 
 
-def test_send_due_claims_before_sending_and_records_outcomes(tmp_path):
+def test_send_due_claims_before_sending_and_records_outcomes(tmp_path, backend):
     outbox = FileOutbox(tmp_path / "outbox")
-    with open_ledger(tmp_path / "d.duckdb") as ledger:
+    with backend.open() as ledger:
         config = DunningConfig(group_by="invoice", claim_chunk_size=2)
         report, outcomes = send_due(
             ledger, outbox, due_rows(5), NO_SKIPS, config=config, run_id="r1", as_of=AS_OF, now=lambda: AS_OF
@@ -153,7 +152,7 @@ def test_vectorized_email_ids_equal_the_key_function():
         assert members.get_column("message_id")[0] == f"<{email_id(keys)}@example.com>"
 
 
-def test_send_due_gives_unnumbered_keys_their_message_ids_and_keeps_existing_ones(tmp_path):
+def test_send_due_gives_unnumbered_keys_their_message_ids_and_keeps_existing_ones(tmp_path, backend):
     """The plan carries no Message-IDs for new keys; each chunk gets them at claim time, a retry keeps its own."""
     from dunning.keys import email_id
 
@@ -180,7 +179,7 @@ def test_send_due_gives_unnumbered_keys_their_message_ids_and_keeps_existing_one
     )
     due = pl.concat([fresh, retry.select(fresh.columns)])
     config = DunningConfig(group_by="customer", claim_chunk_size=1)  # one email per chunk
-    with open_ledger(tmp_path / "l.duckdb") as ledger:
+    with backend.open() as ledger:
         report, outcomes = send_due(
             ledger,
             FileOutbox(tmp_path / "outbox"),

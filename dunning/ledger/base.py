@@ -1,20 +1,22 @@
-"""The ledger interface the pipeline depends on; DuckDB implements it today.
+"""The ledger interface the pipeline depends on; DuckDB (`duckdb_ledger`) and PostgreSQL (`pg_ledger`) implement it.
 
-Assets and the send loop call only these methods, so a PostgreSQL backend
-(`INSERT ... ON CONFLICT DO NOTHING RETURNING` works the same there) can be
-added without touching them.
+Assets, the CLI and the send loop call only these methods, on whichever ledger
+`factory.open_ledger_for` opened for the deployment's config.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import polars as pl
 
 from dunning.ledger.claims import ClaimCap, ClaimResult
-from dunning.ledger.operations import PauseState
+from dunning.ledger.operations import PauseState, RunSummary, StatusCounts
+from dunning.ledger.sql import Executes
 from dunning.sharding import Shard
 from dunning.vocabulary import LedgerStatus, RunOutcome
 
@@ -40,6 +42,19 @@ class AlertStore(Protocol):
 
 
 class Ledger(AlertStore, Protocol):
+    # the connection: transactions that nest, a rolled-back simulation, a query as a polars frame
+    def transaction(self) -> contextlib.AbstractContextManager[Executes]: ...
+
+    def simulation(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def frame(self, sql: str, params: Sequence[object] | None = None) -> pl.DataFrame: ...
+
+    def database_path(self) -> str | None: ...
+
+    def refuses_duplicate_key(self) -> bool: ...
+
+    def publish(self, home: Path) -> dict[str, int]: ...
+
     def invoice_state(self) -> pl.DataFrame: ...
 
     def record_cycle_changes(
@@ -129,6 +144,33 @@ class Ledger(AlertStore, Protocol):
     def set_pause(self, paused: bool, reason: str | None, changed_by: str, at: dt.datetime) -> None: ...
 
     def is_paused(self) -> bool: ...
+
+    def quarantine_events(self, frame: pl.DataFrame, run_id: str, received_at: dt.datetime) -> int: ...
+
+    def resolve_by_hand(self, keys: list[str], sent: bool, note: str, wall: dt.datetime) -> list[str]: ...
+
+    def record_incident(
+        self,
+        incident_id: str,
+        at: dt.datetime,
+        since: dt.datetime | None,
+        source: str,
+        flooded: int,
+        apologies_sent: int,
+    ) -> None: ...
+
+    def alerts_for_run(self, run_id: str) -> pl.DataFrame: ...
+
+    # what `dunning status` and the run report read
+    def last_run(self) -> dict[str, Any] | None: ...
+
+    def last_dry_run(self) -> dict[str, Any] | None: ...
+
+    def last_backfill(self) -> dict[str, Any] | None: ...
+
+    def run_summary(self, run_id: str) -> RunSummary | None: ...
+
+    def status_counts(self) -> StatusCounts: ...
 
     # the dead man's switch (`dunning.liveness`)
     def last_live_run(self, completed_only: bool = False) -> dict[str, Any] | None: ...

@@ -1,12 +1,19 @@
 """Claims and outcomes: the part of the ledger that decides what may be sent.
 
 A claim is ours only once its transaction commits; a commit (or write) that
-fails on a conflict (`TransactionException`/`ConstraintException`) means
-another writer won, and nothing of that chunk is sent. The per-customer cap is
+fails on a conflict (the backend's `lost_claim_errors`: DuckDB's
+`TransactionException`/`ConstraintException`, PostgreSQL's deadlock and
+serialization failures) means another writer won, and nothing of that chunk is
+sent. The per-customer cap is
 enforced a second time here, inside the claim transaction: every claim first
 writes the customer's row in `customer_claim_locks`, so two transactions that
 claim for the same customer conflict and one of them loses, instead of both
 counting the window, both seeing room, and both sending (write skew).
+
+On PostgreSQL (READ COMMITTED) the lock rows are taken in customer_id order and
+the ledger rows inserted in idempotency_key order, so racing workers wait for
+each other instead of deadlocking; the window is counted by a later statement
+than the one that took the locks, so it sees what the previous holder committed.
 """
 
 from __future__ import annotations
@@ -15,14 +22,11 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import duckdb
 import polars as pl
 
-from dunning.ledger.connection import LedgerConnection
 from dunning.ledger.schema import LEDGER_COLUMNS
+from dunning.ledger.sql import Executes, SqlConnection
 from dunning.vocabulary import PROVIDER_STATUSES, EmailKind, LedgerStatus, PlanRole, plain
-
-LOST_CLAIM_ERRORS = (duckdb.TransactionException, duckdb.ConstraintException)
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ def _within_cap(due: pl.DataFrame, recent: pl.DataFrame, cap: ClaimCap) -> pl.Da
     return due.join(allowed, on="email_group", how="semi")
 
 
-class ClaimStore(LedgerConnection):
+class ClaimStore(SqlConnection):
     """Claims and outcomes, on the ledger's connection."""
 
     def claim_owners(self, run_id: str) -> list[str]:
@@ -111,7 +115,7 @@ class ClaimStore(LedgerConnection):
         try:
             with self.transaction() as con, self.registered("claim_customers", customers):
                 con.execute(
-                    "INSERT INTO customer_claim_locks SELECT customer_id, ? FROM claim_customers "
+                    "INSERT INTO customer_claim_locks SELECT customer_id, ? FROM claim_customers ORDER BY customer_id "
                     "ON CONFLICT (customer_id) DO UPDATE SET touched_at = excluded.touched_at",
                     [claimed_at],
                 )
@@ -130,24 +134,24 @@ class ClaimStore(LedgerConnection):
                 )
                 retries = allowed.filter(is_retry).select("idempotency_key", "amount_minor", "customer_email")
                 with self.registered("due_rows", rows), self.registered("retry_rows", retries):
-                    result.won = {
-                        k
-                        for (k,) in con.execute(
-                            f"INSERT INTO reminder_ledger ({', '.join(LEDGER_COLUMNS)}, lease_expires_at) "
-                            "SELECT * FROM due_rows "
-                            "ON CONFLICT DO NOTHING RETURNING idempotency_key"
-                        ).fetchall()
-                    }
+                    inserted = self.insert_by_name(
+                        "reminder_ledger",
+                        "due_rows",
+                        on_conflict_do_nothing=True,
+                        returning="idempotency_key",
+                        order_by="idempotency_key",
+                    )
+                    result.won = {k for (k,) in inserted}
                     result.won |= self._retake_failed(con, run_id, claimed_at, lease_until)
                 won = allowed.filter(pl.col("idempotency_key").is_in(list(result.won)))
                 self._record_skipped_and_advance(con, won, skipped, stamp)
-        except LOST_CLAIM_ERRORS:
+        except self.lost_claim_errors:
             return ClaimResult(lost=True)
         return result
 
     @staticmethod
     def _retake_failed(
-        con: duckdb.DuckDBPyConnection, run_id: str, claimed_at: dt.datetime, lease_until: dt.datetime | None
+        con: Executes, run_id: str, claimed_at: dt.datetime, lease_until: dt.datetime | None
     ) -> set[str]:
         """Re-claim failed keys for a retry: the UPDATE only matches rows still `failed`, so a retry is taken once."""
         return {
@@ -194,7 +198,7 @@ class ClaimStore(LedgerConnection):
         )
 
     def _record_skipped_and_advance(
-        self, con: duckdb.DuckDBPyConnection, won: pl.DataFrame, skipped: pl.DataFrame, stamp: list[pl.Expr]
+        self, con: Executes, won: pl.DataFrame, skipped: pl.DataFrame, stamp: list[pl.Expr]
     ) -> None:
         reminders = won.filter(pl.col("kind") == EmailKind.REMINDER)
         if reminders.is_empty():
@@ -206,10 +210,7 @@ class ClaimStore(LedgerConnection):
         )
         advanced = reminders.select("invoice_id", "cycle", "stage", "stage_days")
         with self.registered("skip_rows", skip_rows), self.registered("won_rows", advanced):
-            con.execute(
-                f"INSERT INTO reminder_ledger ({', '.join(LEDGER_COLUMNS)}) "
-                "SELECT * FROM skip_rows ON CONFLICT DO NOTHING"
-            )
+            self.insert_by_name("reminder_ledger", "skip_rows", on_conflict_do_nothing=True, order_by="idempotency_key")
             con.execute(
                 """
                 UPDATE invoice_cycles SET last_stage = w.stage, last_stage_days = w.stage_days
@@ -252,11 +253,11 @@ class ClaimStore(LedgerConnection):
                     last_error = o.error, outcome_wall_at = ?,
                     next_attempt_at = CASE WHEN o.status IN ('failed', 'released')
                         THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at)
-                        + to_microseconds(CAST(? * 60000000 * pow(2, greatest(reminder_ledger.attempts
-                            - CASE WHEN o.status = 'released' THEN 1 ELSE 0 END, 0)) AS BIGINT)) END
+                        + INTERVAL '1 microsecond' * CAST(? * 60000000 * pow(2, greatest(reminder_ledger.attempts
+                            - CASE WHEN o.status = 'released' THEN 1 ELSE 0 END, 0)) AS BIGINT) END
                 FROM outcomes o
                 WHERE reminder_ledger.idempotency_key = o.idempotency_key AND reminder_ledger.status = ?
-                  AND (? IS NULL OR reminder_ledger.run_id = ?)
+                  AND (CAST(? AS VARCHAR) IS NULL OR reminder_ledger.run_id = ?)
                 RETURNING reminder_ledger.idempotency_key
                 """,
                     [sent_at, wall, sent_at, backoff_minutes, expected_status, run_id, run_id],

@@ -4,13 +4,15 @@ DuckDB lets one process open a file read-write; a second process gets an
 IOException about the lock. `open_ledger` waits for it with backoff, gives up
 with a clear message, and always closes the connection (the lock goes with
 it). Transactions nest: an inner `transaction()` joins the outer one, which is
-how `simulation()` runs a whole cycle's writes and then rolls them all back.
+how `simulation()` runs a whole cycle's writes and then rolls them all back
+(`sql.SqlConnection`, shared with the PostgreSQL ledger).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import polars as pl
 
 from dunning.errors import LedgerBusy
 from dunning.ledger.migrations import migrate
+from dunning.ledger.sql import PROBE_INSERT, SqlConnection
 
 
 def connect(path: Path, timeout_seconds: float, read_only: bool = False) -> duckdb.DuckDBPyConnection:
@@ -37,14 +40,14 @@ def connect(path: Path, timeout_seconds: float, read_only: bool = False) -> duck
             delay = min(delay * 2, 1.0)
 
 
-class _Rollback(Exception):
-    pass
+class LedgerConnection(SqlConnection):
+    """The ledger's connection on a DuckDB file."""
 
+    lost_claim_errors = (duckdb.TransactionException, duckdb.ConstraintException)
+    con: duckdb.DuckDBPyConnection
 
-class LedgerConnection:
     def __init__(self, con: duckdb.DuckDBPyConnection):
-        self.con = con
-        self._depth = 0
+        super().__init__(con)
 
     @staticmethod
     def prepare(con: duckdb.DuckDBPyConnection, path: str = ":memory:", memory_limit: str = "2GB") -> None:
@@ -54,51 +57,30 @@ class LedgerConnection:
         con.execute("SET memory_limit = ?", [memory_limit])
         migrate(con, path)
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        if self._depth:
-            self._depth += 1
-            try:
-                yield self.con
-            finally:
-                self._depth -= 1
-            return
-        self.con.execute("BEGIN TRANSACTION")
-        self._depth = 1
-        try:
-            yield self.con
-        except BaseException:
-            self._depth = 0
-            self.con.execute("ROLLBACK")
-            raise
-        self._depth = 0
-        self.con.execute("COMMIT")
-
-    @contextlib.contextmanager
-    def simulation(self) -> Iterator[None]:
-        """Everything written inside is rolled back at the end, whatever happens."""
-        try:
-            with self.transaction():
-                yield
-                raise _Rollback
-        except _Rollback:
-            pass
-
     def frame(self, sql: str, params: Sequence[object] | None = None) -> pl.DataFrame:
         result: pl.DataFrame = self.con.sql(sql, params=params or None).pl()  # `.pl()` is typed Any (it may be lazy)
         return result
 
-    def scalar(self, sql: str, params: Sequence[object] | None = None) -> object:
-        """The first value of the first row, for a query that always returns one (an aggregate)."""
-        row = next(iter(self.con.execute(sql, params or []).fetchall()), None)
-        if row is None:
-            raise LookupError(f"query returned no row: {sql}")
-        return row[0]
-
     @contextlib.contextmanager
-    def registered(self, name: str, frame: pl.DataFrame) -> Iterator[str]:
+    def _register(self, name: str, frame: pl.DataFrame) -> Iterator[None]:
         self.con.register(name, frame.to_arrow())
         try:
-            yield name
+            yield
         finally:
             self.con.unregister(name)
+
+    def database_path(self) -> str | None:
+        """The file this ledger lives in (None in memory)."""
+        rows = self.con.execute(
+            "SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()  # fmt: skip
+        return str(rows[0][0]) if rows and rows[0][0] else None
+
+    def refuses_duplicate_key(self) -> bool:
+        probe = f"guard-probe:{uuid.uuid4().hex}"
+        try:
+            with self.simulation():
+                self.con.execute(PROBE_INSERT, [probe])
+                self.con.execute(PROBE_INSERT, [probe])
+        except (duckdb.ConstraintException, duckdb.TransactionException):
+            return True
+        return False

@@ -1,4 +1,5 @@
-"""The ledger on a DuckDB file: invoice state and history here, claims and operations in their modules."""
+"""The ledger's tables (invoice state and history here, claims and operations in their modules), and the ledger on a
+DuckDB file."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
+from dunning.analytics import publish
 from dunning.ledger.claims import ClaimStore
 from dunning.ledger.connection import LedgerConnection, connect
 from dunning.ledger.operations import Operations
@@ -42,8 +44,9 @@ def _kept(column: str) -> pl.Expr:
     )
 
 
-class DuckDBLedger(ClaimStore, Operations):
-    """Everything the pipeline stores, behind methods a PostgreSQL backend could implement too."""
+class LedgerTables(ClaimStore, Operations):
+    """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
+    `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""
 
     def invoice_state(self) -> pl.DataFrame:
         return self.frame(
@@ -116,7 +119,7 @@ class DuckDBLedger(ClaimStore, Operations):
             pl.struct([_kept(c) for c in raw_columns]).struct.json_encode().alias("raw_row"),
         )
         with self.registered("rejected_rows", rows):
-            self.con.execute("INSERT INTO snapshot_quarantine SELECT * FROM rejected_rows")
+            self.insert_by_name("snapshot_quarantine", "rejected_rows")
 
     def state_as_of(self, as_of: dt.datetime, stages: pl.DataFrame) -> pl.DataFrame:
         """Invoice state as the ledger stood at `as_of`: for a past day's simulation (backfill).
@@ -163,4 +166,12 @@ class DuckDBLedger(ClaimStore, Operations):
                 with self.registered("shard_customers", shard.owned_ids(day).to_frame("customer_id")):
                     mine = "customer_id IN (SELECT customer_id FROM shard_customers)"
                     con.execute(f"DELETE FROM {table} WHERE {where} AND {mine}", params)
-            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM partition_rows")
+            self.insert_by_name(table, "partition_rows")
+
+
+class DuckDBLedger(LedgerTables, LedgerConnection):
+    """The ledger on a DuckDB file."""
+
+    def publish(self, home: Path) -> dict[str, int]:
+        """The analysts' copy under `home` (`dunning.analytics`), straight from the ledger file."""
+        return publish(self.con, home)

@@ -6,19 +6,20 @@ such table but has `reminder_ledger`: it is taken as version 1. Migrations run
 at open, each in its own transaction, while this process holds DuckDB's
 single-writer file lock, so two processes never migrate one file at once. A
 ledger newer than this code is refused: an older release must not write
-columns and rules it does not know.
+columns and rules it does not know. The PostgreSQL ledger runs the same
+migrations (`pg_schema`), under an advisory lock instead of a file lock.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-
-import duckdb
 
 from dunning.errors import UserInputError
 from dunning.ledger.schema import DDL
+from dunning.ledger.sql import Executes
 
 
 class LedgerTooNew(UserInputError):
@@ -59,7 +60,7 @@ CREATE TABLE IF NOT EXISTS schema_version (
 """
 
 
-def _exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+def _exists(con: Executes, table: str) -> bool:
     row = next(
         iter(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchall()),
         None,
@@ -67,12 +68,12 @@ def _exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     return bool(row and row[0])
 
 
-def _rows(con: duckdb.DuckDBPyConnection, table: str) -> int:
+def _rows(con: Executes, table: str) -> int:
     row = next(iter(con.execute(f"SELECT count(*) FROM {table}").fetchall()), None)
     return int(row[0]) if row else 0
 
 
-def current_version(con: duckdb.DuckDBPyConnection) -> int:
+def current_version(con: Executes) -> int:
     """0 for an empty file, 1 for a release-0.1 ledger, else the highest version applied."""
     if _exists(con, "schema_version"):
         row = next(iter(con.execute("SELECT max(version) FROM schema_version").fetchall()), None)
@@ -81,7 +82,7 @@ def current_version(con: duckdb.DuckDBPyConnection) -> int:
     return 1 if _exists(con, "reminder_ledger") else 0
 
 
-def check_not_newer(con: duckdb.DuckDBPyConnection, path: str) -> int:
+def check_not_newer(con: Executes, path: str) -> int:
     version = current_version(con)
     if version > LATEST:
         raise LedgerTooNew(
@@ -94,7 +95,7 @@ def check_not_newer(con: duckdb.DuckDBPyConnection, path: str) -> int:
 _DDL_TABLES = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", "\n".join(DDL)))
 
 
-def _schema_is_current(con: duckdb.DuckDBPyConnection, version: int) -> bool:
+def _schema_is_current(con: Executes, version: int) -> bool:
     """At the latest version with every table of the DDL present: nothing to run (one catalog query, where
     re-running the whole DDL on every open cost about a third of opening the ledger)."""
     if version != LATEST:
@@ -107,8 +108,9 @@ def _schema_is_current(con: duckdb.DuckDBPyConnection, version: int) -> bool:
     return bool(present) and present[0][0] == len(_DDL_TABLES)
 
 
-def migrate(con: duckdb.DuckDBPyConnection, path: str) -> list[int]:
-    """Apply every pending migration in order; returns the versions applied now."""
+def migrate(con: Executes, path: str, ddl: Sequence[str] = DDL) -> list[int]:
+    """Apply every pending migration in order; returns the versions applied now. `ddl`: the current schema in this
+    database's dialect (`schema.DDL` for DuckDB, `pg_schema.PG_DDL` for PostgreSQL)."""
     version = check_not_newer(con, path)
     applied: list[int] = []
     if _schema_is_current(con, version):
@@ -116,7 +118,7 @@ def migrate(con: duckdb.DuckDBPyConnection, path: str) -> list[int]:
     con.execute(_VERSION_TABLE)
     if version == 0:  # a new file: the current schema at once, every migration recorded as applied
         con.execute("BEGIN TRANSACTION")
-        for statement in DDL:
+        for statement in ddl:
             con.execute(statement)
         for migration in MIGRATIONS:
             con.execute(
@@ -147,6 +149,6 @@ def migrate(con: duckdb.DuckDBPyConnection, path: str) -> list[int]:
         con.execute("COMMIT")
         applied.append(migration.version)
     # the current schema: everything for a new file; for an old one, tables it never had
-    for statement in DDL:
+    for statement in ddl:
         con.execute(statement)
     return applied

@@ -11,7 +11,7 @@ from typing import Any
 
 import polars as pl
 
-from dunning.ledger.connection import LedgerConnection
+from dunning.ledger.sql import SqlConnection
 from dunning.vocabulary import RunOutcome
 
 PER_RUN_TABLES = ("dunning_audit", "dunning_runs")
@@ -53,7 +53,7 @@ class PauseState:
     changed_at: dt.datetime | None = None
 
 
-class Operations(LedgerConnection):
+class Operations(SqlConnection):
     """The pause flag, alerts, incidents, billing events and per-run rows, on the ledger's connection."""
 
     def pause_state(self) -> PauseState:
@@ -118,10 +118,13 @@ class Operations(LedgerConnection):
         rows = events.with_columns(pl.lit(run_id).alias("first_run_id"), pl.lit(received_at).alias("received_at"))
         with self.registered("event_rows", rows):
             return len(
-                self.con.execute(
-                    "INSERT INTO billing_events BY NAME SELECT * FROM event_rows "
-                    "ON CONFLICT DO NOTHING RETURNING event_id"
-                ).fetchall()
+                self.insert_by_name(
+                    "billing_events",
+                    "event_rows",
+                    on_conflict_do_nothing=True,
+                    returning="event_id",
+                    order_by="event_id",
+                )
             )
 
     def quarantine_events(self, frame: pl.DataFrame, run_id: str, received_at: dt.datetime) -> int:
@@ -131,7 +134,7 @@ class Operations(LedgerConnection):
             pl.lit(run_id).alias("run_id"), pl.lit(received_at).alias("received_at")
         )
         with self.registered("rejected_events", rows):
-            self.con.execute("INSERT INTO event_quarantine BY NAME SELECT * FROM rejected_events")
+            self.insert_by_name("event_quarantine", "rejected_events")
         return rows.height
 
     def recorded_keys(self, keys: list[str]) -> set[str]:
@@ -191,7 +194,7 @@ class Operations(LedgerConnection):
             raise ValueError(f"not a per-run table: {table}")
         with self.transaction() as con, self.registered("run_rows", rows):
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM run_rows")
+            self.insert_by_name(table, "run_rows")
 
     def last_run(self) -> dict[str, Any] | None:
         rows = self.frame(
@@ -229,9 +232,14 @@ class Operations(LedgerConnection):
         """`unknown` keys whose outcome was recorded (or, lacking that, claimed) before `before`: count, oldest time,
         oldest key."""
         row = self.con.execute(
-            "SELECT count(*), min(coalesce(outcome_wall_at, claimed_at)), "
-            "arg_min(idempotency_key, coalesce(outcome_wall_at, claimed_at)) FROM reminder_ledger "
-            "WHERE status = 'unknown' AND coalesce(outcome_wall_at, claimed_at) < ?",
+            """
+            WITH waiting AS (
+                SELECT idempotency_key, coalesce(outcome_wall_at, claimed_at) AS since FROM reminder_ledger
+                WHERE status = 'unknown' AND coalesce(outcome_wall_at, claimed_at) < ?
+            )
+            SELECT (SELECT count(*) FROM waiting), (SELECT min(since) FROM waiting),
+                   (SELECT idempotency_key FROM waiting ORDER BY since, idempotency_key LIMIT 1)
+            """,
             [before],
         ).fetchall()[0]
         return int(row[0]), row[1], row[2]
@@ -307,9 +315,3 @@ class Operations(LedgerConnection):
             "SELECT idempotency_key FROM reminder_ledger WHERE status = 'unknown' ORDER BY idempotency_key LIMIT 50"
         ).fetchall()]  # fmt: skip
         return StatusCounts(counts, alerts, unknown)
-
-    def database_path(self) -> str | None:
-        """The file this ledger lives in (None in memory)."""
-        rows = self.con.execute(
-            "SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()  # fmt: skip
-        return str(rows[0][0]) if rows and rows[0][0] else None

@@ -1,0 +1,49 @@
+"""The one place that decides which ledger a deployment uses: the `ledger:` section of its config.
+
+`duckdb` (the default) is HOME/dunning.duckdb; `postgres` is the database whose
+DSN is in the environment variable `ledger.dsn_env` names. The DSN is read
+here and handed to psycopg, and nowhere else: messages name the variable only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from dunning.config import DunningConfig, LedgerSettings
+from dunning.errors import UserInputError
+from dunning.ledger.base import Ledger
+
+DUCKDB_FILE = "dunning.duckdb"
+
+
+def postgres_dsn(settings: LedgerSettings) -> str:
+    """The DSN from the environment, or a UserInputError naming the variable (never echoing a value)."""
+    dsn = os.environ.get(settings.dsn_env, "").strip()
+    if not dsn:
+        raise UserInputError(
+            f"ledger.kind is postgres but the environment variable {settings.dsn_env} (ledger.dsn_env) is not set; "
+            "set it to the ledger database's connection string"
+        )
+    return dsn
+
+
+@contextlib.contextmanager
+def open_ledger_for(
+    settings: DunningConfig | LedgerSettings, home: Path, timeout_seconds: float = 120.0
+) -> Iterator[Ledger]:
+    """The deployment's ledger, opened (and its schema brought up to date) for the block, closed after."""
+    ledger_settings = settings.ledger if isinstance(settings, DunningConfig) else settings
+    if ledger_settings.kind == "postgres":
+        from dunning.ledger.pg_ledger import open_postgres_ledger
+
+        dsn = postgres_dsn(ledger_settings)
+        with open_postgres_ledger(dsn, f"${ledger_settings.dsn_env}", timeout_seconds) as pg_ledger:
+            yield pg_ledger
+        return
+    from dunning.ledger.duckdb_ledger import open_ledger
+
+    with open_ledger(Path(home) / DUCKDB_FILE, timeout_seconds) as duck_ledger:
+        yield duck_ledger

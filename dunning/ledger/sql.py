@@ -1,0 +1,142 @@
+"""What the ledger's SQL needs from a database connection, whichever database it is.
+
+The claim, operations and state mixins are written once against this class:
+`con.execute(sql, params).fetchall()` with `?` placeholders, `frame()` for a
+polars frame, `registered(name, frame)` to use a frame as a table in the next
+statements, `insert_by_name()` to insert such a frame by column names, and
+transactions that nest (an inner `transaction()` joins the outer one, which is
+how `simulation()` runs a whole cycle's writes and then rolls them all back).
+DuckDB (`connection.LedgerConnection`) and PostgreSQL
+(`pg_connection.PgConnection`) implement the parts that differ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import polars as pl
+
+
+class Rows(Protocol):
+    def fetchall(self) -> list[tuple[Any, ...]]: ...
+
+
+class Executes(Protocol):
+    """A connection whose `execute` takes `?` placeholders and returns something to fetch rows from."""
+
+    def execute(self, query: str, parameters: Any = None, /) -> Any: ...
+
+
+# the guard's probe: a row no cycle would write, inserted twice inside a rolled-back transaction
+PROBE_INSERT = (
+    "INSERT INTO reminder_ledger (idempotency_key, kind, customer_id, status) "
+    "VALUES (?, 'reminder', 'guard-probe', 'skipped')"
+)
+
+
+class _Rollback(Exception):
+    pass
+
+
+def quote_identifier(name: str) -> str:
+    """A table or column name as a quoted SQL identifier (both databases double a double quote inside)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+class SqlConnection:
+    """A ledger connection: nested transactions, simulations, and frames used as tables."""
+
+    # errors that mean "another writer won this claim": the chunk is lost, nothing of it is sent
+    lost_claim_errors: tuple[type[BaseException], ...] = ()
+
+    def __init__(self, con: Executes):
+        self.con = con
+        self._depth = 0
+        self._columns: dict[str, list[str]] = {}  # the columns of each registered frame, by name
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Executes]:
+        if self._depth:
+            self._depth += 1
+            try:
+                yield self.con
+            finally:
+                self._depth -= 1
+            return
+        self.con.execute("BEGIN TRANSACTION")
+        self._depth = 1
+        try:
+            yield self.con
+        except BaseException:
+            self._depth = 0
+            self.con.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        self.con.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def simulation(self) -> Iterator[None]:
+        """Everything written inside is rolled back at the end, whatever happens."""
+        try:
+            with self.transaction():
+                yield
+                raise _Rollback
+        except _Rollback:
+            pass
+
+    def frame(self, sql: str, params: Sequence[object] | None = None) -> pl.DataFrame:
+        raise NotImplementedError
+
+    def scalar(self, sql: str, params: Sequence[object] | None = None) -> object:
+        """The first value of the first row, for a query that always returns one (an aggregate)."""
+        row = next(iter(self.con.execute(sql, list(params or [])).fetchall()), None)
+        if row is None:
+            raise LookupError(f"query returned no row: {sql}")
+        return row[0]
+
+    @contextlib.contextmanager
+    def registered(self, name: str, frame: pl.DataFrame) -> Iterator[str]:
+        """`frame` usable as the table `name` until the block ends."""
+        self._columns[name] = list(frame.columns)
+        try:
+            with self._register(name, frame):
+                yield name
+        finally:
+            self._columns.pop(name, None)
+
+    def _register(self, name: str, frame: pl.DataFrame) -> contextlib.AbstractContextManager[object]:
+        raise NotImplementedError
+
+    def insert_by_name(
+        self,
+        table: str,
+        view: str,
+        *,
+        on_conflict_do_nothing: bool = False,
+        returning: str | None = None,
+        order_by: str | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """Insert every row of the registered frame `view` into `table`, matching columns by name (columns the
+        frame lacks get their default); `order_by` is a column of the frame: rows go in, and take their locks, in
+        that order. Returns the `returning` column of the rows inserted (empty when not asked)."""
+        columns = ", ".join(quote_identifier(c) for c in self._columns[view])
+        sql = f"INSERT INTO {quote_identifier(table)} ({columns}) SELECT {columns} FROM {quote_identifier(view)}"
+        if order_by is not None:
+            sql += f" ORDER BY {quote_identifier(order_by)}"
+        if on_conflict_do_nothing:
+            sql += " ON CONFLICT DO NOTHING"
+        if returning is None:
+            self.con.execute(sql, [])
+            return []
+        return list(self.con.execute(sql + f" RETURNING {quote_identifier(returning)}", []).fetchall())
+
+    def database_path(self) -> str | None:
+        """The file this ledger lives in (None when it is not a file of this machine)."""
+        return None
+
+    def refuses_duplicate_key(self) -> bool:
+        """Whether `reminder_ledger` refuses a second row for one idempotency_key; proven by trying, inside a
+        transaction that is rolled back (the guard's first proof)."""
+        raise NotImplementedError

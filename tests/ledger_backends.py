@@ -1,0 +1,56 @@
+"""The ledger tests' two databases: `backend` opens a fresh DuckDB file or a fresh PostgreSQL database.
+
+Import the fixture into a test module (`from tests.ledger_backends import backend_fixture`) and every test that takes it
+runs once per backend; the PostgreSQL runs use the session's throwaway cluster (`postgres_dsn` in conftest).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pytest
+from psycopg import errors as pg_errors
+
+from dunning.ledger.duckdb_ledger import DuckDBLedger, open_ledger
+from dunning.ledger.pg_ledger import PostgresLedger, open_postgres_ledger
+
+BACKENDS = ("duckdb", "postgres")
+
+
+@dataclass
+class Backend:
+    kind: str
+    path: Path | None = None  # the DuckDB file
+    dsn: str | None = None  # the PostgreSQL database
+
+    @property
+    def duplicate_error(self) -> type[BaseException]:
+        return duckdb.ConstraintException if self.kind == "duckdb" else pg_errors.UniqueViolation
+
+    def open(self, timeout_seconds: float = 30.0) -> contextlib.AbstractContextManager[DuckDBLedger | PostgresLedger]:
+        if self.kind == "duckdb":
+            assert self.path is not None
+            return open_ledger(self.path, timeout_seconds)
+        assert self.dsn is not None
+        return open_postgres_ledger(self.dsn, "$TEST_DSN", timeout_seconds)
+
+    @contextlib.contextmanager
+    def twin(self, ledger: DuckDBLedger | PostgresLedger) -> Iterator[DuckDBLedger | PostgresLedger]:
+        """A second writer on the same ledger: a cursor of the file's connection (DuckDB lets one process hold the
+        file), or a connection of its own (PostgreSQL)."""
+        if isinstance(ledger, DuckDBLedger):
+            yield DuckDBLedger(ledger.con.cursor())
+            return
+        with self.open() as other:
+            yield other
+
+
+@pytest.fixture(params=BACKENDS, name="backend")
+def backend_fixture(request, tmp_path) -> Backend:
+    if request.param == "duckdb":
+        return Backend("duckdb", path=tmp_path / "d.duckdb")
+    return Backend("postgres", dsn=request.getfixturevalue("postgres_dsn"))
