@@ -8,8 +8,9 @@ import duckdb
 import pytest
 
 from dunning.ledger.duckdb_ledger import open_ledger
-from dunning.ledger.migrations import LATEST, MIGRATIONS
+from dunning.ledger.migrations import LATEST, MIGRATIONS, LedgerTooNew
 from tests.conftest import invoice
+from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture: both databases
 
 RELEASE_0_1 = Path(__file__).parent / "fixtures" / "ledger_release_0_1.duckdb.gz"
 # the snapshot release 0.1 ran twice (2026-11-04 and 2026-11-09) to make the fixture
@@ -63,3 +64,21 @@ def test_a_ledger_newer_than_the_code_is_refused(deployment):
     code, _, err = deployment.run(ROWS, "2026-11-09T10:00:00Z")
     assert code == 2 and f"schema version {LATEST + 1}, newer than this release knows ({LATEST})" in err
     assert "Traceback" not in err
+
+
+def test_a_new_ledger_gets_the_current_schema_with_every_migration_recorded(backend):
+    with backend.open() as ledger:
+        versions = ledger.con.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
+        columns = set(ledger.frame("SELECT * FROM reminder_ledger").columns)
+    assert versions == [(m.version,) for m in MIGRATIONS] and "lease_expires_at" in columns
+    with backend.open() as ledger:  # opening again applies nothing more
+        assert ledger.scalar("SELECT count(*) FROM schema_version") == LATEST
+
+
+def test_a_ledger_newer_than_the_code_is_refused_on_either_database(backend):
+    with backend.open() as ledger:
+        ledger.con.execute("INSERT INTO schema_version VALUES (?, 'from the future', now())", [LATEST + 1])
+    with pytest.raises(LedgerTooNew) as refused, backend.open():
+        pass
+    assert f"schema version {LATEST + 1}, newer than this release knows ({LATEST})" in str(refused.value)
+    assert not backend.dsn or backend.dsn not in str(refused.value), "it names the variable, never the DSN"

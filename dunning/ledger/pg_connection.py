@@ -26,7 +26,7 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
-from dunning.errors import LedgerBusy
+from dunning.errors import LedgerBusy, UserInputError
 from dunning.ledger.sql import PROBE_INSERT, SqlConnection, quote_identifier
 
 
@@ -121,9 +121,17 @@ def redact(text: str, dsn: str) -> str:
 def connect_pg(dsn: str, timeout_seconds: float, source: str) -> psycopg.Connection[Any]:
     """An autocommit connection in UTC with synchronous commits; `source` names it in errors (the env var)."""
     try:
+        conninfo_to_dict(dsn)
+    except (psycopg.Error, ValueError):  # libpq's parse error quotes the text it could not parse: not shown
+        raise UserInputError(
+            f"{source} does not hold a valid PostgreSQL connection string (the value is not shown: it may hold a "
+            "password)"
+        ) from None
+    try:
         raw = psycopg.connect(dsn, autocommit=True, connect_timeout=max(2, int(timeout_seconds)))
-    except (psycopg.Error, ValueError) as error:
-        reason = redact((str(error).strip().splitlines() or ["no reason given"])[-1], dsn)[:300]
+    except (psycopg.Error, ValueError) as error:  # libpq names the host and port, never the password
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        reason = redact("; ".join(lines) or "no reason given", dsn)[:300]
         raise LedgerUnavailable(
             f"cannot connect to the PostgreSQL ledger named by {source}: {type(error).__name__}: {reason}"
         ) from None
