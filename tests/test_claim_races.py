@@ -251,3 +251,19 @@ def test_several_workers_opening_a_new_database_at_once_migrate_it_once(postgres
     with open_postgres_ledger(postgres_dsn, "$TEST_DSN") as ledger:
         versions = ledger.con.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
     assert versions == [(v,) for v in range(1, LATEST + 1)]
+
+
+def test_a_failed_keys_backoff_doubles_per_attempt_on_both_databases(backend):
+    failure = pl.DataFrame(
+        {"idempotency_key": ["dunning:in_0:1:day3"], "status": ["failed"], "message_id": [None], "error": ["550"]},
+        schema_overrides={"message_id": pl.String},
+    )
+    with backend.open() as ledger:
+        ledger.claim(due_rows(1), NO_SKIPS, "run-1", AS_OF)
+        assert ledger.record_outcomes(failure, AS_OF, AS_OF, backoff_minutes=30, run_id="run-1") == 1
+        first = ledger.frame("SELECT next_attempt_at, attempts FROM reminder_ledger").row(0)
+        ledger.con.execute("UPDATE reminder_ledger SET status = 'claimed', attempts = 8")  # the ninth attempt fails
+        assert ledger.record_outcomes(failure, AS_OF, AS_OF, backoff_minutes=30) == 1
+        ninth = ledger.frame("SELECT next_attempt_at, attempts FROM reminder_ledger").row(0)
+    assert first == (AS_OF + dt.timedelta(minutes=30), 1)
+    assert ninth == (AS_OF + dt.timedelta(minutes=30 * 2**8), 9)

@@ -57,6 +57,11 @@ def _within_cap(due: pl.DataFrame, recent: pl.DataFrame, cap: ClaimCap) -> pl.Da
     return due.join(allowed, on="email_group", how="semi")
 
 
+# a failed key's backoff: `backoff_minutes` (the parameter) doubled per attempt already made
+BACKOFF_MICROSECONDS = """CAST(? * 60000000 * pow(2, greatest(reminder_ledger.attempts
+    - CASE WHEN o.status = 'released' THEN 1 ELSE 0 END, 0)) AS BIGINT)"""
+
+
 class ClaimStore(SqlConnection):
     """Claims and outcomes, on the ledger's connection."""
 
@@ -244,7 +249,7 @@ class ClaimStore(SqlConnection):
         with self.registered("outcomes", recorded):
             return len(
                 self.con.execute(
-                    """
+                    f"""
                 UPDATE reminder_ledger SET
                     status = CASE WHEN o.status = 'released' THEN 'failed' ELSE o.status END,
                     message_id = coalesce(o.message_id, reminder_ledger.message_id),
@@ -253,8 +258,7 @@ class ClaimStore(SqlConnection):
                     last_error = o.error, outcome_wall_at = ?,
                     next_attempt_at = CASE WHEN o.status IN ('failed', 'released')
                         THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at)
-                        + INTERVAL '1 microsecond' * CAST(? * 60000000 * pow(2, greatest(reminder_ledger.attempts
-                            - CASE WHEN o.status = 'released' THEN 1 ELSE 0 END, 0)) AS BIGINT) END
+                        + {self.interval_of_microseconds(BACKOFF_MICROSECONDS)} END
                 FROM outcomes o
                 WHERE reminder_ledger.idempotency_key = o.idempotency_key AND reminder_ledger.status = ?
                   AND (CAST(? AS VARCHAR) IS NULL OR reminder_ledger.run_id = ?)

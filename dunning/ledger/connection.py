@@ -69,6 +69,9 @@ class LedgerConnection(SqlConnection):
         finally:
             self.con.unregister(name)
 
+    def interval_of_microseconds(self, expression: str) -> str:
+        return f"to_microseconds({expression})"
+
     def database_path(self) -> str | None:
         """The file this ledger lives in (None in memory)."""
         rows = self.con.execute(

@@ -183,6 +183,9 @@ class PgConnection(SqlConnection):
             if self.raw.info.transaction_status != TransactionStatus.INERROR:
                 self.con.execute(f"DROP TABLE IF EXISTS pg_temp.{table}")
 
+    def interval_of_microseconds(self, expression: str) -> str:
+        return f"(({expression}) * INTERVAL '1 microsecond')"
+
     def refuses_duplicate_key(self) -> bool:
         """A failed statement aborts a PostgreSQL transaction, so the duplicate is tried under a SAVEPOINT."""
         probe = f"guard-probe:{uuid.uuid4().hex}"

@@ -132,6 +132,11 @@ class SqlConnection:
             return []
         return list(self.con.execute(sql + f" RETURNING {quote_identifier(returning)}", []).fetchall())
 
+    def interval_of_microseconds(self, expression: str) -> str:
+        """SQL for the interval of `expression` (a BIGINT of microseconds): the one function the dialects name
+        differently."""
+        raise NotImplementedError
+
     def database_path(self) -> str | None:
         """The file this ledger lives in (None when it is not a file of this machine)."""
         return None
