@@ -91,7 +91,7 @@ class LedgerTables(ClaimStore, Operations):
             con.execute(
                 """
                 INSERT INTO invoice_cycles (invoice_id, cycle, cycle_open, opened_at, changed_snapshot_at)
-                SELECT invoice_id, cycle, true, ?, ? FROM cycle_changes WHERE cycle_action = 'open'
+                SELECT invoice_id, cycle, true, ?, ? FROM cycle_changes WHERE cycle_action = 'open' ORDER BY invoice_id
                 ON CONFLICT (invoice_id) DO UPDATE SET cycle = excluded.cycle, cycle_open = true,
                     opened_at = excluded.opened_at, closed_at = NULL, last_stage = NULL, last_stage_days = NULL,
                     changed_snapshot_at = excluded.changed_snapshot_at
