@@ -87,6 +87,6 @@ def prepare_home(home: Path, n_invoices: int, as_of: dt.datetime, history_factor
             ledger.con.execute(
                 f"INSERT INTO reminder_ledger ({', '.join(LEDGER_COLUMNS)}, sent_at) SELECT * FROM history"
             )
-            ledger.con.execute("INSERT INTO invoice_cycles SELECT * FROM state")
+            ledger.con.execute("INSERT INTO invoice_cycles BY NAME SELECT * FROM state")
         ledger.con.execute("CHECKPOINT")
     return {"invoices": n_invoices, "ledger_rows": history.height, "snapshot": str(snapshot_path)}

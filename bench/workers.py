@@ -1,0 +1,256 @@
+"""Several workers on one PostgreSQL ledger, next to the DuckDB single worker: `python -m bench.workers`.
+
+Per tier, the data of `bench.run` (a demo snapshot plus 30 earlier daily
+cycles, `bench.history`) is loaded once into a PostgreSQL template database on
+a throwaway local cluster (Debian's binaries, as in the tests); every
+measurement starts from a clone of it (`CREATE DATABASE ... TEMPLATE`), so each
+run sees the same ledger. Measured, `repeat` times each, median kept:
+
+- the full `dunning run` with the file outbox: the DuckDB single worker, and 1,
+  2 and 4 PostgreSQL workers (`--shard K/N`, processes started together, one
+  home each; wall time until the last one ends);
+- claims per second per worker: the claim step alone (`Ledger.claim` in chunks
+  of `claim_chunk_size`), one process per shard at the same time;
+- duplicates, checked, not assumed: every sent key once in the ledger and once
+  across all the workers' outboxes;
+- on the 10m tier, `--dry-run` only (DuckDB and one PostgreSQL worker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from email.parser import BytesHeaderParser
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import psycopg
+
+from bench.run import AS_OF, DATA, DUNNING, ROOT, TIERS, machine, template_for
+from dunning import cycle, steps
+from dunning.clock import CycleClock, RunMode
+from dunning.config import DunningConfig
+from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.ledger.pg_ledger import open_postgres_ledger
+from dunning.sharding import Shard
+from tests.postgres_server import PostgresCluster, start_cluster
+
+COPIED_TABLES = ("reminder_ledger", "invoice_cycles")
+ENV = "DUNNING_POSTGRES_DSN"
+
+
+def load_template(cluster: PostgresCluster, template: Path, name: str) -> str:
+    """A PostgreSQL database holding the DuckDB template's ledger rows; returns its name."""
+    with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    source = duckdb.connect(str(template / "dunning.duckdb"), read_only=True)
+    try:
+        with open_postgres_ledger(cluster.dsn(name), "bench") as ledger:
+            for table in COPIED_TABLES:
+                frame = source.sql(f"SELECT * FROM {table}").pl()
+                with ledger.transaction(), ledger.registered("copied", frame):
+                    ledger.insert_by_name(table, "copied")
+            ledger.con.execute("ANALYZE")
+    finally:
+        source.close()
+    return name
+
+
+def clone(cluster: PostgresCluster, template_db: str) -> str:
+    name = f"run_{os.getpid()}_{time.monotonic_ns()}"
+    with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    return name
+
+
+def drop(cluster: PostgresCluster, name: str) -> None:
+    with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def outbox_duplicates(homes: list[Path]) -> tuple[int, int]:
+    """(emails, keys sent more than once) across the workers' outboxes, from each file's X-Dunning-Keys."""
+    parser, keys, emails = BytesHeaderParser(), Counter(), 0
+    for home in homes:
+        for path in (home / "outbox").glob("*.eml") if (home / "outbox").exists() else []:
+            with open(path, "rb") as f:
+                header = parser.parse(f)["X-Dunning-Keys"] or ""
+            keys.update(header.split(","))
+            emails += 1
+    return emails, sum(1 for n in keys.values() if n > 1)
+
+
+def ledger_duplicates(dsn: str) -> tuple[int, int]:
+    with psycopg.connect(dsn) as con:
+        [(sent, distinct)] = con.execute(
+            "SELECT count(*), count(DISTINCT idempotency_key) FROM reminder_ledger WHERE status = 'sent'"
+        ).fetchall()
+    return sent, sent - distinct
+
+
+def workers_run(cluster: PostgresCluster, template_db: str, snapshot: Path, workers: int, dry_run: bool) -> dict:
+    """`workers` shard processes on a fresh clone of the template: wall time until the last ends, duplicates."""
+    database = clone(cluster, template_db)
+    scratch = DATA / f"workers-{workers}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    homes = [scratch / f"w{k}" for k in range(workers)]
+    config = scratch / "config.yaml"
+    scratch.mkdir(parents=True)
+    config.write_text(f"ledger: {{kind: postgres}}\nshards: {workers}\n")
+    env = {**os.environ, ENV: cluster.dsn(database)}
+    started = time.perf_counter()
+    processes = []
+    for k, home in enumerate(homes):
+        args = [str(DUNNING), "--home", str(home), "run", "--snapshot", str(snapshot), "--as-of", AS_OF.isoformat(),
+                "--config", str(config), *(["--shard", f"{k}/{workers}"] if workers > 1 else []),
+                *(["--dry-run"] if dry_run else [])]  # fmt: skip
+        processes.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    errors = [p.communicate()[1] for p in processes]
+    wall = time.perf_counter() - started
+    if any(p.returncode != 0 for p in processes):
+        raise RuntimeError(f"a worker failed: {[e[-1500:] for e in errors if e]}")
+    sent, ledger_dupes = ledger_duplicates(cluster.dsn(database))
+    emails, outbox_dupes = outbox_duplicates(homes)
+    drop(cluster, database)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return {"wall_s": round(wall, 2), "sent_keys": sent, "emails": emails,
+            "duplicates": ledger_dupes + outbox_dupes}  # fmt: skip
+
+
+def duckdb_run(template: Path, dry_run: bool) -> dict:
+    home = DATA / "workers-duckdb"
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.copytree(template, home)
+    args = [str(DUNNING), "--home", str(home), "run", "--snapshot", str(home / "bench-snapshot.parquet"),
+            "--as-of", AS_OF.isoformat(), *(["--dry-run"] if dry_run else [])]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(args, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    con = duckdb.connect(str(home / "dunning.duckdb"), read_only=True)
+    try:
+        [(sent, distinct)] = con.execute(
+            "SELECT count(*), count(DISTINCT idempotency_key) FROM reminder_ledger WHERE status = 'sent'"
+        ).fetchall()
+    finally:
+        con.close()
+    emails, outbox_dupes = outbox_duplicates([home])
+    shutil.rmtree(home, ignore_errors=True)
+    return {"wall_s": round(wall, 2), "sent_keys": sent, "emails": emails, "duplicates": sent - distinct + outbox_dupes}
+
+
+def due_keys(template: Path) -> pl.DataFrame:
+    """The sendable due rows of the benchmark day, planned on the template's ledger (inside a rolled-back
+    transaction, so the template is unchanged)."""
+    config = DunningConfig()
+    clock = CycleClock(AS_OF, RunMode.LIVE, AS_OF.astimezone(config.zone).date())
+    loaded = cycle.load_snapshot(template / "bench-snapshot.parquet", config)
+    with open_ledger(template / "dunning.duckdb") as ledger, ledger.simulation():
+        cycled = cycle.cycle_snapshot(ledger, loaded.valid, config, AS_OF)
+        plan = steps.plan_step(ledger, cycled, None, config, clock)
+    return cycle.sendable_due(plan)
+
+
+def _claim_worker(args: tuple[str, str, int, int, str]) -> dict:
+    """One process: claim this shard's due keys in chunks, as the send step does, and time it."""
+    kind, target, index, count, due_path = args
+    config = DunningConfig()
+    due = Shard(index, count).keep(pl.read_parquet(due_path))
+    chunk, cap = config.claim_chunk_size, cycle.claim_cap(AS_OF, config)
+    opened = open_ledger(target) if kind == "duckdb" else open_postgres_ledger(target, "bench")
+    won = 0
+    with opened as ledger:
+        started = time.perf_counter()
+        for start in range(0, due.height, chunk):
+            won += len(ledger.claim(due.slice(start, chunk), due.head(0), f"bench-{index}", AS_OF, cap).won)
+        seconds = time.perf_counter() - started
+    return {"keys": due.height, "won": won, "s": round(seconds, 2), "claims_per_s": round(won / max(seconds, 1e-9))}
+
+
+def claim_rates(cluster: PostgresCluster, template_db: str, template: Path, due_path: Path) -> dict:
+    home = DATA / "claims-duckdb"
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.copytree(template, home)
+    rates = {"duckdb_1": [_claim_worker(("duckdb", str(home / "dunning.duckdb"), 0, 1, str(due_path)))]}
+    shutil.rmtree(home, ignore_errors=True)
+    for workers in (1, 2, 4):
+        database = clone(cluster, template_db)
+        jobs = [("postgres", cluster.dsn(database), k, workers, str(due_path)) for k in range(workers)]
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            rates[f"postgres_{workers}"] = pool.map(_claim_worker, jobs)
+        drop(cluster, database)
+    return rates
+
+
+def bench_tier(cluster: PostgresCluster, name: str, repeat: int) -> dict:
+    template, sizes = template_for(name, TIERS[name], 1)
+    template_db = load_template(cluster, template, f"template_{name}")
+    snapshot = template / "bench-snapshot.parquet"
+    result: dict = {"tier": name, **sizes}
+    dry_run = TIERS[name] > 1_000_000
+    runs: dict[str, list[dict]] = {"duckdb_1": []}
+    counts = (1,) if dry_run else (1, 2, 4)
+    for n in counts:
+        runs[f"postgres_{n}"] = []
+    for _ in range(repeat):  # interleaved, so a slow spell of the machine hits every configuration alike
+        runs["duckdb_1"].append(duckdb_run(template, dry_run))
+        for n in counts:
+            runs[f"postgres_{n}"].append(workers_run(cluster, template_db, snapshot, n, dry_run))
+    result["dry_run" if dry_run else "full_cycle"] = {
+        key: {"median_s": statistics.median(r["wall_s"] for r in values), "runs": values}
+        for key, values in runs.items()
+    }
+    if not dry_run:
+        due_path = DATA / f"due-{name}.parquet"
+        due_keys(template).write_parquet(due_path)
+        result["claims"] = claim_rates(cluster, template_db, template, due_path)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tiers", default="1m", help="comma-separated: 100k, 1m, 10m (10m: dry runs only)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
+    args = parser.parse_args(argv)
+    DATA.mkdir(parents=True, exist_ok=True)
+    cluster = start_cluster()
+    if cluster is None:
+        print("no PostgreSQL server binaries (initdb, pg_ctl): apt-get install postgresql", file=sys.stderr)
+        return 2
+    started = time.time()
+    report = {
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "command": "python -m bench.workers " + " ".join(argv or sys.argv[1:]),
+        "tiers": [],
+    }
+    try:
+        for tier in args.tiers.split(","):
+            report["tiers"].append(bench_tier(cluster, tier.strip(), args.repeat))
+            print(json.dumps(report["tiers"][-1], default=str)[:3000], flush=True)
+    finally:
+        cluster.stop()
+    report["total_s"] = round(time.time() - started, 1)
+    from bench.workers_report import append_markdown
+
+    append_markdown(Path(args.out), report)
+    (DATA / "workers-last.json").write_text(json.dumps(report, indent=2, default=str))
+    print(f"results appended to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
