@@ -55,8 +55,12 @@ lint: setup
 TIERS ?= 100k,1m
 REPEAT ?= 3
 
+WORKER_TIERS ?= 1m
+
+# the single-worker tiers, then several workers on one PostgreSQL ledger (a throwaway local cluster)
 bench: setup
 	$(BIN)/python -m bench.run --tiers $(TIERS) --repeat $(REPEAT)
+	$(BIN)/python -m bench.workers --tiers $(WORKER_TIERS) --repeat $(REPEAT)
 
 ui: setup
 	DAGSTER_HOME=$(abspath $(HOME_DIR))/dagster DUNNING_HOME=$(abspath $(HOME_DIR)) $(BIN)/dagster dev -w workspace.yaml
