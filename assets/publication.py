@@ -15,11 +15,20 @@ def analyst_history(
 
     Analysts open `analytics.duckdb` read-only (their own tables go in their own file that ATTACHes it): it never
     locks the pipeline's `dunning.duckdb`, and each publication replaces files atomically.
+
+    Of a sharded day only shard 0's runs publish: the copy is of the whole shared ledger whichever shard makes it,
+    and N workers each copying every table would multiply the cost of publication by N for nothing (the other
+    shards' sends reach the copy with shard 0's next run).
     """
+    shard = cycle_request.shard_spec()
+    if shard.index != 0:
+        context.log.info(f"shard {shard.index}/{shard.count}: publication is left to shard 0")
+        return dg.MaterializeResult(metadata={"published": False, "published_by": f"shard 0/{shard.count}"})
     with dunning_home.ledger() as ledger:
         counts = ledger.publish(dunning_home.root)
     return dg.MaterializeResult(
         metadata={
+            "published": True,
             "path": str(dunning_home.root / "analytics.duckdb"),
             "rows_by_table": dg.MetadataValue.json(counts),
             "views": dg.MetadataValue.json(sorted(ANALYST_VIEWS)),

@@ -150,9 +150,11 @@ def test_three_shards_send_what_one_run_sends_and_a_rerun_sends_nothing(tmp_path
     first_customer_of_0 = next(c for c, k in owners.items() if k == 0)
     kept = sharded.query(shard_0_rows, [first_customer_of_0])
     sent_before = len(sharded.outbox())
+    published = (sharded.home / "analytics.duckdb").stat().st_mtime_ns
     code, _, err = sharded.run(_rows(), "2026-11-05T10:00:00Z", "--events", events, "--shard", "1/3")
     assert code == 0, err
     assert len(sharded.outbox()) == sent_before  # nothing sent again
+    assert (sharded.home / "analytics.duckdb").stat().st_mtime_ns == published, "only shard 0 publishes"
     assert sharded.query(shard_0_rows, [first_customer_of_0]) == kept  # shard 0's rows of the day stay
     assert sharded.query(history, [DAY]) == whole.query(history, [DAY])  # still every invoice exactly once
     again = [("bad_amount",)] if owners["c5"] == 1 else []  # the rerun quarantines only shard 1's rejected rows
