@@ -115,17 +115,24 @@ def _outbox_rows(tier: dict) -> list[str]:
     return rows
 
 
-def append_markdown(path: Path, report: dict) -> None:
-    noop = sorted(report["noop_10k"])[len(report["noop_10k"]) // 2]
-    smtp = report["smtp"]
-    lines = [
-        f"## {report['when']}",
+def header_lines(report: dict, title: str = "") -> list[str]:
+    """The heading of one benchmark's section: when, on what machine, by which command, and the table's head."""
+    return [
+        f"## {report['when']}{title}",
         "",
         f"Machine: {report['machine']}.",
         f"Command: `{report['command']}` (total {report['total_s']} s).",
         "",
         "| tier | measurement | result | target |",
         "|---|---|---|---|",
+    ]
+
+
+def append_markdown(path: Path, report: dict) -> None:
+    noop = sorted(report["noop_10k"])[len(report["noop_10k"]) // 2]
+    smtp = report["smtp"]
+    lines = [
+        *header_lines(report),
         f"| 10k | no-op cycle, whole CLI process (median) | {noop:.1f} s | {_ok(noop <= TARGETS['noop_10k'])} |",
         f"| - | SMTP to local aiosmtpd, ledger included | "
         f"{smtp['emails_per_s']:,} emails/s ({smtp['emails']:,} in {smtp['seconds']} s) | "

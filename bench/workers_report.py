@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from bench.report import header_lines
+
 SPEEDUP_TARGET = 0.6  # 4 PostgreSQL workers finish the full cycle in at most 0.6x the time of one
 CLAIM_RATE_TARGET = 1.5  # claims per second per PostgreSQL worker within 1.5x of the DuckDB worker's
 
@@ -49,16 +51,7 @@ def _rows(tier: dict) -> list[str]:
 
 
 def append_markdown(path: Path, report: dict) -> None:
-    lines = [
-        "",
-        f"## {report['when']} — several workers on one PostgreSQL ledger",
-        "",
-        f"Machine: {report['machine']}.",
-        f"Command: `{report['command']}` (total {report['total_s']} s).",
-        "",
-        "| tier | measurement | result | target |",
-        "|---|---|---|---|",
-    ]
+    lines = ["", *header_lines(report, " — several workers on one PostgreSQL ledger")]
     for tier in report["tiers"]:
         lines += _rows(tier)
     with open(path, "a") as f:
