@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import polars as pl
 import psycopg
+import pytest
 
 from dunning.config import DunningConfig
 from dunning.ledger.claims import ClaimCap
@@ -61,6 +62,7 @@ def race(claimers: list, jobs: list) -> list:
     return results
 
 
+@pytest.mark.slow
 def test_racing_claims_for_one_customer_never_pass_the_cap_on_postgres(postgres_dsn):
     """Each round, six workers claim one new email each for the same customer under a cap of 2: two win, the
     others wait for the customer's lock row, count the window after it and are throttled; none is lost.
@@ -85,6 +87,7 @@ def test_racing_claims_for_one_customer_never_pass_the_cap_on_postgres(postgres_
             assert sum(len(r.throttled) for r in results) == 4
 
 
+@pytest.mark.slow
 def test_workers_claiming_overlapping_customers_in_opposite_orders_do_not_deadlock(backend):
     """Without ordered lock rows and keys, two transactions taking customers in opposite orders deadlock."""
     customers = [f"cus_{c:02d}" for c in range(40)]
@@ -117,6 +120,7 @@ def wait_until_blocked(dsn: str, pid: int) -> None:
             time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_a_claim_on_postgres_takes_its_customers_lock_rows_in_customer_order(postgres_dsn):
     """Held up at cus_50 by another transaction, a claim for cus_00..cus_99 (given in reverse) holds exactly the
     rows before it: every worker takes lock rows in one order, so two workers can wait, never deadlock."""

@@ -56,6 +56,7 @@ ROWS = [
 ]
 
 
+@pytest.mark.slow
 def test_two_runs_send_each_key_once_and_keep_nothing_in_the_home(tmp_path, shared_dsn):
     deployment = postgres_home(tmp_path / "a")
     code, out, err = deployment.run(ROWS, "2026-11-05T09:00:00Z")
@@ -96,6 +97,7 @@ def test_two_runs_send_each_key_once_and_keep_nothing_in_the_home(tmp_path, shar
         assert rows_of(shared_dsn, f"SELECT count(*) FROM {table} t WHERE t::text LIKE '%{PASSWORD}%'") == [(0,)]
 
 
+@pytest.mark.slow
 def test_a_pause_from_one_home_stops_a_run_from_another_home_sharing_the_ledger(tmp_path, shared_dsn):
     operator, worker = postgres_home(tmp_path / "operator"), postgres_home(tmp_path / "worker")
     code, out, err = operator.cli("pause", "--reason", "shared ledger drill")
