@@ -8,14 +8,29 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+import dagster as dg
 import polars as pl
 
 from dunning.config import DunningConfig
 from dunning.sending import with_email_ids
+from pipelines.schedules import hourly_dunning
+from resources.dunning import DunningHome
 from tests.conftest import invoice
 
 # the installed console script of this virtual environment (what `pip install -e .` puts on the PATH)
 DUNNING = shutil.which("dunning", path=str(Path(sys.executable).parent))
+
+
+# the hour the schedule tests evaluate `hourly_dunning` at
+SCHEDULE_HOUR = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
+
+
+def scheduled_requests(home: Path, at: dt.datetime = SCHEDULE_HOUR):
+    """What the hourly schedule asks for at `at` on the home `home` (a RunRequest, a list of them, or a skip)."""
+    context = dg.build_schedule_context(
+        scheduled_execution_time=at, resources={"dunning_home": DunningHome(home=str(home))}
+    )
+    return hourly_dunning(context)
 
 
 def customers(n: int) -> list[dict]:

@@ -1,36 +1,26 @@
 """The schedule skips while paused; a failed run pages through the run-failure sensor, once."""
 
-import datetime as dt
-
 import dagster as dg
 import pytest
 
 from dunning.ledger.duckdb_ledger import open_ledger
 from pipelines.definitions import defs
-from pipelines.schedules import hourly_dunning
 from pipelines.sensors import page_on_run_failure
 from resources.dunning import CycleRequest, DunningHome
 from tests.conftest import invoice, write_snapshot
-
-HOUR = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
-
-
-def _schedule(home):
-    context = dg.build_schedule_context(
-        scheduled_execution_time=HOUR, resources={"dunning_home": DunningHome(home=str(home))}
-    )
-    return hourly_dunning(context)
+from tests.helpers import SCHEDULE_HOUR as HOUR
+from tests.helpers import scheduled_requests
 
 
 def test_schedule_requests_one_keyed_run_per_hour_and_skips_while_paused(tmp_path):
-    request = _schedule(tmp_path)
+    request = scheduled_requests(tmp_path)
     assert isinstance(request, dg.RunRequest)
     assert request.run_key == f"dunning-cycle-{HOUR.isoformat()}"
     assert request.partition_key == "2026-11-05"
     assert request.run_config["resources"]["cycle_request"]["config"]["as_of"] == HOUR.isoformat()
     with open_ledger(tmp_path / "dunning.duckdb") as ledger:
         ledger.set_pause(True, "flood INC-9", "ops", HOUR)
-    skipped = _schedule(tmp_path)
+    skipped = scheduled_requests(tmp_path)
     assert isinstance(skipped, dg.SkipReason) and "flood INC-9" in skipped.skip_message
 
 

@@ -12,9 +12,10 @@ from dunning.errors import UserInputError
 from dunning.ledger.duckdb_ledger import open_ledger
 from dunning.sharding import EVERYONE, MAX_SHARDS, Shard, parse_shard, shard_of
 from pipelines.instance import DAGSTER_YAML, get_instance
-from pipelines.schedules import hourly_dunning
-from resources.dunning import SHARD_TAG, DunningHome
+from resources.dunning import SHARD_TAG
 from tests.conftest import Deployment, invoice
+from tests.helpers import SCHEDULE_HOUR as HOUR
+from tests.helpers import scheduled_requests
 from tests.test_events import payment_failed_event, write
 
 AS_OF = "2026-11-05T09:00:00Z"
@@ -161,24 +162,14 @@ def test_three_shards_send_what_one_run_sends_and_a_rerun_sends_nothing(tmp_path
     assert sharded.query(quarantined) == sorted([("bad_amount",), ("no_customer",), *again])
 
 
-HOUR = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
-
-
-def _schedule(home):
-    context = dg.build_schedule_context(
-        scheduled_execution_time=HOUR, resources={"dunning_home": DunningHome(home=str(home))}
-    )
-    return hourly_dunning(context)
-
-
 def test_the_schedule_asks_for_one_run_per_shard(tmp_path):
-    single = _schedule(tmp_path)  # the default, one shard: exactly the unsharded request
+    single = scheduled_requests(tmp_path)  # the default, one shard: exactly the unsharded request
     assert isinstance(single, dg.RunRequest) and single.run_key == f"dunning-cycle-{HOUR.isoformat()}"
     assert single.tags == {"dunning/trigger": "schedule"}
     assert single.run_config == {"resources": {"cycle_request": {"config": {"as_of": HOUR.isoformat()}}}}
 
     (tmp_path / "config.yaml").write_text("shards: 3\n")
-    requests = _schedule(tmp_path)
+    requests = scheduled_requests(tmp_path)
     assert isinstance(requests, list) and len(requests) == 3
     assert len({r.run_key for r in requests}) == 3 and all(HOUR.isoformat() in r.run_key for r in requests)
     assert [r.tags[SHARD_TAG] for r in requests] == ["0/3", "1/3", "2/3"]
