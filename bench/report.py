@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 TARGETS = {
@@ -150,3 +153,11 @@ def append_markdown(path: Path, report: dict) -> None:
     )
     with path.open("a") as handle:
         handle.write(header + "\n".join(lines) + "\n\n")
+
+
+def save(report: dict, out: Path, started: float, json_path: Path, append: Callable[[Path, dict], None]) -> None:
+    """Stamp the total time, append the Markdown section to `out`, keep the raw numbers in `json_path`."""
+    report["total_s"] = round(time.time() - started, 1)
+    append(out, report)
+    json_path.write_text(json.dumps(report, indent=2, default=str))
+    print(f"results appended to {out}")

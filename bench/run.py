@@ -164,12 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     for tier in args.tiers.split(","):
         report["tiers"].append(bench_tier(tier.strip(), args.repeat))
         print(json.dumps(report["tiers"][-1], default=str)[:2000], flush=True)
-    report["total_s"] = round(time.time() - started, 1)
-    from bench.report import append_markdown
+    from bench.report import append_markdown, save
 
-    append_markdown(Path(args.out), report)
-    (DATA / "last.json").write_text(json.dumps(report, indent=2, default=str))
-    print(f"results appended to {args.out}")
+    save(report, Path(args.out), started, DATA / "last.json", append_markdown)
     return 0
 
 

@@ -261,12 +261,10 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(report["tiers"][-1], default=str)[:3000], flush=True)
     finally:
         cluster.stop()
-    report["total_s"] = round(time.time() - started, 1)
+    from bench.report import save
     from bench.workers_report import append_markdown
 
-    append_markdown(Path(args.out), report)
-    (DATA / "workers-last.json").write_text(json.dumps(report, indent=2, default=str))
-    print(f"results appended to {args.out}")
+    save(report, Path(args.out), started, DATA / "workers-last.json", append_markdown)
     return 0
 
 
