@@ -13,6 +13,7 @@ migrations (`pg_schema`), under an advisory lock instead of a file lock.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -92,20 +93,23 @@ def check_not_newer(con: Executes, path: str) -> int:
     return version
 
 
-_DDL_TABLES = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", "\n".join(DDL)))
+@functools.lru_cache(maxsize=4)
+def _tables_of(ddl: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", "\n".join(ddl)))
 
 
-def _schema_is_current(con: Executes, version: int) -> bool:
-    """At the latest version with every table of the DDL present: nothing to run (one catalog query, where
+def _schema_is_current(con: Executes, version: int, ddl: Sequence[str]) -> bool:
+    """At the latest version with every table of `ddl` present: nothing to run (one catalog query, where
     re-running the whole DDL on every open cost about a third of opening the ledger)."""
     if version != LATEST:
         return False
-    placeholders = ", ".join("?" for _ in _DDL_TABLES)
+    tables = _tables_of(tuple(ddl))
+    placeholders = ", ".join("?" for _ in tables)
     present = con.execute(
         f"SELECT count(DISTINCT table_name) FROM information_schema.tables WHERE table_name IN ({placeholders})",
-        list(_DDL_TABLES),
+        list(tables),
     ).fetchall()
-    return bool(present) and present[0][0] == len(_DDL_TABLES)
+    return bool(present) and present[0][0] == len(tables)
 
 
 def migrate(con: Executes, path: str, ddl: Sequence[str] = DDL) -> list[int]:
@@ -113,7 +117,7 @@ def migrate(con: Executes, path: str, ddl: Sequence[str] = DDL) -> list[int]:
     database's dialect (`schema.DDL` for DuckDB, `pg_schema.PG_DDL` for PostgreSQL)."""
     version = check_not_newer(con, path)
     applied: list[int] = []
-    if _schema_is_current(con, version):
+    if _schema_is_current(con, version, ddl):
         return applied
     con.execute(_VERSION_TABLE)
     if version == 0:  # a new file: the current schema at once, every migration recorded as applied
