@@ -162,6 +162,24 @@ class LedgerSettings(_Strict):
     dsn_env: str = Field(default="DUNNING_POSTGRES_DSN", pattern=ENV_NAME)
 
 
+class Source(_Strict):
+    """Where `dunning run` gets invoices when no `--snapshot` is given: `none` (a snapshot file is required) or
+    `stripe` (the Stripe API at `api_base`, with the key read from the environment variable `api_key_env`)."""
+
+    kind: Literal["none", "stripe"] = "none"
+    api_key_env: str = Field(default="STRIPE_API_KEY", pattern=ENV_NAME)
+    api_base: str = "https://api.stripe.com"
+    # pulled snapshots kept under HOME/snapshots/ so a run can be replayed from what it saw
+    snapshot_retention_days: Count = Field(default=90, ge=1, le=3660)
+    # Stripe invoices created through the API often carry `auto_advance: false`: exclude them only when asked
+    exclude_auto_advance_false: Flag = False
+
+    @field_validator("api_base")
+    @classmethod
+    def _http_only(cls, value: str) -> str:
+        return http_url(value, "source.api_base") or value
+
+
 class DunningConfig(_Strict):
     stages: tuple[Stage, ...] = DEFAULT_STAGES
     group_by: Literal["customer", "invoice"] = "customer"
@@ -172,6 +190,7 @@ class DunningConfig(_Strict):
     alerts: Alerts = Alerts()
     retry: Retry = Retry()
     ledger: LedgerSettings = LedgerSettings()
+    source: Source = Source()
     locale: str = "en_US"
     claim_chunk_size: Count = Field(default=2000, ge=1, le=100_000)
     # how long (wall clock) a claim stays ours without renewal; renewed while its chunk is being sent
