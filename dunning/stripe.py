@@ -32,6 +32,7 @@ SNAPSHOT_FIELDS = (
     "status",
     "billing_period",
     "snapshot_at",
+    "auto_advance",
 )
 
 
@@ -47,6 +48,13 @@ def _date(ts: Any, zone: ZoneInfo) -> str | None:
 def _customer_id(value: Any) -> object:
     if isinstance(value, dict):  # expanded customer object
         return value.get("id")
+    return value
+
+
+def _flag(value: Any) -> object:
+    """A JSON boolean as the text "true"/"false"; anything else left for validation as given."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return value
 
 
@@ -70,6 +78,7 @@ def invoice_row(invoice: dict[str, Any], zone: ZoneInfo) -> dict[str, Any]:
         "status": invoice.get("status"),
         "billing_period": period_start[:7] if period_start else None,
         "snapshot_at": None,
+        "auto_advance": _flag(invoice.get("auto_advance")),
     }
     return {k: (None if v is None else str(v)) for k, v in row.items()}
 
