@@ -19,11 +19,12 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from dunning.config import DunningConfig
+from dunning.config import DunningConfig, Provider
 from dunning.ledger.base import Ledger
 from dunning.ledger.claims import ClaimCap
+from dunning.ledger.payloads import PAYLOAD_SCHEMA
 from dunning.policy import email_groups
-from dunning.providers.base import EmailProvider, SendOutcome
+from dunning.providers.base import EmailProvider, SendOutcome, idempotency_key_for
 from dunning.render import render_for
 from dunning.vocabulary import LedgerStatus, SendStatus
 
@@ -169,20 +170,39 @@ def _send_batch(
     return [(records, outcomes[index]) for index, records in enumerate(groups)]
 
 
-def resolve_unknown(ledger: Ledger, provider: EmailProvider, wall: dt.datetime, backoff_minutes: float) -> int:
-    """Ask the provider about `unknown` keys; record its definite answers, leave the rest held.
+def resolve_unknown(
+    ledger: Ledger, provider: EmailProvider, settings: Provider, wall: dt.datetime, backoff_minutes: float
+) -> int:
+    """Settle `unknown` keys where the provider can; record its definite answers, leave the rest held.
 
-    A definite "not delivered" becomes `failed`, retried after the configured backoff like any failure.
+    With a provider whose idempotency contract allows it (`settings.resubmits_unknown`), an email whose exact
+    request was kept is resubmitted under the same key while `wall` is within `idempotency_window_hours` of its
+    first attempt: the provider answers with the first result instead of sending again. Otherwise the provider
+    is asked (`lookup`). A definite "not delivered" becomes `failed`, retried after the backoff like any failure;
+    an email still unknown past the window is held for a human, as with SMTP.
     """
-    pending = ledger.unknown_with_message_ids()
-    answers: list[OutcomeRow] = []
-    for key, mid in pending.iter_rows():
-        status = provider.lookup(mid)
-        if status is not None:
-            answers.append((key, status, mid, f"resolved by provider lookup: {status}"))
+    pending = ledger.unknown_sends()
+    window = dt.timedelta(hours=settings.idempotency_window_hours)
+    answers: list[tuple[str, SendStatus, str | None, str | None, str | None]] = []
+    settled: list[str] = []
+    for email, rows in pending.group_by("email_id", maintain_order=True):
+        first = rows.row(0, named=True)
+        keys = rows.get_column("idempotency_key").to_list()
+        payload, first_attempt = first["payload"], first["first_attempt_wall_at"]
+        if settings.resubmits_unknown and payload is not None and wall - first_attempt < window:
+            outcome = provider.resubmit(payload, first["provider_key"], first["message_id"])
+            status, pid = outcome.status, outcome.provider_message_id
+            note = f"resubmitted under its idempotency key: {status}" + (f" ({outcome.error})" if outcome.error else "")
+        else:
+            status = provider.lookup(first["message_id"], first["provider_message_id"]) or SendStatus.UNKNOWN
+            pid, note = None, f"resolved by provider lookup: {status}"
+        if status in (SendStatus.SENT, SendStatus.FAILED):
+            answers += [(k, status, first["message_id"], note[:500], pid) for k in keys]
+            settled.append(str(email[0]))
     if answers:
-        frame = pl.DataFrame(answers, schema=OUTCOME_SCHEMA, orient="row")
+        frame = pl.DataFrame(answers, schema=OUTCOME_SCHEMA | {"provider_message_id": pl.String}, orient="row")
         ledger.record_outcomes(frame, None, wall, backoff_minutes, expected_status=LedgerStatus.UNKNOWN)
+        ledger.drop_payloads(settled)
     return len(answers)
 
 
@@ -249,6 +269,8 @@ def send_due(
         grouped: dict[str, list[Record]] = {}
         for record in chunk.filter(pl.col("idempotency_key").is_in(list(won))).to_dicts():
             grouped.setdefault(record["email_group"], []).append(record)
+        provider_ids: dict[str, str] = {}
+        payloads: list[tuple[str, str, str, str, dt.datetime]] = []
         for records, outcome in _send_groups(provider, list(grouped.values()), render, renew):
             if outcome.status != SendStatus.RELEASED:  # a released email was never handed over
                 report.emails += 1
@@ -257,8 +279,21 @@ def send_due(
                 (r["idempotency_key"], outcome.status, outcome.message_id or records[0]["message_id"], outcome.error)
                 for r in records
             )
+            if outcome.provider_message_id:
+                provider_ids.update((r["idempotency_key"], outcome.provider_message_id) for r in records)
+            if outcome.payload is not None:  # an unknown send a later cycle may resubmit, exactly as it left
+                email = records[0]["email_id"]
+                key = idempotency_key_for([r["idempotency_key"] for r in records], email)
+                payloads.append((email, key, provider.name, outcome.payload, now()))
         chunk_outcomes = pl.DataFrame(rows, schema=OUTCOME_SCHEMA, orient="row")
-        ledger.record_outcomes(chunk_outcomes, as_of, now(), config.retry.backoff_minutes, run_id=run_id)
+        ledger.keep_payloads(pl.DataFrame(payloads, schema=PAYLOAD_SCHEMA, orient="row"))
+        ledger.record_outcomes(
+            chunk_outcomes.with_columns(
+                pl.col("idempotency_key").replace_strict(provider_ids, default=None, return_dtype=pl.String)
+                .alias("provider_message_id")
+            ),
+            as_of, now(), config.retry.backoff_minutes, run_id=run_id,
+        )  # fmt: skip
         outcomes.append(chunk_outcomes)
         if progress:
             progress(report, total_emails)

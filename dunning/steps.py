@@ -8,7 +8,8 @@ the pipeline that actually runs, not of a copy of it:
    halt by policy, assign cycles against the ledger (as of the day for a
    backfill), record cycle changes and the day's history.
 2. `plan_step`: newly due keys, failed sends whose backoff is over, and
-   payment-failed notices from new events.
+   payment-failed notices from new events; keys of excluded customers and
+   invoices, and balances under the minimum, held (`dunning.exclusions`).
 3. the breaker (`cycle.check_breaker`), a gate the caller enforces.
 4. `send_step`: the pause check, stale claims expired, unknown outcomes looked
    up, then claim-send-record (`sending.send_due`).
@@ -29,9 +30,10 @@ from dunning.clock import CycleClock, RunMode
 from dunning.config import DunningConfig
 from dunning.errors import InvalidRowsHalt
 from dunning.events import event_keys, notice_rows
+from dunning.exclusions import in_force
 from dunning.ledger.base import Ledger
 from dunning.ledger.operations import PauseState
-from dunning.policy import assign_cycles, stages_frame
+from dunning.policy import assign_cycles, business_date, stages_frame
 from dunning.providers.base import EmailProvider
 from dunning.sending import Record, SendReport, held_outcomes, resolve_unknown, send_due
 from dunning.sharding import EVERYONE, Shard
@@ -86,7 +88,8 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
               clock: CycleClock, shard: Shard = EVERYONE) -> pl.DataFrame:  # fmt: skip
     """Step 2. Retries and notices belong to live and dry runs; a backfill asks what the policy would have sent.
 
-    `cycled` is already the shard's; retries follow it (they join on its invoices), notices only for its customers."""
+    `cycled` is already the shard's; retries follow it (they join on its invoices), notices only for its customers.
+    Exclusions in force on the cycle's business date hold their keys in every mode (a backfill uses today's)."""
     failed, notices = None, None
     if clock.reads_live_state:
         failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts)
@@ -94,7 +97,8 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
         if events is not None and events.height:
             recorded = ledger.recorded_keys(event_keys(events))
             notices = notice_rows(events, cycled, recorded, config.provider.message_domain)
-    return cycle.plan_cycle(cycled, config, failed, notices)
+    exclusions = in_force(ledger.open_exclusions(), business_date(clock.as_of, config))
+    return cycle.plan_cycle(cycled, config, failed, notices, exclusions)
 
 
 @dataclass(frozen=True)
@@ -121,9 +125,10 @@ def send_step(
     with open_provider() as provider:  # built only when something may be sent (not while paused)
         owners = ledger.claim_owners(run_id)
         stale = ledger.expire_stale_claims(run_id, now(), list(dead_runs(owners)))
-        resolved = resolve_unknown(ledger, provider, now(), config.retry.backoff_minutes)
+        resolved = resolve_unknown(ledger, provider, config.provider, now(), config.retry.backoff_minutes)
         report, outcomes = send_due(
             ledger, provider, due, cycle.skipped_rows(plan), config=config, run_id=run_id, as_of=clock.as_of,
             now=now, cap=cycle.claim_cap(clock.as_of, config), progress=progress, render=render,
         )  # fmt: skip
+        ledger.commit_cursor(run_id, now())  # this run's polled events have their notices claimed: poll on from them
     return SendStepResult(report, outcomes, pause, stale, resolved)

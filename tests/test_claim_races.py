@@ -197,7 +197,7 @@ def test_frames_have_the_same_dtypes_on_both_databases(tmp_path, postgres_dsn):
             assert duck.frame(f"SELECT * FROM {table}").schema == pg.frame(f"SELECT * FROM {table}").schema, table
         window = (AS_OF - HOUR, AS_OF + HOUR)
         assert duck.emails_in_window(*window).equals(pg.emails_in_window(*window))
-        for name in ("invoice_state", "open_problems", "unknown_with_message_ids"):
+        for name in ("invoice_state", "open_problems", "unknown_sends"):
             assert getattr(duck, name)().schema == getattr(pg, name)().schema, name
         assert (
             duck.frame("SELECT 1 AS one, 'x' AS x, true AS b").schema

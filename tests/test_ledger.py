@@ -92,7 +92,7 @@ def test_a_claim_without_outcome_becomes_unknown_and_lookup_resolves_it(tmp_path
         assert ledger.expire_stale_claims("next-run", AS_OF) == 2
         statuses = dict(ledger.con.execute("SELECT idempotency_key, status FROM reminder_ledger").fetchall())
         assert set(statuses.values()) == {"unknown"}
-        assert resolve_unknown(ledger, outbox, AS_OF, backoff_minutes=30) == 2
+        assert resolve_unknown(ledger, outbox, DunningConfig().provider, AS_OF, backoff_minutes=30) == 2
         statuses = dict(ledger.con.execute("SELECT idempotency_key, status FROM reminder_ledger").fetchall())
         assert statuses == {"dunning:in_0:1:day3": "sent", "dunning:in_1:1:day3": "failed"}
 

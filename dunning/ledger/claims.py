@@ -235,7 +235,8 @@ class ClaimStore(SqlConnection):
         expected_status: LedgerStatus = LedgerStatus.CLAIMED,
         run_id: str | None = None,
     ) -> int:
-        """Columns: idempotency_key, status, message_id, error. One UPDATE for the chunk; returns rows updated.
+        """Columns: idempotency_key, status, message_id, error, optionally provider_message_id. One UPDATE for the
+        chunk; returns rows updated.
 
         Every update is guarded by the status it expects: a send's outcome
         only moves `claimed` keys (of `run_id`, when given) and a lookup's only
@@ -246,6 +247,8 @@ class ClaimStore(SqlConnection):
         `failed` key may be retried after `backoff_minutes * 2^(attempts-1)`.
         """
         recorded = outcomes.filter(pl.col("status").is_in(plain(PROVIDER_STATUSES)))
+        if "provider_message_id" not in recorded.columns:
+            recorded = recorded.with_columns(pl.lit(None, dtype=pl.String).alias("provider_message_id"))
         with self.registered("outcomes", recorded):
             return len(
                 self.con.execute(
@@ -253,6 +256,7 @@ class ClaimStore(SqlConnection):
                 UPDATE reminder_ledger SET
                     status = CASE WHEN o.status = 'released' THEN 'failed' ELSE o.status END,
                     message_id = coalesce(o.message_id, reminder_ledger.message_id),
+                    provider_message_id = coalesce(o.provider_message_id, reminder_ledger.provider_message_id),
                     sent_at = CASE WHEN o.status = 'sent' THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at) END,
                     attempts = reminder_ledger.attempts + CASE WHEN o.status = 'released' THEN 0 ELSE 1 END,
                     last_error = o.error, outcome_wall_at = ?,
@@ -291,12 +295,6 @@ class ClaimStore(SqlConnection):
                 """,
                 [since, until],
             )
-
-    def unknown_with_message_ids(self) -> pl.DataFrame:
-        return self.frame(
-            "SELECT idempotency_key, message_id FROM reminder_ledger "
-            "WHERE status = 'unknown' AND message_id IS NOT NULL"
-        )
 
     def open_problems(self) -> pl.DataFrame:
         """Keys whose send failed or whose outcome is unknown: waiting on a retry, a lookup or a human."""

@@ -10,12 +10,18 @@ and the message's keys go back to `failed` without counting an attempt.
 `transport_error` marks failures of the transport itself (connect, TLS, login,
 timeout, 421, a dropped connection), which count toward the health stop; a
 per-recipient rejection does not.
+
+Providers with an idempotency contract (an HTTP API with an `Idempotency-Key`
+header, an SMTP relay with an idempotency header) answer a repeated key with
+the first result for a while. For them an `unknown` outcome carries the exact
+request (`payload`), which the ledger keeps, and a later cycle `resubmit`s it
+under the same key within the provider's window: safe by that contract.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from email.message import Message
 
@@ -28,6 +34,22 @@ class SendOutcome:
     message_id: str | None = None
     error: str | None = None
     transport_error: bool = False
+    provider_message_id: str | None = None  # the provider's own id of the accepted message, when it gives one
+    payload: str | None = None  # the exact request of an `unknown` send, to resubmit under the same key
+
+
+def idempotency_key_for(keys: Sequence[str], email_id: str) -> str:
+    """The key a provider dedupes an email on: its one ledger key when that is a short printable-ASCII header
+    value, else its email id (a hash of every key it covers, the left part of its Message-ID)."""
+    if len(keys) == 1 and len(keys[0]) <= 256 and keys[0].isascii() and keys[0].isprintable():
+        return keys[0]
+    return email_id
+
+
+def idempotency_key_of(message: Message) -> str:
+    """`idempotency_key_for` the keys and Message-ID that `message` carries in its headers."""
+    keys = [k.strip() for k in str(message["X-Dunning-Keys"] or "").split(",") if k.strip()]
+    return idempotency_key_for(keys, str(message["Message-ID"]).strip().strip("<>").partition("@")[0])
 
 
 class EmailProvider(abc.ABC):
@@ -47,8 +69,14 @@ class EmailProvider(abc.ABC):
         """
         return [self.send(m) for m in messages]
 
-    def lookup(self, message_id: str) -> LookupStatus | None:
-        """Whether the message with `message_id` was accepted; None when this provider cannot tell."""
+    def resubmit(self, payload: str, idempotency_key: str, message_id: str) -> SendOutcome:
+        """Send the kept `payload` of an `unknown` send again under its key; only for providers whose config says
+        `resubmits_unknown`."""
+        raise NotImplementedError(f"provider {self.name} cannot resubmit")
+
+    def lookup(self, message_id: str, provider_message_id: str | None = None) -> LookupStatus | None:
+        """Whether the message with `message_id` (the provider's own id when it gave one) was accepted; None when
+        this provider cannot tell."""
         return None
 
     def close(self) -> None:

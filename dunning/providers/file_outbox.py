@@ -72,5 +72,5 @@ class FileOutbox(EmailProvider):
             self._writer.shutdown(wait=True)
             self._writer = None
 
-    def lookup(self, message_id: str) -> LookupStatus | None:
+    def lookup(self, message_id: str, provider_message_id: str | None = None) -> LookupStatus | None:
         return SendStatus.SENT if self.path_for(message_id).exists() else SendStatus.FAILED

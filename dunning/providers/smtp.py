@@ -25,7 +25,9 @@ configuration refuses credentials over a plain connection unless
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import dataclasses
 import os
 import re
 import smtplib
@@ -34,11 +36,12 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from email.message import Message
+from email.parser import BytesHeaderParser
 from pathlib import Path
 
 from dunning.config import Provider
 from dunning.errors import ConfigError
-from dunning.providers.base import EmailProvider, SendOutcome
+from dunning.providers.base import EmailProvider, SendOutcome, idempotency_key_of
 from dunning.render import WIRE_POLICY
 from dunning.vocabulary import ProviderStatus, SendStatus
 
@@ -94,15 +97,17 @@ class _Connection:
             self.drop()
 
     def send(self, message: Message) -> SendOutcome:
-        message_id = message["Message-ID"]
+        return self.send_bytes(message["To"], message["Message-ID"], message.as_bytes(policy=WIRE_POLICY))
+
+    def send_bytes(self, to: str, message_id: str, data: bytes) -> SendOutcome:
         try:
             client = self.open()
             code, reply = client.mail(self.settings.from_address)
             if code != 250:
                 raise smtplib.SMTPSenderRefused(code, reply, self.settings.from_address)
-            code, reply = client.rcpt(message["To"])
+            code, reply = client.rcpt(to)
             if code not in (250, 251):
-                raise smtplib.SMTPRecipientsRefused({message["To"]: (code, reply)})
+                raise smtplib.SMTPRecipientsRefused({to: (code, reply)})
         except (smtplib.SMTPSenderRefused, smtplib.SMTPRecipientsRefused) as exc:
             self.reset()
             return SendOutcome(
@@ -113,7 +118,7 @@ class _Connection:
             )
         except (smtplib.SMTPException, OSError) as exc:  # connect, TLS, login, timeout, dropped connection
             return self._lost(message_id, SendStatus.FAILED, "rejected before data", exc)
-        return self._data(client, message_id, message.as_bytes(policy=WIRE_POLICY))
+        return self._data(client, message_id, data)
 
     def _data(self, client: smtplib.SMTP, message_id: str, data: bytes) -> SendOutcome:
         """DATA in three steps, so each failure is classified by what the server can have received.
@@ -232,7 +237,27 @@ class SmtpProvider(EmailProvider):
             return SendOutcome(
                 SendStatus.RELEASED, message["Message-ID"], f"not handed over: {self.stopped_reason}"[:500]
             )
-        outcome = self._connection().send(message)
+        header = self.settings.idempotency_header
+        if header is None:
+            outcome = self._connection().send(message)
+        else:  # a relay with an idempotency contract: the key travels in its header, the bytes are kept if unknown
+            message[header] = idempotency_key_of(message)
+            data = message.as_bytes(policy=WIRE_POLICY)
+            outcome = self._connection().send_bytes(message["To"], message["Message-ID"], data)
+            if outcome.status == SendStatus.UNKNOWN:
+                outcome = dataclasses.replace(outcome, payload=base64.b64encode(data).decode("ascii"))
+        self._count(outcome)
+        return outcome
+
+    def resubmit(self, payload: str, idempotency_key: str, message_id: str) -> SendOutcome:
+        """The kept bytes again, key header included, to the same relay: it answers with the first result."""
+        if self.stopped_reason is not None:
+            return SendOutcome(SendStatus.UNKNOWN, message_id, f"not resubmitted: {self.stopped_reason}"[:500])
+        data = base64.b64decode(payload)
+        to = BytesHeaderParser().parsebytes(data)["To"]
+        outcome = self._connection().send_bytes(str(to), message_id, data)
+        if outcome.status == SendStatus.UNKNOWN:
+            outcome = dataclasses.replace(outcome, payload=payload)
         self._count(outcome)
         return outcome
 

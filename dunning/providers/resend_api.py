@@ -1,0 +1,214 @@
+"""Resend's HTTP email API through the official `resend` SDK, with an `Idempotency-Key` on every send.
+
+Resend answers a repeated `Idempotency-Key` with the first request's result for
+24 hours instead of sending again. That turns the one case SMTP leaves to a
+human, a request that left but whose answer never came, into something a
+later cycle can settle itself: the exact request is kept (`payload`) and
+resubmitted under the same key while the provider still remembers it
+(`provider.idempotency_window_hours`, 23 by default, wall clock).
+
+Every ending is classified by what Resend can have received:
+- a connection that was never made (refused, DNS, connect timeout): `failed`;
+- a timeout or a dropped connection after the request left: `unknown`;
+- 200 with an id: `sent`, the id stored as `provider_message_id`;
+- 400/422 (validation): `failed` with the reason, not retried blindly but after the backoff like any failure;
+- 401/403 (our key): the provider stops (`stopped_reason`, exit 6, one alert) and hands nothing more over;
+- 429 and 5xx: `failed`, retried after the backoff, and counted toward the health stop;
+- 409 `invalid_idempotent_request` (same key, other content): `failed` with the reason;
+- 409 `concurrent_idempotent_requests` (the first request is still being processed): `unknown`, resubmitted next cycle.
+
+The SDK keeps its key, address and HTTP client in module globals; one
+provider per process sets them (the key is read from the environment variable
+`provider.api_key_env` and never appears in an error). Transport failures
+reach the SDK as a synthetic status 599 from our HTTP client, so they keep
+their "before or after the request left" distinction through the SDK's
+error mapping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Mapping
+from email.header import decode_header, make_header
+from email.message import Message
+from typing import Any, cast
+
+import requests
+import resend
+import resend.exceptions
+from resend.http_client import HTTPClient
+
+from dunning.config import Provider
+from dunning.errors import ConfigError
+from dunning.providers.base import EmailProvider, SendOutcome, idempotency_key_of
+from dunning.vocabulary import LookupStatus, ProviderStatus, SendStatus
+
+TRANSPORT_STATUS = 599  # not an HTTP status: our client's answer when the request failed on the way
+NOT_SENT, MAYBE_SENT = "transport_not_sent", "transport_maybe_sent"
+PASSED_HEADERS = ("Message-ID", "X-Dunning-Kind", "X-Dunning-Keys")
+DELIVERED_EVENTS = frozenset({"sent", "delivered", "delivery_delayed", "opened", "clicked", "complained"})
+FAILED_EVENTS = frozenset({"bounced", "failed", "canceled"})
+
+
+class _Transport(HTTPClient):
+    """The SDK's HTTP client, classifying a failed request instead of raising a bare RuntimeError."""
+
+    def __init__(self, timeout_seconds: float):
+        self.timeout_seconds = timeout_seconds
+        self.session = requests.Session()
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        json: dict[str, object] | list[object] | None = None,
+        files: dict[str, Any] | None = None,
+        data: dict[str, str] | None = None,
+    ) -> tuple[bytes, int, Mapping[str, str]]:
+        try:
+            response = self.session.request(
+                method,
+                url,
+                headers=headers,
+                json=cast(Any, json),
+                data=data,
+                files=files,
+                timeout=self.timeout_seconds,
+            )
+        except (requests.ConnectTimeout, requests.exceptions.InvalidURL) as exc:
+            return _transport_answer(NOT_SENT, exc)
+        except requests.ConnectionError as exc:
+            # refused or unresolvable: the request never left; anything else (reset, aborted) may have been read
+            cause = repr(exc)
+            left = not any(s in cause for s in ("NewConnectionError", "NameResolutionError", "Connection refused"))
+            return _transport_answer(MAYBE_SENT if left else NOT_SENT, exc)
+        except requests.Timeout as exc:  # a read timeout: the request left, the answer never came
+            return _transport_answer(MAYBE_SENT, exc)
+        except requests.RequestException as exc:
+            return _transport_answer(MAYBE_SENT, exc)
+        return response.content, response.status_code, response.headers
+
+
+def _transport_answer(kind: str, exc: BaseException) -> tuple[bytes, int, Mapping[str, str]]:
+    body = {"name": kind, "message": f"{type(exc).__name__}: {str(exc)[:300]}", "statusCode": TRANSPORT_STATUS}
+    return json.dumps(body).encode(), TRANSPORT_STATUS, {"content-type": "application/json"}
+
+
+def _decoded(value: object) -> str:
+    return str(make_header(decode_header(str(value))))
+
+
+def _part_text(part: Message) -> str:
+    raw = part.get_payload(decode=True)
+    return raw.decode(part.get_content_charset() or "utf-8") if isinstance(raw, bytes) else str(raw)
+
+
+def request_params(message: Message) -> dict[str, Any]:
+    """Resend's send-email body for one of our messages: the same sender, recipient, subject, bodies and
+    audit headers, so the email a customer gets through Resend says what the outbox file would."""
+    params: dict[str, Any] = {
+        "from": _decoded(message["From"]),
+        "to": [str(message["To"])],
+        "subject": _decoded(message["Subject"]),
+        "headers": {name: str(message[name]).replace("\r\n", "") for name in PASSED_HEADERS if message[name]},
+    }
+    if message["Reply-To"]:
+        params["reply_to"] = [str(message["Reply-To"])]
+    for part in message.walk():
+        if part.get_content_type() == "text/plain":
+            params["text"] = _part_text(part)
+        elif part.get_content_type() == "text/html":
+            params["html"] = _part_text(part)
+    return params
+
+
+class ResendProvider(EmailProvider):
+    name = "resend"
+
+    def __init__(self, settings: Provider):
+        self.settings = settings
+        key = os.environ.get(settings.api_key_env)
+        if not key:
+            raise ConfigError(f"provider.api_key_env: environment variable {settings.api_key_env} is not set or empty")
+        resend.api_key = key
+        resend.api_url = settings.api_base.rstrip("/")
+        resend.default_http_client = _Transport(settings.timeout_seconds)
+        self._lock = threading.Lock()
+        self._consecutive_errors = 0
+
+    def send(self, message: Message) -> SendOutcome:
+        message_id = str(message["Message-ID"])
+        if self.stopped_reason is not None:
+            return SendOutcome(SendStatus.RELEASED, message_id, f"not handed over: {self.stopped_reason}"[:500])
+        payload = json.dumps(request_params(message), sort_keys=True, ensure_ascii=True)
+        return self._submit(payload, idempotency_key_of(message), message_id)
+
+    def resubmit(self, payload: str, idempotency_key: str, message_id: str) -> SendOutcome:
+        if self.stopped_reason is not None:
+            return SendOutcome(SendStatus.UNKNOWN, message_id, f"not resubmitted: {self.stopped_reason}"[:500])
+        return self._submit(payload, idempotency_key, message_id)
+
+    def _submit(self, payload: str, idempotency_key: str, message_id: str) -> SendOutcome:
+        params = cast(resend.Emails.SendParams, json.loads(payload))
+        try:
+            answer = resend.Emails.send(params, {"idempotency_key": idempotency_key})
+        except resend.exceptions.ResendError as exc:
+            outcome = self._classify(exc, payload, message_id)
+        else:
+            outcome = SendOutcome(SendStatus.SENT, message_id, provider_message_id=str(answer.get("id") or "") or None)
+        self._count(outcome)
+        return outcome
+
+    def _classify(self, exc: resend.exceptions.ResendError, payload: str, message_id: str) -> SendOutcome:
+        code = int(exc.code) if str(exc.code).isdigit() else 500
+        kind = str(exc.error_type)
+        reason = f"resend {code} {kind}: {exc.message}"[:500]
+        status: ProviderStatus
+        if code == TRANSPORT_STATUS:
+            status = SendStatus.UNKNOWN if kind == MAYBE_SENT else SendStatus.FAILED
+        elif code == 409 and kind == "concurrent_idempotent_requests":
+            status = SendStatus.UNKNOWN  # the first request under this key is still in flight
+        elif code in (401, 403):
+            self.stopped_reason = f"provider resend refused our credentials ({code} {kind})"
+            status = SendStatus.FAILED
+        else:
+            status = SendStatus.FAILED
+        transport = code == TRANSPORT_STATUS or code == 429 or code >= 500 or code in (401, 403)
+        return SendOutcome(
+            status,
+            message_id,
+            reason,
+            transport_error=transport,
+            payload=payload if status == SendStatus.UNKNOWN else None,
+        )
+
+    def _count(self, outcome: SendOutcome) -> None:
+        """The health stop, as for SMTP: after `max_consecutive_errors` transport errors in a row, stop."""
+        with self._lock:
+            if not outcome.transport_error:
+                self._consecutive_errors = 0
+                return
+            self._consecutive_errors += 1
+            limit = self.settings.max_consecutive_errors
+            if self._consecutive_errors >= limit and self.stopped_reason is None:
+                self.stopped_reason = (
+                    f"provider resend stopped as unhealthy after {limit} consecutive errors; last: {outcome.error}"
+                )
+
+    def lookup(self, message_id: str, provider_message_id: str | None = None) -> LookupStatus | None:
+        """`GET /emails/{id}` where Resend gave us an id: its last event says sent or failed; else None."""
+        if not provider_message_id:
+            return None
+        try:
+            email = resend.Emails.get(provider_message_id)
+        except resend.exceptions.ResendError:
+            return None
+        event = str(email.get("last_event") or "")
+        if event in DELIVERED_EVENTS:
+            return SendStatus.SENT
+        if event in FAILED_EVENTS:
+            return SendStatus.FAILED
+        return None
