@@ -1,20 +1,33 @@
 """The inputs of a cycle: the invoice snapshot (validated, with cycles) and the billing events."""
 
+import datetime as dt
+
 import dagster as dg
 import polars as pl
 
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, fail, frame_metadata, log_run_mode
-from dunning import steps
-from dunning.clock import utc_now
+from dunning import billing_source, steps
+from dunning.clock import CycleClock, utc_now
+from dunning.config import DunningConfig
 from dunning.errors import DunningError, SnapshotError
-from dunning.events import EVENTS_SCHEMA, PAYMENT_FAILED, load_events
+from dunning.events import EVENTS_SCHEMA, PAYMENT_FAILED, REJECTED_SCHEMA, LoadedEvents, load_events
 from dunning.landing import latest_for_day
 from resources.dunning import CycleRequest, DunningHome
 
 
-def _snapshot_path(dunning_home: DunningHome, cycle_request: CycleRequest, day) -> str:
+def _pulls(config: DunningConfig, cycle_request: CycleRequest, clock: CycleClock) -> bool:
+    return billing_source.pulls_from_source(config.source, bool(cycle_request.snapshot_path), clock.reads_live_state)
+
+
+def _snapshot_path(
+    dunning_home: DunningHome, cycle_request: CycleRequest, config: DunningConfig, clock: CycleClock
+) -> str:
+    """`--snapshot`; else, with a billing source, a fresh pull (HOME/snapshots/); else the day's landed file."""
     if cycle_request.snapshot_path:
         return cycle_request.snapshot_path
+    if _pulls(config, cycle_request, clock):
+        return str(billing_source.pull_invoices(config.source, dunning_home.root, utc_now()))
+    day = clock.partition_date
     landed = latest_for_day(dunning_home.root / "landing", day)
     if landed is None:
         raise SnapshotError(
@@ -38,7 +51,7 @@ def invoice_snapshot(
     try:
         config = dunning_home.settings()
         clock = cycle_request.cycle_clock(context, config)
-        path = _snapshot_path(dunning_home, cycle_request, clock.partition_date)
+        path = _snapshot_path(dunning_home, cycle_request, config, clock)
         with dunning_home.ledger() as ledger:
             applied = steps.apply_snapshot(
                 ledger,
@@ -77,22 +90,47 @@ def billing_events(
 ) -> dg.Output[pl.DataFrame]:
     """One row per distinct accepted billing event (Stripe) delivered to this run, stored once in `billing_events`.
 
-    An `invoice.payment_failed` event that cannot be a sound notice (see
-    `dunning.events.rejection_reasons`) is left out and, on a live run, kept in
+    Events come from `--events FILE`; or, on a run that pulls from a `stripe` source, the unsharded run or shard 0
+    polls the `invoice.payment_failed` events newer than the ledger's cursor (kept in HOME/snapshots/, the newest id
+    staged for the send step to commit once the notices are claimed), and every run adds the stored payment-failed
+    events still without a notice (so each shard sends its customers' notices). An `invoice.payment_failed` event
+    that cannot be a sound notice (see `dunning.events.rejection_reasons`) is left out and, on a live run, kept in
     `event_quarantine` with its reasons; the other events proceed.
     """
-    if not cycle_request.events_path:
-        return dg.Output(pl.DataFrame(schema=EVENTS_SCHEMA), metadata={"events": 0, "rejected_events": 0})
     try:
-        loaded = load_events(cycle_request.events_path)
+        config = dunning_home.settings()
+        clock = cycle_request.cycle_clock(context, config)
+        polling = not cycle_request.events_path and _pulls(config, cycle_request, clock)
+        if not cycle_request.events_path and not polling:
+            return dg.Output(pl.DataFrame(schema=EVENTS_SCHEMA), metadata={"events": 0, "rejected_events": 0})
+        first_shard = cycle_request.shard_spec().index == 0
+        polled = None
+        if polling and first_shard:  # once per cycle, whatever the sharding
+            with dunning_home.ledger() as ledger:
+                cursor = ledger.source_cursor(billing_source.EVENTS_CURSOR)
+            polled = billing_source.poll_events(config.source, dunning_home.root, cursor, clock.as_of, utc_now())
+        path = cycle_request.events_path or (str(polled.path) if polled and polled.path else None)
+        if path:
+            loaded = load_events(path)
+        else:
+            loaded = LoadedEvents(pl.DataFrame(schema=EVENTS_SCHEMA), pl.DataFrame(schema=REJECTED_SCHEMA))
         events = loaded.accepted
         new = 0
         if not cycle_request.dry_run:
             received_at = utc_now()
             with dunning_home.ledger() as ledger, ledger.transaction():
                 new = ledger.store_events(events, context.run.run_id, received_at)
-                if loaded.rejected.height and cycle_request.shard_spec().index == 0:  # kept once, by shard 0
+                if loaded.rejected.height and first_shard:  # kept once, by shard 0
                     ledger.quarantine_events(loaded.rejected, context.run.run_id, received_at)
+                if polled is not None and polled.newest_id:
+                    ledger.stage_cursor(billing_source.EVENTS_CURSOR, polled.newest_id, context.run.run_id, received_at)
+        pending = 0
+        if polling:
+            since = clock.as_of - dt.timedelta(days=config.source.events_lookback_days)
+            with dunning_home.ledger() as ledger:
+                waiting = ledger.pending_notice_events(since)
+            pending = waiting.height
+            events = billing_source.with_pending(events, waiting)
     except DunningError as error:
         raise fail(error) from None
     if loaded.rejected.height:
@@ -109,6 +147,9 @@ def billing_events(
             "ignored_events": ignored,
             "rejected_events": loaded.rejected.height,
             "rejections": loaded.summary(),
+            "polled_events": polled.count if polled is not None else 0,
+            "events_file": path or "",
+            "pending_events_from_ledger": pending,
             "by_type": dg.MetadataValue.json(by_type),
         },
     )

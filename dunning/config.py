@@ -171,6 +171,12 @@ class Source(_Strict):
     api_base: str = "https://api.stripe.com"
     # pulled snapshots kept under HOME/snapshots/ so a run can be replayed from what it saw
     snapshot_retention_days: Count = Field(default=90, ge=1, le=3660)
+    # the SDK's own retries (exponential backoff, 0.5 s doubling up to 5 s) on 429, 409, 5xx and network errors
+    max_network_retries: Count = Field(default=3, ge=0, le=10)
+    timeout_seconds: Number = Field(default=30.0, gt=0, le=600)
+    # payment-failed events older than this (before the cycle's clock) get no notice: the first poll of a new
+    # deployment, and a notice that waited (paused, capped) this long, is stale news
+    events_lookback_days: Count = Field(default=3, ge=1, le=30)
     # Stripe invoices created through the API often carry `auto_advance: false`: exclude them only when asked
     exclude_auto_advance_false: Flag = False
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import dagster as dg
 
+from dunning import stripe_api
 from dunning.clock import parse_as_of, utc_now
-from dunning.config import LedgerSettings, load_config, load_ledger_settings
+from dunning.config import DunningConfig, LedgerSettings, load_config, load_ledger_settings
 from dunning.errors import DunningError, GuardNotLive, StorageError, UserInputError
 from dunning.guard import prove_guard
 from dunning.ledger.factory import open_ledger_for
@@ -147,11 +148,22 @@ def _cycle_run_config(
     }
 
 
+def _source_ready(config: DunningConfig) -> None:
+    """No --snapshot: the run pulls from the billing source (in its first step), which must be configured and have
+    its key's variable set (exit 2 naming the variable, before Dagster starts)."""
+    if config.source.kind == "none":
+        raise UserInputError(
+            "no snapshot: pass --snapshot PATH, or configure a billing source to pull from (source: {kind: stripe})"
+        )
+    stripe_api.api_key(config.source)
+    return None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     home = _home(args)
     config_path = _config_path(args, home)
     config = load_config(config_path)  # fail fast, before Dagster starts, on a bad config
-    snapshot = _existing(args.snapshot, "snapshot")
+    snapshot = _existing(args.snapshot, "snapshot") if args.snapshot else _source_ready(config)
     as_of = parse_as_of(args.as_of)
     events = _existing(args.events, "events") if args.events else None
     if events:

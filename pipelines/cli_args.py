@@ -18,7 +18,10 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
 
     run = commands.add_parser("run", help="run one dunning cycle through the Dagster job")
     run.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
-    run.add_argument("--snapshot", required=True, help="invoice snapshot: CSV, Parquet, or Stripe invoice list JSON")
+    run.add_argument(
+        "--snapshot",
+        help="invoice snapshot: CSV, Parquet, or Stripe invoice list JSON (default: pull from the config's source)",
+    )
     run.add_argument("--as-of", help="the cycle's clock, ISO 8601 (default: now; UTC unless an offset is given)")
     run.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present, else built-in defaults)")
     run.add_argument("--events", help="Stripe events (JSON, JSON array or JSON Lines)")

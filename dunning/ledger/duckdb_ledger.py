@@ -13,6 +13,7 @@ import polars as pl
 from dunning.analytics import publish
 from dunning.ledger.claims import ClaimStore
 from dunning.ledger.connection import LedgerConnection, connect
+from dunning.ledger.cursors import CursorStore
 from dunning.ledger.operations import Operations
 from dunning.sharding import EVERYONE, Shard
 
@@ -44,7 +45,7 @@ def _kept(column: str) -> pl.Expr:
     )
 
 
-class LedgerTables(ClaimStore, Operations):
+class LedgerTables(ClaimStore, Operations, CursorStore):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""
 

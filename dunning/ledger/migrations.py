@@ -49,6 +49,11 @@ MIGRATIONS = (
             next(s for s in DDL if "applied_snapshots" in s),
         ),
     ),
+    Migration(
+        4,
+        "billing source cursors: the newest Stripe event polled, advanced once its notices are claimed",
+        (next(s for s in DDL if "CREATE TABLE IF NOT EXISTS source_cursors (" in s),),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

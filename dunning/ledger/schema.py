@@ -178,6 +178,18 @@ DDL = (
         payload VARCHAR
     )
     """,
+    # where polling a billing source stands (`ledger.cursors`): the newest event id whose notices are claimed, and
+    # the one a run polled up to, waiting for its claims
+    """
+    CREATE TABLE IF NOT EXISTS source_cursors (
+        source VARCHAR PRIMARY KEY,
+        cursor VARCHAR,
+        updated_at TIMESTAMPTZ,
+        pending_cursor VARCHAR,
+        pending_run_id VARCHAR,
+        pending_at TIMESTAMPTZ
+    )
+    """,
     """
     CREATE TABLE IF NOT EXISTS invoice_history_daily (
         business_date DATE NOT NULL,

@@ -1,0 +1,190 @@
+"""A fake of the Stripe API for tests: `/v1/invoices` and `/v1/events` on 127.0.0.1, speaking Stripe's list protocol.
+
+What it does as Stripe does (https://docs.stripe.com/api/pagination):
+
+- bearer auth: `Authorization: Bearer <key>`; any other key is answered 401
+  with Stripe's error shape (`{"error": {"type": ..., "message": ...}}`); its
+  message quotes the key it was given, whole, so a test can prove the pipeline
+  never shows the server's text;
+- lists newest first, in the list envelope (`object`, `url`, `has_more`,
+  `data`); `limit` (1..100, default 10), `starting_after` (the page after an
+  id), `ending_before` (the page just before an id, i.e. newer, still newest
+  first), an unknown cursor answered 400 naming the parameter;
+- `/v1/events` filters on `type` and `created[gte|gt|lte|lt]`;
+- `rate_limited = N` answers the next N requests 429 (`rate_limit`), without
+  `Stripe-Should-Retry`; `malformed = True` answers 200 with a body that is not
+  JSON.
+
+Every request is recorded in `requests` as (path, query parameters, authorization header).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "stripe"
+KEY = "sk_test_fake_4eC39HqLyjWDarjtT1zdp7dc"
+
+
+def fixture_invoice() -> dict[str, Any]:
+    """Stripe's own example invoice object (`tests/fixtures/stripe/invoices_list.json`)."""
+    return copy.deepcopy(json.loads((FIXTURES / "invoices_list.json").read_text())["data"][0])
+
+
+def stripe_invoice(n: int, as_of: dt.datetime, **overrides: Any) -> dict[str, Any]:
+    """Stripe's example invoice as the n-th of an account: its own id, customer (two invoices each), amount, dates;
+    due five days before `as_of` (stage day3 of the default policy), open, sent by email."""
+    invoice = fixture_invoice()
+    created = int((as_of - dt.timedelta(days=35)).timestamp()) + n  # a later n is newer
+    amount = 1000 + 37 * n
+    invoice.update(
+        id=f"in_fake{n:05d}",
+        customer=f"cus_fake{n // 2:04d}",
+        customer_email=f"customer{n // 2}@example.com",
+        customer_name=f"Customer {n // 2}",
+        currency="eur" if n % 3 == 0 else "usd",
+        amount_due=amount,
+        amount_paid=0,
+        amount_remaining=amount,
+        status="open",
+        collection_method="send_invoice",
+        auto_advance=True,
+        created=created,
+        period_start=created,
+        period_end=created,
+        due_date=int((as_of - dt.timedelta(days=5)).timestamp()),
+    )
+    invoice.update(overrides)
+    return invoice
+
+
+def payment_failed_event(event_id: str, invoice: dict[str, Any], created: dt.datetime) -> dict[str, Any]:
+    """Stripe's example event (`tests/fixtures/stripe/event.json`) as an `invoice.payment_failed` for `invoice`."""
+    event = json.loads((FIXTURES / "event.json").read_text())
+    event.update(id=event_id, type="invoice.payment_failed", created=int(created.timestamp()), data={"object": invoice})
+    return event
+
+
+def _error(kind: str, message: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"type": kind, "message": message}
+    if code:
+        error["code"] = code
+    if param:
+        error["param"] = param
+    return {"error": error}
+
+
+class FakeStripe:
+    """The fake Stripe API; a context manager that serves on 127.0.0.1 at a free port (`url`)."""
+
+    def __init__(self, key: str = KEY) -> None:
+        self.key = key
+        self.invoices: list[dict[str, Any]] = []  # any order: served newest `created` first
+        self.events: list[dict[str, Any]] = []
+        self.rate_limited = 0
+        self.malformed = False
+        self.requests: list[tuple[str, dict[str, str], str]] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> FakeStripe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def requests_to(self, path: str) -> list[dict[str, str]]:
+        with self._lock:
+            return [params for p, params, _ in self.requests if p == path]
+
+    # what the API answers: (status, body, extra headers)
+    def answer(self, path: str, params: dict[str, str], authorization: str) -> tuple[int, Any]:
+        with self._lock:
+            self.requests.append((path, params, authorization))
+            if self.rate_limited > 0:
+                self.rate_limited -= 1
+                return 429, _error(
+                    "invalid_request_error", "Too many requests hit the API too quickly.", code="rate_limit"
+                )
+            if self.malformed:
+                return 200, "<html>502 Bad Gateway</html>"
+        if authorization != f"Bearer {self.key}":
+            given = authorization.removeprefix("Bearer ")
+            return 401, _error("invalid_request_error", f"Invalid API Key provided: {given}")
+        if path == "/v1/invoices":
+            items = self.invoices
+        elif path == "/v1/events":
+            items = [e for e in self.events if _created_matches(e, params) and params.get("type") in (None, e["type"])]
+        else:
+            return 404, _error("invalid_request_error", f"Unrecognized request URL (GET: {path})")
+        return self._page(path, sorted(items, key=lambda o: (o["created"], o["id"]), reverse=True), params)
+
+    @staticmethod
+    def _page(path: str, items: list[dict[str, Any]], params: dict[str, str]) -> tuple[int, Any]:
+        try:
+            limit = int(params.get("limit", "10"))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 100:
+            return 400, _error("invalid_request_error", "Invalid integer", code="parameter_invalid_integer", param="limit")
+        ids = [o["id"] for o in items]
+        for cursor in ("starting_after", "ending_before"):
+            if cursor in params and params[cursor] not in ids:
+                return 400, _error(
+                    "invalid_request_error", f"No such object: '{params[cursor]}'", code="resource_missing", param=cursor
+                )
+        if "ending_before" in params:
+            end = ids.index(params["ending_before"])
+            start = max(0, end - limit)
+            page, more = items[start:end], start > 0
+        else:
+            start = ids.index(params["starting_after"]) + 1 if "starting_after" in params else 0
+            page, more = items[start : start + limit], start + limit < len(items)
+        return 200, {"object": "list", "url": path, "has_more": more, "data": page}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+                parts = urlsplit(self.path)
+                params = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+                status, body = fake.answer(parts.path, params, self.headers.get("Authorization", ""))
+                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Request-Id", "req_fake")
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: the tests read `requests`
+                pass
+
+        return Handler
+
+
+def _created_matches(obj: dict[str, Any], params: dict[str, str]) -> bool:
+    created = obj["created"]
+    bounds = {
+        "gte": lambda v: created >= v,
+        "gt": lambda v: created > v,
+        "lte": lambda v: created <= v,
+        "lt": lambda v: created < v,
+    }
+    return all(test(int(params[f"created[{op}]"])) for op, test in bounds.items() if f"created[{op}]" in params)
