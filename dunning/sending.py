@@ -25,7 +25,7 @@ from dunning.ledger.claims import ClaimCap
 from dunning.ledger.payloads import PAYLOAD_SCHEMA
 from dunning.policy import email_groups
 from dunning.providers.base import EmailProvider, SendOutcome, idempotency_key_for
-from dunning.render import render_for
+from dunning.render import Sender, render_for
 from dunning.vocabulary import LedgerStatus, SendStatus
 
 OUTCOME_SCHEMA = pl.Schema(
@@ -64,6 +64,11 @@ class SendReport:
                 self.lost += keys
             case _:  # paused, breaker, dry_run, simulated: a held batch, never counted by a send
                 raise ValueError(f"not an outcome of a send: {status!r}")
+
+
+def sender_of(config: DunningConfig) -> Sender:
+    """Who the deployment's emails are from: `provider.from`, `from_name` and `reply_to`."""
+    return Sender(config.provider.from_address, config.provider.from_name, config.provider.reply_to)
 
 
 def held_outcomes(due: pl.DataFrame, status: SendStatus) -> pl.DataFrame:
@@ -231,7 +236,9 @@ def send_due(
     if render is None:
 
         def render(records: list[Record]) -> Message:
-            return render_for(records, sender=config.provider.from_address, as_of=as_of, locale=config.locale)
+            return render_for(
+                records, sender=sender_of(config), as_of=as_of, locale=config.locale, templates_dir=config.templates_dir
+            )
 
     report = SendReport()
     outcomes: list[pl.DataFrame] = []
