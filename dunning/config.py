@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from dunning.errors import ConfigError
-from dunning.safe_text import is_address
+from dunning.safe_text import has_control, is_address
 from dunning.sharding import MAX_SHARDS
 
 
@@ -31,6 +31,7 @@ class _Strict(BaseModel):
 Count = Annotated[int, Field(strict=True)]
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Flag = Annotated[bool, Field(strict=True)]
+MinorAmount = Annotated[int, Field(strict=True, ge=0, le=10**15)]  # an amount in minor units of its currency
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"  # the name of an environment variable, never a secret itself
 
 
@@ -77,7 +78,7 @@ class Provider(_Strict):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    kind: Literal["file", "smtp"] = "file"
+    kind: Literal["file", "smtp", "resend"] = "file"
     host: str = "127.0.0.1"
     port: Count = Field(default=25, ge=1, le=65535)
     timeout_seconds: Number = Field(default=10.0, gt=0, le=600)
@@ -92,10 +93,22 @@ class Provider(_Strict):
     password_env: str | None = Field(default=None, pattern=ENV_NAME)
     allow_insecure_auth: Flag = False
     from_address: str = Field(default="billing@example.com", alias="from")
+    # the From header's display name (`Acme Billing <billing@example.com>`, RFC 2047-encoded when not ASCII) and a
+    # Reply-To address, on every email; the SMTP envelope sender stays the bare `from` address
+    from_name: str | None = Field(default=None, min_length=1, max_length=64)
+    reply_to: str | None = None
     connections: Count = Field(default=4, ge=1, le=32)
     # consecutive transport errors (connect, TLS, login, timeout, 421, dropped connection) before the send stops
     max_consecutive_errors: Count = Field(default=5, ge=1, le=10_000)
     outbox_dir: str | None = Field(default=None, min_length=1, max_length=4096)
+    # `resend`: an HTTP email API that honours an Idempotency-Key header; the key is read from `api_key_env`
+    api_key_env: str = Field(default="RESEND_API_KEY", pattern=ENV_NAME)
+    api_base: str = "https://api.resend.com"
+    # SMTP relays that honour the same contract through a header (Resend: Resend-Idempotency-Key, EmailEngine:
+    # X-EE-Idempotency-Key): when set, the key travels in it and `unknown` sends are resubmitted like HTTP ones
+    idempotency_header: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$")
+    # how long (wall clock, from the first attempt) the provider answers a repeated key with the first result
+    idempotency_window_hours: Number = Field(default=23.0, gt=0, le=24 * 30)
 
     @field_validator("from_address")
     @classmethod
@@ -103,6 +116,30 @@ class Provider(_Strict):
         if not is_address(value):  # the rule every recipient follows; the domain names our Message-IDs
             raise ValueError("provider.from must be one plain address such as billing@example.com")
         return value
+
+    @field_validator("from_name")
+    @classmethod
+    def _plain_name(cls, value: str | None) -> str | None:
+        if value is not None and (has_control(value) or not value.strip()):
+            raise ValueError("provider.from_name must be a name on one line, without control characters")
+        return value
+
+    @field_validator("reply_to")
+    @classmethod
+    def _one_reply_address(cls, value: str | None) -> str | None:
+        if value is not None and not is_address(value):
+            raise ValueError("provider.reply_to must be one plain address such as billing@example.com")
+        return value
+
+    @field_validator("api_base")
+    @classmethod
+    def _api_base_http(cls, value: str) -> str:
+        return http_url(value, "provider.api_base") or value
+
+    @property
+    def resubmits_unknown(self) -> bool:
+        """Whether the provider's idempotency contract makes resubmitting an `unknown` send safe."""
+        return self.kind == "resend" or (self.kind == "smtp" and self.idempotency_header is not None)
 
     @model_validator(mode="after")
     def _transport_is_coherent(self) -> Provider:
@@ -198,12 +235,18 @@ class DunningConfig(_Strict):
     ledger: LedgerSettings = LedgerSettings()
     source: Source = Source()
     locale: str = "en_US"
+    # a directory of the operator's email templates, overriding packaged ones by name (`dunning.templating`);
+    # relative to the config file's directory; checked when the config loads
+    templates_dir: str | None = Field(default=None, min_length=1, max_length=4096)
     claim_chunk_size: Count = Field(default=2000, ge=1, le=100_000)
     # how long (wall clock) a claim stays ours without renewal; renewed while its chunk is being sent
     claim_lease_minutes: Number = Field(default=30.0, gt=0, le=24 * 60)
     # how many shards split a day's cycle by customer (`dunning.sharding`): the schedule asks for one run per
     # shard and the CLI gives the `dunning_ledger` pool this many slots; never part of what decides a send
     shards: Count = Field(default=1, ge=1, le=MAX_SHARDS)
+    # per currency (upper-case ISO 4217): an invoice whose remaining balance (amount_due - amount_paid, minor units)
+    # is below this is not dunned (audit reason `below_minimum`); a currency not listed has no minimum
+    min_remaining_minor: dict[str, MinorAmount] = Field(default_factory=dict)
 
     @field_validator("timezone")
     @classmethod
@@ -212,6 +255,18 @@ class DunningConfig(_Strict):
             ZoneInfo(value)
         except (ZoneInfoNotFoundError, ValueError) as exc:
             raise ValueError(f"unknown timezone {value!r}") from exc
+        return value
+
+    @field_validator("min_remaining_minor")
+    @classmethod
+    def _known_currencies(cls, value: dict[str, int]) -> dict[str, int]:
+        from dunning.snapshot_rules import CURRENCIES  # here, not at import: it loads pandera
+
+        unknown = [code for code in value if code not in CURRENCIES]
+        if unknown:
+            raise ValueError(
+                f"{', '.join(repr(c) for c in unknown[:5])} is not an upper-case ISO 4217 currency code (e.g. EUR)"
+            )
         return value
 
     @field_validator("locale")
@@ -245,6 +300,11 @@ class DunningConfig(_Strict):
         import hashlib
 
         decisive = self.model_dump(include={"stages", "group_by", "timezone", "breaker", "retry"}, mode="json")
+        # added only when set, so a policy that does not use them keeps the id it had before they existed
+        if self.min_remaining_minor:
+            decisive["min_remaining_minor"] = dict(sorted(self.min_remaining_minor.items()))
+        if self.source.exclude_auto_advance_false:
+            decisive["exclude_auto_advance_false"] = True
         return hashlib.sha256(repr(sorted(decisive.items())).encode()).hexdigest()[:12]
 
 
@@ -259,15 +319,27 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_config(data: object, source: str = "config") -> DunningConfig:
+def parse_config(data: object, source: str = "config", base_dir: Path | None = None) -> DunningConfig:
+    """The config in `data`; a relative `templates_dir` is taken from `base_dir` (the config file's directory,
+    else the working directory) and every template is checked, so a broken one is a config error here."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of keys at the top level")
     try:
-        return DunningConfig.model_validate(data)
+        config = DunningConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_describe(exc)}") from None
+    if config.templates_dir is not None:
+        from dunning.templating import TemplateProblem, check_templates  # here, not at import: it loads Jinja
+
+        directory = str(((base_dir or Path.cwd()) / Path(config.templates_dir).expanduser()).resolve())
+        try:
+            check_templates(directory, config.locale)
+        except TemplateProblem as exc:
+            raise ConfigError(f"{source}: templates_dir: {exc}") from None
+        config = config.model_copy(update={"templates_dir": directory})
+    return config
 
 
 def load_config(path: str | Path | None) -> DunningConfig:
@@ -281,7 +353,7 @@ def load_config(path: str | Path | None) -> DunningConfig:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    return parse_config(data, source=str(path))
+    return parse_config(data, source=str(path), base_dir=path.parent)
 
 
 def load_ledger_settings(path: str | Path | None) -> LedgerSettings:

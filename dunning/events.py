@@ -252,16 +252,25 @@ def notice_rows(events: pl.DataFrame, snapshot: pl.DataFrame, already_recorded: 
     events = events.filter(pl.col("type") == PAYMENT_FAILED)
     if events.is_empty():  # the usual hourly run: no need to index the whole snapshot by customer
         return pl.DataFrame()
+    # the customer's language, as a reminder picks it (`locales.email_locale`)
+    locale = pl.col("customer_locale").sort_by("invoice_id").drop_nulls().first()
     directory = (
         snapshot.filter(pl.col("customer_email").is_not_null())
         .group_by("customer_id")
-        .agg(pl.col("customer_email").first().alias("snapshot_email"), pl.col("customer_name").drop_nulls().first())
+        .agg(
+            pl.col("customer_email").first().alias("snapshot_email"),
+            pl.col("customer_name").drop_nulls().first(),
+            *([locale] if "customer_locale" in snapshot.columns else []),
+        )
     )
+    # the invoice's pay link (`pay_links`: already checked, and flagged where one was dropped)
+    links = [c for c in ("payment_url", "payment_url_dropped") if c in snapshot.columns]
     notices = (
         events.filter(pl.col("type") == PAYMENT_FAILED)
         .with_columns(pl.concat_str([pl.lit("event:"), pl.col("event_id")]).alias("idempotency_key"))
         .filter(~pl.col("idempotency_key").is_in(sorted(already_recorded)))
         .join(directory, on="customer_id", how="left")
+        .join(snapshot.select("invoice_id", *links), on="invoice_id", how="left")
         .with_columns(pl.coalesce("customer_email", "snapshot_email").alias("customer_email"))
     )
     keys = notices.get_column("idempotency_key").to_list()

@@ -25,7 +25,7 @@ from dunning.ledger.base import Ledger
 from dunning.policy import sendable_expr
 from dunning.providers.base import EmailProvider
 from dunning.render import apology_email
-from dunning.sending import Record, SendReport, send_due
+from dunning.sending import Record, SendReport, send_due, sender_of
 from dunning.vocabulary import EmailKind
 
 SENDS_SCHEMA = pl.Schema(
@@ -136,7 +136,12 @@ def apology_rows(flooded: pl.DataFrame, snapshot: pl.DataFrame, incident_id: str
     current = (
         snapshot.filter(sendable_expr())
         .group_by("customer_id")
-        .agg(pl.col("customer_email").first().alias("snapshot_email"), pl.col("customer_name").drop_nulls().first())
+        .agg(
+            pl.col("customer_email").first().alias("snapshot_email"),
+            pl.col("customer_name").drop_nulls().first(),
+            # the customer's language: of their invoice with the smallest id that has one (`locales.email_locale`)
+            pl.col("customer_locale").sort_by("invoice_id").drop_nulls().first(),
+        )
     )
     rows = flooded.join(current, on="customer_id", how="left").with_columns(
         pl.coalesce("snapshot_email", "address").alias("customer_email")
@@ -188,11 +193,12 @@ def recover(
             record,
             statement,
             to=record["customer_email"],
-            sender=config.provider.from_address,
+            sender=sender_of(config),
             key=record["idempotency_key"],
             message_id=record["message_id"],
             as_of=as_of,
             locale=config.locale,
+            templates_dir=config.templates_dir,
         )
 
     report, _ = send_due(

@@ -1,87 +1,52 @@
 """Emails as RFC 5322 messages: Jinja2 text and HTML alternatives, headers the audit can follow.
 
-Amounts stay integers in minor units until this module, which renders them
-with the currency's real exponent through Babel (JPY has none, USD two), never
-with hand-written arithmetic on floats.
+What each email says comes from templates (`dunning.templating`: packaged, or
+the operator's `templates_dir`, per language) filled with the variables of
+`dunning.email_context`, which also formats amounts and dates for the email's
+locale: the customer's (`customer_locale`), else the deployment's `locale`.
+This module builds the message around them, the same bytes for the same
+inputs.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import hashlib
-from collections import defaultdict
+import quopri
 from collections.abc import Sequence
-from decimal import Decimal
+from dataclasses import dataclass
 from email.message import Message
 from email.mime.multipart import MIMEMultipart
 from email.policy import Compat32
 from email.utils import format_datetime
 from typing import Any
 
-import babel
-import babel.numbers
-from jinja2 import Environment, PackageLoader, StrictUndefined
-
-from dunning.safe_text import header_value, is_address
-from dunning.vocabulary import EmailKind, Tone
-
-_ENV = Environment(
-    loader=PackageLoader("dunning", "templates"),
-    # every HTML template (`*.html.j2`) escapes every value; `select_autoescape(["html"])` matched only names
-    # ending in `.html` and left these unescaped
-    autoescape=lambda name: name is None or ".html" in name,
-    undefined=StrictUndefined,
-    keep_trailing_newline=True,
-    auto_reload=False,  # templates ship with the package; checking their mtime on every render was 15% of it
+from dunning import templating
+from dunning.email_context import (
+    Context,
+    apology_context,
+    currency_totals,
+    format_amount,
+    payment_failed_context,
+    reminder_context,
 )
-TONE_ORDER = {Tone.GENTLE: 0, Tone.FIRM: 1, Tone.FINAL: 2}
-SUBJECTS = {
-    Tone.GENTLE: "Friendly reminder: {what} overdue",
-    Tone.FIRM: "Second reminder: {what} still unpaid",
-    Tone.FINAL: "Final notice: {what} unpaid",
-}
+from dunning.locales import email_locale, known_locale
+from dunning.safe_text import address_header, header_value, is_address
+from dunning.vocabulary import EmailKind
+
+__all__ = ["currency_totals", "format_amount"]  # formatting lives in `email_context`; imported from here too
+
+MAX_LINE = 998  # octets per line, RFC 5322 section 2.1.1
 
 
-@functools.cache
-def _number_format(currency: str, locale: str) -> tuple[babel.numbers.NumberPattern, babel.Locale, int]:
-    """The currency's exponent and a plain number pattern with that many decimals, parsed once per currency."""
-    digits = babel.numbers.get_currency_precision(currency)
-    pattern = babel.numbers.parse_pattern("#,##0" + ("." + "0" * digits if digits else ""))
-    return pattern, babel.Locale.parse(locale), digits
+@dataclass(frozen=True)
+class Sender:
+    """Who every email is from: `address` (the From address, also the SMTP envelope sender), an optional display
+    `name` for the From header, and an optional `reply_to` address."""
 
-
-def format_amount(amount_minor: int, currency: str, locale: str = "en_US") -> str:
-    """`12345, "USD"` -> `123.45 USD`; `1234, "JPY"` -> `1,234 JPY`: the ISO code is never ambiguous, a `$` is."""
-    pattern, parsed_locale, digits = _number_format(currency, locale)
-    value = Decimal(int(amount_minor)).scaleb(-digits)
-    return f"{pattern.apply(value, parsed_locale)} {currency}"
-
-
-def _invoice_lines(rows: Sequence[dict[str, Any]], locale: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "invoice_id": r["invoice_id"],
-            "billing_period": r.get("billing_period"),
-            "due_date": r["due_date"].isoformat() if hasattr(r["due_date"], "isoformat") else r["due_date"],
-            "days_overdue": r["days_overdue"],
-            "remaining": format_amount(r["amount_minor"], r["currency"], locale),
-            # the templates show these only after a partial payment; most invoices have none
-            "amount_due": format_amount(r["amount_due"], r["currency"], locale) if r["amount_paid"] else None,
-            "amount_paid": format_amount(r["amount_paid"], r["currency"], locale) if r["amount_paid"] else None,
-            "amount_paid_minor": r["amount_paid"],
-        }
-        for r in rows
-    ]
-
-
-def currency_totals(
-    rows: Sequence[dict[str, Any]], locale: str, amount_field: str = "amount_minor"
-) -> list[dict[str, str]]:
-    totals: dict[str, int] = defaultdict(int)
-    for r in rows:
-        totals[r["currency"]] += int(r[amount_field])
-    return [{"currency": c, "amount": format_amount(v, c, locale)} for c, v in sorted(totals.items())]
+    address: str
+    name: str | None = None
+    reply_to: str | None = None
 
 
 def text_part(body: str, subtype: str) -> Message:
@@ -90,13 +55,20 @@ def text_part(body: str, subtype: str) -> Message:
     Byte for byte what `MIMEText(body, subtype, utf-8 charset without body
     encoding)` builds (a test holds the two equal); written out because
     `MIMEText` re-parses its own Content-Type parameters, which was a sixth of
-    the time to render a reminder.
+    the time to render a reminder. A body with a line longer than SMTP
+    allows (998 octets: a long pay link, an operator's template) is sent
+    quoted-printable instead, which wraps it losslessly.
     """
     part = Message()
     part["Content-Type"] = f'text/{subtype}; charset="utf-8"'
     part["MIME-Version"] = "1.0"
+    encoded = body.encode("utf-8")
+    if len(encoded) > MAX_LINE and any(len(line) > MAX_LINE for line in encoded.split(b"\n")):
+        part["Content-Transfer-Encoding"] = "quoted-printable"
+        part.set_payload(quopri.encodestring(encoded).decode("ascii"))
+        return part
     part["Content-Transfer-Encoding"] = "7bit" if body.isascii() else "8bit"
-    part.set_payload(body.encode("utf-8").decode("ascii", "surrogateescape"))
+    part.set_payload(encoded.decode("ascii", "surrogateescape"))
     return part
 
 
@@ -148,7 +120,7 @@ def _boundary(message_id: str, parts: Sequence[str]) -> str:
 def _message(
     *,
     to: str,
-    sender: str,
+    sender: Sender,
     subject: str,
     message_id: str,
     kind: EmailKind,
@@ -163,15 +135,18 @@ def _message(
     about 3 ms per message in the profile of a 12,000-email cycle; these plain
     classes build the same RFC 5322 message about five times faster. Every
     header value goes through `safe_text.header_value` (no line breaks or
-    controls, RFC 2047 when not ASCII) and the recipient through the one
-    address rule, so data can add no header and no recipient.
+    controls, RFC 2047 when not ASCII; the From name through
+    `safe_text.address_header`) and the recipient through the one address
+    rule, so data can add no header and no recipient.
     """
     if not is_address(to):
         raise EmailBuildError(f"recipient is not a single valid address: {to!r}"[:300])
     message = MIMEMultipart("alternative")
     try:
+        message["From"] = address_header("From", sender.address, sender.name)  # type: ignore[assignment]
+        if sender.reply_to is not None:
+            message["Reply-To"] = address_header("Reply-To", sender.reply_to)  # type: ignore[assignment]
         for name, value in (
-            ("From", sender),
             ("To", to),
             ("Subject", subject),
             ("Date", format_datetime(when.astimezone(dt.UTC))),
@@ -189,30 +164,43 @@ def _message(
     return message
 
 
+def _sender(sender: str | Sender) -> Sender:
+    return Sender(sender) if isinstance(sender, str) else sender
+
+
+def _render(templates_dir: str | None, locale: str, kind: EmailKind, context: Context) -> tuple[str, str, str]:
+    """(subject, text, html); a template that fails on this email's data fails this email only (`EmailBuildError`)."""
+    try:
+        return templating.render(templates_dir, locale, kind, context)
+    except Exception as exc:  # noqa: BLE001 - whatever a template raises, the send goes on without this email
+        raise EmailBuildError(f"template {templating.where(exc)}: {type(exc).__name__}: {exc}"[:500]) from None
+
+
 def reminder_email(
-    rows: Sequence[dict[str, Any]], *, sender: str, message_id: str, as_of: dt.datetime, locale: str = "en_US"
+    rows: Sequence[dict[str, Any]],
+    *,
+    sender: str | Sender,
+    message_id: str,
+    as_of: dt.datetime,
+    locale: str = "en_US",
+    templates_dir: str | None = None,
 ) -> Message:
-    """One reminder email covering `rows` (one per invoice; same recipient), in the firmest tone among them."""
+    """One reminder email covering `rows` (one per invoice; same recipient), in the firmest tone among them.
+
+    `locale` is the default; the rows' own `customer_locale` wins (`locales.email_locale`).
+    """
     rows = sorted(rows, key=lambda r: r["invoice_id"])
-    tone = max((Tone(r["tone"]) for r in rows), key=TONE_ORDER.__getitem__)
-    ids = [r["invoice_id"] for r in rows]
-    what = f"invoice {ids[0]} is" if len(ids) == 1 else f"{len(ids)} invoices are"
-    context = {
-        "customer_name": rows[0].get("customer_name"),
-        "tone": tone,
-        "invoices": _invoice_lines(rows, locale),
-        "totals": currency_totals(rows, locale),
-        "as_of_date": as_of.date().isoformat(),
-    }
+    locale = email_locale(rows, locale)
+    subject, text, html = _render(templates_dir, locale, EmailKind.REMINDER, reminder_context(rows, as_of, locale))
     return _message(
         to=rows[0]["customer_email"],
-        sender=sender,
-        subject=SUBJECTS[tone].format(what=what),
+        sender=_sender(sender),
+        subject=subject,
         message_id=message_id,
         kind=EmailKind.REMINDER,
         keys=[r["idempotency_key"] for r in rows],
-        text=_ENV.get_template("reminder.txt.j2").render(context),
-        html=_ENV.get_template("reminder.html.j2").render(context),
+        text=text,
+        html=html,
         when=as_of,
     )
 
@@ -222,67 +210,71 @@ def apology_email(
     statement: Sequence[dict[str, Any]],
     *,
     to: str,
-    sender: str,
+    sender: str | Sender,
     key: str,
     message_id: str,
     as_of: dt.datetime,
     locale: str = "en_US",
+    templates_dir: str | None = None,
 ) -> Message:
     """One apology: what happened (`flood`: emails, first_at, last_at) and what is owed now (`statement` rows)."""
-    context = {
-        "customer_name": flood.get("customer_name"),
-        "emails": flood["emails"],
-        "first_at": flood["first_at"].strftime("%Y-%m-%d %H:%M UTC"),
-        "last_at": flood["last_at"].strftime("%Y-%m-%d %H:%M UTC"),
-        "invoices": [
-            {
-                "invoice_id": r["invoice_id"],
-                "due_date": r["due_date"].isoformat(),
-                "remaining": format_amount(r["remaining_minor"], r["currency"], locale),
-            }
-            for r in statement
-        ],
-        "totals": currency_totals(statement, locale, amount_field="remaining_minor"),
-        "as_of_date": as_of.date().isoformat(),
-    }
+    locale = known_locale(flood.get("customer_locale")) or locale
+    context = apology_context(flood, statement, as_of, locale)
+    subject, text, html = _render(templates_dir, locale, EmailKind.APOLOGY, context)
     return _message(
         to=to,
-        sender=sender,
-        subject="We are sorry about the payment emails you received",
+        sender=_sender(sender),
+        subject=subject,
         message_id=message_id,
         kind=EmailKind.APOLOGY,
         keys=[key],
-        text=_ENV.get_template("apology.txt.j2").render(context),
-        html=_ENV.get_template("apology.html.j2").render(context),
+        text=text,
+        html=html,
         when=as_of,
     )
 
 
-def payment_failed_email(record: dict[str, Any], *, sender: str, as_of: dt.datetime, locale: str = "en_US") -> Message:
+def payment_failed_email(
+    record: dict[str, Any],
+    *,
+    sender: str | Sender,
+    as_of: dt.datetime,
+    locale: str = "en_US",
+    templates_dir: str | None = None,
+) -> Message:
     """The notice for one `invoice.payment_failed` event."""
-    amount = record.get("amount_minor")
-    context = {
-        "customer_name": record.get("customer_name"),
-        "invoice_id": record["invoice_id"],
-        "amount": format_amount(amount, record["currency"], locale)
-        if amount is not None and record.get("currency")
-        else "The balance",
-    }
+    locale = email_locale([record], locale)
+    context = payment_failed_context(record, locale)
+    subject, text, html = _render(templates_dir, locale, EmailKind.PAYMENT_FAILED, context)
     return _message(
         to=record["customer_email"],
-        sender=sender,
-        subject=f"Payment failed for invoice {record['invoice_id']}",
+        sender=_sender(sender),
+        subject=subject,
         message_id=record["message_id"],
         kind=EmailKind.PAYMENT_FAILED,
         keys=[record["idempotency_key"]],
-        text=_ENV.get_template("payment_failed.txt.j2").render(context),
-        html=_ENV.get_template("payment_failed.html.j2").render(context),
+        text=text,
+        html=html,
         when=as_of,
     )
 
 
-def render_for(records: Sequence[dict[str, Any]], *, sender: str, as_of: dt.datetime, locale: str = "en_US") -> Message:
+def render_for(
+    records: Sequence[dict[str, Any]],
+    *,
+    sender: str | Sender,
+    as_of: dt.datetime,
+    locale: str = "en_US",
+    templates_dir: str | None = None,
+) -> Message:
     """The email for one send group: a payment-failed notice, or a reminder covering its invoices."""
     if records[0].get("kind") == EmailKind.PAYMENT_FAILED:
-        return payment_failed_email(records[0], sender=sender, as_of=as_of, locale=locale)
-    return reminder_email(records, sender=sender, message_id=records[0]["message_id"], as_of=as_of, locale=locale)
+        return payment_failed_email(records[0], sender=sender, as_of=as_of, locale=locale, templates_dir=templates_dir)
+    return reminder_email(
+        records,
+        sender=sender,
+        message_id=records[0]["message_id"],
+        as_of=as_of,
+        locale=locale,
+        templates_dir=templates_dir,
+    )

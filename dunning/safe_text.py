@@ -11,6 +11,9 @@ same one:
   The polars expression (`policy.sendable_expr`) uses the same pattern.
 - `header_value`: a header value built from data, refused (ValueError) when it
   holds any line break or control character, RFC 2047-encoded when not ASCII.
+- `address_header`: an address header (`From`, `Reply-To`) from one address
+  and an optional display name: quoted when the name holds specials (`"`, `,`,
+  `<`), RFC 2047-encoded when not ASCII, refused with a control character.
 - `has_control`: whether text holds a control character (validation quarantines
   such ids and names before anything is computed).
 - `for_terminal` and `redact`: what operators see, with control characters
@@ -22,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from email.header import Header
+from email.utils import formataddr
 
 # C0 and C1 controls, DEL, and the Unicode line and paragraph separators: everything a mail parser or a
 # terminal may take as a line break or an escape sequence
@@ -49,6 +53,21 @@ def header_value(name: str, value: str) -> str | Header:
     if has_control(value):
         raise ValueError(f"header {name} would contain a line break or control character")
     return value if value.isascii() else Header(value, "utf-8", header_name=name)
+
+
+def address_header(name: str, address: str, display_name: str | None = None) -> str | Header:
+    """`address`, or `display_name <address>`, for header `name`; ValueError when either could add to the header."""
+    if not is_address(address):
+        raise ValueError(f"header {name} needs one plain address")
+    if not display_name:
+        return address
+    if has_control(display_name):
+        raise ValueError(f"header {name} would contain a line break or control character")
+    if display_name.isascii():  # quoted, with `"` and `\\` escaped, when it holds any special character
+        return formataddr((display_name, address))
+    value = Header(display_name, "utf-8", header_name=name)  # encoded words: no special character shows
+    value.append(f" <{address}>", "us-ascii")
+    return value
 
 
 def for_terminal(text: str) -> str:

@@ -26,7 +26,11 @@ REQUIRED_COLUMNS = (
     "due_date",
     "status",
 )
-OPTIONAL_COLUMNS = ("customer_name", "billing_period", "snapshot_at")
+# `auto_advance`: text, "false" (any case) marks an invoice the billing system does not collect by itself
+# (Stripe's `auto_advance`); anything else, or no column, counts as true (`dunning.exclusions`)
+# `payment_url` and `customer_locale` are checked, not validated (`pay_links`, `locales`): a bad one is dropped
+# or falls back to the default, and never rejects the row
+OPTIONAL_COLUMNS = ("customer_name", "billing_period", "snapshot_at", "auto_advance", "payment_url", "customer_locale")
 PARSED_COLUMNS = ("amount_due", "amount_paid", "due_date")
 
 

@@ -33,6 +33,8 @@ SNAPSHOT_FIELDS = (
     "billing_period",
     "snapshot_at",
     "auto_advance",
+    "payment_url",
+    "customer_locale",
 )
 
 
@@ -58,6 +60,12 @@ def _flag(value: Any) -> object:
     return value
 
 
+def _preferred_locale(customer: Any) -> object:
+    """The customer's first `preferred_locales` entry, when the invoice's customer is expanded (`de-DE`, `en`)."""
+    locales = customer.get("preferred_locales") if isinstance(customer, dict) else None
+    return locales[0] if isinstance(locales, list) and locales and isinstance(locales[0], str) else None
+
+
 def invoice_row(invoice: dict[str, Any], zone: ZoneInfo) -> dict[str, Any]:
     """One snapshot row (all values as text, like a CSV) from one Stripe invoice object."""
     due = invoice.get("due_date")
@@ -79,6 +87,8 @@ def invoice_row(invoice: dict[str, Any], zone: ZoneInfo) -> dict[str, Any]:
         "billing_period": period_start[:7] if period_start else None,
         "snapshot_at": None,
         "auto_advance": _flag(invoice.get("auto_advance")),
+        "payment_url": invoice.get("hosted_invoice_url"),  # checked later (`pay_links`): only https is shown
+        "customer_locale": _preferred_locale(invoice.get("customer")),
     }
     return {k: (None if v is None else str(v)) for k, v in row.items()}
 
