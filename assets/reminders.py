@@ -37,7 +37,8 @@ def reminders_due(
             "payment_failed_notices": int((due.get_column("kind") == "payment_failed").sum()),
             "due_unsendable": int((~due.get_column("sendable")).sum()) if due.height else 0,
             "skipped": plan.height - due.height,
-            "emails": int(due.filter(pl.col("sendable")).get_column("email_group").n_unique()) if due.height else 0,
+            "held_before_send": int(due.get_column("hold").is_not_null().sum()) if due.height else 0,
+            "emails": int(cycle.sendable_due(plan).get_column("email_group").n_unique()) if due.height else 0,
             "due_by_stage": dg.MetadataValue.json({str(k): v for k, v in by_stage.items()}),
         },
     )

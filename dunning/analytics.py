@@ -64,6 +64,7 @@ PUBLISHED_TABLES = (
     "billing_events",
     "simulated_sends",
     "pause_state",
+    "exclusions",
 )
 
 ANALYST_VIEWS = {
@@ -111,6 +112,14 @@ ANALYST_VIEWS = {
         FROM dunning_audit a
         WHERE a.outcome = 'held' AND NOT a.dry_run
           AND a.run_id = (SELECT run_id FROM dunning_runs WHERE NOT dry_run ORDER BY finished_wall_at DESC LIMIT 1)""",
+    # every exclusion ever made, in force or not: `in_force` judges `until` by the analyst's current date
+    "exclusions_overview": """
+        SELECT scope, target_id, excluded_by AS who, reason AS why, excluded_at AS since, until_date AS until,
+               included_at IS NULL AND (until_date IS NULL OR until_date >= current_date) AS in_force,
+               CASE WHEN included_at IS NOT NULL THEN 'included'
+                    WHEN until_date < current_date THEN 'until date passed' ELSE 'in force' END AS state,
+               updated_at, updated_by, included_at, included_by
+        FROM exclusions""",
     "breaker_trips_and_incidents": """
         SELECT created_at AS happened_at, 'breaker trip' AS what, run_id AS reference, message AS detail
         FROM alerts WHERE kind = 'breaker'

@@ -2,8 +2,10 @@
 
 One audit row per reminder key the cycle considered: its outcome, the amount
 the email stated against the remaining balance in the snapshot, and, when it
-was not sent, why (no email address, paused, breaker, throttled, provider
-failure, unknown outcome). Keys held from earlier cycles (`failed`, `unknown`)
+was not sent, why (excluded, below the minimum balance, no email address,
+paused, breaker, throttled, provider failure, unknown outcome). A key that was not
+held but whose invoice's pay link was dropped (not https) has the reason
+`payment_url_dropped`: its email went without the link. Keys held from earlier cycles (`failed`, `unknown`)
 for invoices still owed are listed too, so nothing waiting on a human drops
 out of sight.
 """
@@ -15,7 +17,18 @@ from typing import NamedTuple
 
 import polars as pl
 
-from dunning.vocabulary import AuditOutcome, EmailKind, HoldReason, LedgerStatus, SendStatus, plain, plain_keys
+from dunning.exclusions import HOLDS
+from dunning.pay_links import DROPPED
+from dunning.vocabulary import (
+    AuditNote,
+    AuditOutcome,
+    EmailKind,
+    HoldReason,
+    LedgerStatus,
+    SendStatus,
+    plain,
+    plain_keys,
+)
 
 
 class Verdict(NamedTuple):
@@ -43,6 +56,8 @@ OUTCOMES: dict[SendStatus, Verdict] = {
 _NO_EMAIL, _NOT_ATTEMPTED = "no_email", "not_attempted"
 NOT_SENDABLE = Verdict(AuditOutcome.HELD, HoldReason.NO_EMAIL_ADDRESS)
 NOT_ATTEMPTED = Verdict(AuditOutcome.HELD, HoldReason.NOT_ATTEMPTED)
+# keys the plan held before the send (its `hold` column, `dunning.exclusions`): never claimed
+PLAN_HOLDS = {str(reason): Verdict(AuditOutcome.HELD, reason) for reason in HOLDS}
 # why a key from an earlier cycle is still held, by its ledger status (`Ledger.open_problems` returns only these)
 EARLIER_REASONS: dict[LedgerStatus, HoldReason] = {
     LedgerStatus.FAILED: HoldReason.PROVIDER_FAILURE,
@@ -72,16 +87,26 @@ def build_audit(
         on="idempotency_key",
         how="left",
     )
+    hold = pl.col("hold") if "hold" in rows.columns else pl.lit(None, dtype=pl.String)
+    # a key not held whose invoice's pay link was not https: its email went without the link (`pay_links`)
+    dropped = pl.col(DROPPED).fill_null(False) if DROPPED in rows.columns else pl.lit(False)
     status = (
-        pl.when(~pl.col("sendable")).then(pl.lit(_NO_EMAIL)).otherwise(pl.col("sent_status").fill_null(_NOT_ATTEMPTED))
+        pl.when(hold.is_not_null())
+        .then(hold)
+        .when(~pl.col("sendable"))
+        .then(pl.lit(_NO_EMAIL))
+        .otherwise(pl.col("sent_status").fill_null(_NOT_ATTEMPTED))
     )
-    verdicts = plain_keys(OUTCOMES) | {_NO_EMAIL: NOT_SENDABLE, _NOT_ATTEMPTED: NOT_ATTEMPTED}
+    verdicts = plain_keys(OUTCOMES) | {_NO_EMAIL: NOT_SENDABLE, _NOT_ATTEMPTED: NOT_ATTEMPTED} | PLAN_HOLDS
     outcome_of = {key: str(verdict.outcome) for key, verdict in verdicts.items()}
     reason_of = {key: None if verdict.reason is None else str(verdict.reason) for key, verdict in verdicts.items()}
     current = rows.with_columns(status.alias("_status")).select(
         *KEY_COLUMNS,
         pl.col("_status").replace_strict(outcome_of, return_dtype=pl.String).alias("outcome"),
-        pl.col("_status").replace_strict(reason_of, return_dtype=pl.String).alias("reason"),
+        pl.coalesce(
+            pl.col("_status").replace_strict(reason_of, return_dtype=pl.String),
+            pl.when(dropped).then(pl.lit(AuditNote.PAYMENT_URL_DROPPED, dtype=pl.String)),
+        ).alias("reason"),
         pl.when(pl.col("_status") == SendStatus.SENT).then(pl.col("amount_minor")).alias("amount_stated_minor"),
         "currency",
         pl.when(pl.col("_status") == SendStatus.SENT).then(pl.col("sent_message_id")).alias("message_id"),
@@ -149,6 +174,7 @@ def summarize(audit: pl.DataFrame) -> dict[str, int]:
         "still_held": int(audit.filter(still_held_expr()).height),
         **{str(outcome): int(counts.get(outcome, 0)) for outcome in SUMMARIZED_OUTCOMES},
         "not_owed_reminded": int(not_owed_reminded(audit).height),
+        "payment_urls_dropped": int(audit.filter(pl.col("reason") == AuditNote.PAYMENT_URL_DROPPED).height),
         "amount_mismatches": int(amount_mismatches(audit).height),
     }
 

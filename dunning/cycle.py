@@ -19,8 +19,11 @@ from dunning.audit import build_audit, summarize
 from dunning.breaker import BreakerVerdict, breaker_window, evaluate_breaker
 from dunning.config import DunningConfig
 from dunning.errors import SnapshotError
+from dunning.exclusions import hold_expr
 from dunning.ledger.base import Ledger
 from dunning.ledger.claims import ClaimCap
+from dunning.locales import with_customer_locales
+from dunning.pay_links import with_payment_urls
 from dunning.policy import assign_cycles, plan_reminders, plan_retries
 from dunning.sending import held_outcomes, with_email_groups
 from dunning.snapshot import read_snapshot
@@ -41,6 +44,8 @@ class ValidatedSnapshot:
 def load_snapshot(path: str | Path, config: DunningConfig) -> ValidatedSnapshot:
     """Read and validate; raises SnapshotError only when the file itself is unusable."""
     valid, rejected = validate_snapshot(read_snapshot(path, config.zone))
+    # pay links only when https (else dropped and flagged for the audit), locales only when Babel knows them
+    valid = with_customer_locales(with_payment_urls(valid))
     # one contiguous chunk per column: every later step on a many-chunked frame paid for a rechunk again
     return ValidatedSnapshot(
         valid.drop("amount_due_raw", "amount_paid_raw", "due_date_raw", strict=False).rechunk(), rejected
@@ -74,11 +79,17 @@ def _aligned(part: pl.DataFrame, schema: pl.Schema) -> pl.DataFrame:
 
 
 def plan_cycle(
-    cycled: pl.DataFrame, config: DunningConfig, failed: pl.DataFrame | None = None, notices: pl.DataFrame | None = None
+    cycled: pl.DataFrame,
+    config: DunningConfig,
+    failed: pl.DataFrame | None = None,
+    notices: pl.DataFrame | None = None,
+    exclusions: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """Every key this cycle must record: `role` due, retry (a failed send whose backoff is over) or skipped.
 
     `notices` are payment-failed notices from billing events (kind `payment_failed`), sent and gated like reminders.
+    `hold` says why a due or retry key is kept from the send before anything is claimed (`dunning.exclusions`:
+    `exclusions` in force, auto_advance, the minimum balance); null for the others.
     """
     planned = plan_reminders(cycled, config)
     # Message-IDs are computed per chunk when keys are claimed (`send_due`); retries and notices bring theirs
@@ -91,7 +102,11 @@ def plan_cycle(
     if notices is not None and notices.height:
         parts.append(notices)
     parts.append(planned.filter(pl.col("role") == PlanRole.SKIPPED))
-    return pl.concat([_aligned(p, due.schema) for p in parts], how="vertical")
+    plan = pl.concat([_aligned(p, due.schema) for p in parts], how="vertical")
+    sent_role = pl.col("role").is_in(SEND_ROLES)
+    return plan.with_columns(
+        pl.when(sent_role).then(hold_expr(cycled, exclusions, config)).otherwise(None).alias("hold")
+    )
 
 
 SEND_ROLES = tuple(plain([PlanRole.DUE, PlanRole.RETRY]))
@@ -102,7 +117,9 @@ def due_rows(plan: pl.DataFrame) -> pl.DataFrame:
 
 
 def sendable_due(plan: pl.DataFrame) -> pl.DataFrame:
-    return plan.filter(pl.col("role").is_in(SEND_ROLES) & pl.col("sendable"))
+    """Due and retry keys with an address and no hold (`plan_cycle`): what the breaker counts and a send claims."""
+    held = pl.col("hold").is_not_null() if "hold" in plan.columns else pl.lit(False)
+    return plan.filter(pl.col("role").is_in(SEND_ROLES) & pl.col("sendable") & ~held)
 
 
 def skipped_rows(plan: pl.DataFrame) -> pl.DataFrame:

@@ -139,3 +139,19 @@ class HoldReason(StrEnum):
     UNKNOWN_OUTCOME = "unknown_outcome"
     CLAIMED_BY_ANOTHER_RUN = "claimed_by_another_run"
     NOT_ATTEMPTED = "not_attempted"
+    # decided by the plan, before any send (`dunning.exclusions`): never claimed, so nothing is on record for them
+    EXCLUDED = "excluded"  # the customer or invoice is excluded (`dunning exclude`, or auto_advance false)
+    BELOW_MINIMUM = "below_minimum"  # the invoice's remaining balance is under `min_remaining_minor`
+
+
+class ExclusionScope(StrEnum):
+    """`exclusions.scope`: what one exclusion holds out of dunning."""
+
+    CUSTOMER = "customer"
+    INVOICE = "invoice"
+
+
+class AuditNote(StrEnum):
+    """`dunning_audit.reason` of a key that was not held: something its email left out."""
+
+    PAYMENT_URL_DROPPED = "payment_url_dropped"  # the invoice's pay link was not https (`dunning.pay_links`)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from dunning import stripe_api
+from dunning import exclusions, stripe_api
 from dunning.clock import parse_as_of, utc_now
 from dunning.config import DunningConfig, LedgerSettings, load_config, load_ledger_settings
 from dunning.errors import DunningError, GuardNotLive, StorageError, UserInputError
@@ -28,6 +28,7 @@ from dunning.ledger.factory import open_ledger_for
 from dunning.safe_text import for_terminal
 from dunning.sharding import Shard, parse_shard
 from dunning.stripe import read_events
+from dunning.vocabulary import ExclusionScope
 from pipelines import report
 from pipelines.cli_args import build_parser
 from pipelines.instance import (
@@ -345,6 +346,38 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exclusion_target(args: argparse.Namespace) -> tuple[ExclusionScope, str]:
+    """The one of --customer/--invoice given (argparse makes it exactly one), checked like a snapshot id."""
+    scope = ExclusionScope.CUSTOMER if args.customer is not None else ExclusionScope.INVOICE
+    return scope, exclusions.clean_target(args.customer if args.customer is not None else args.invoice, scope)
+
+
+def cmd_exclude(args: argparse.Namespace) -> int:
+    scope, target = _exclusion_target(args)
+    reason, until = exclusions.clean_reason(args.reason), exclusions.parse_until(args.until)
+    home = _home(args)
+    with open_ledger_for(_ledger_settings(args, home), home) as ledger:
+        done = ledger.exclude(scope, target, reason, until, _operator(), utc_now())
+    lasts = f"through {until} (business date, inclusive)" if until else "until `dunning include`"
+    why = f": {reason}" if reason else ""
+    if done.new:
+        say(f"excluded {scope} {target} {lasts}{why}; its keys are held (reason excluded) and its cycle goes on")
+    else:
+        say(f"exclusion of {scope} {target} updated: {lasts}{why or '; the reason on record is kept'}")
+    return 0
+
+
+def cmd_include(args: argparse.Namespace) -> int:
+    scope, target = _exclusion_target(args)
+    home = _home(args)
+    with open_ledger_for(_ledger_settings(args, home), home) as ledger:
+        ended = ledger.include(scope, target, _operator(), utc_now())
+    if not ended:
+        raise UserInputError(f"{scope} {target} is not excluded: nothing to include")
+    say(f"{scope} {target} included again: the next run sends only the stage it has reached by then")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     home = _home(args)
     with open_ledger_for(_ledger_settings(args, home), home) as ledger:
@@ -361,6 +394,8 @@ COMMANDS = {
     "recover": cmd_recover,
     "resolve": cmd_resolve,
     "status": cmd_status,
+    "exclude": cmd_exclude,
+    "include": cmd_include,
 }
 
 

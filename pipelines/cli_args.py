@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import NoReturn
+
+from dunning.safe_text import for_terminal
 
 SHARD_HELP = (
     "only the customers of shard K of N (K from 0): crc32(customer_id) %% N == K; "
@@ -11,8 +14,19 @@ SHARD_HELP = (
 )
 
 
+def _one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Bad arguments end as one line on stderr (exit 2), not argparse's usage block; what the operator typed is
+    shown escaped."""
+
+    def error(message: str) -> NoReturn:
+        parser.exit(2, for_terminal(f"{parser.prog}: {message} (see {parser.prog} --help)") + "\n")
+
+    parser.error = error  # type: ignore[method-assign]
+
+
 def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dunning", description="Send each payment reminder once; never flood.")
+    _one_line_errors(parser)  # unknown arguments of any command are reported here
     parser.add_argument("--home", help="deployment directory (default: $DUNNING_HOME or ./.dunning)")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -83,6 +97,22 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     )
     resolve.add_argument("--note", help="what you checked, for the record")
     resolve.set_defaults(handler=handlers["resolve"])
+
+    for name, verb in (("exclude", "hold a customer or one invoice out of dunning"), ("include", "end an exclusion")):
+        sub = commands.add_parser(name, help=f"{verb} (see `dunning status`)")
+        sub.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+        target = sub.add_mutually_exclusive_group(required=True)
+        target.add_argument("--customer", metavar="ID", help="a customer id, as in the snapshot")
+        target.add_argument("--invoice", metavar="ID", help="an invoice id, as in the snapshot")
+        if name == "exclude":
+            sub.add_argument("--reason", help="why, for the record, `dunning status` and the analysts")
+            sub.add_argument(
+                "--until",
+                metavar="DATE",
+                help="last business day excluded, YYYY-MM-DD, inclusive (default: until `dunning include`)",
+            )
+        sub.set_defaults(handler=handlers[name])
+        _one_line_errors(sub)
 
     status = commands.add_parser("status", help="pause state, last run, counts, open alerts")
     status.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
+import polars as pl
 
 from dunning import liveness
 from dunning.clock import utc_now
-from dunning.config import Alerts, load_config
+from dunning.config import Alerts, DunningConfig, load_config
 from dunning.errors import ConfigError, ProviderUnhealthy, exit_codes_by_class
 from dunning.ledger.base import Ledger
 from dunning.ledger.operations import PauseState, RunSummary
@@ -275,18 +276,37 @@ def recovery_report(result: dg.ExecuteJobResult) -> tuple[str, int]:
     return "\n".join(lines), 0
 
 
-def _alert_settings(ledger: Ledger, home: Path | None = None) -> tuple[Alerts, str | None]:
-    """The `alerts` thresholds from HOME/config.yaml (`home`, else the directory of the ledger file; defaults when
-    there is none); a broken file gives the defaults and its error, so `status` still answers."""
+def _home_config(ledger: Ledger, home: Path | None = None) -> tuple[DunningConfig, str | None]:
+    """HOME/config.yaml (`home`, else the directory of the ledger file; defaults when there is none), for the
+    `alerts` thresholds and the business timezone; a broken file gives the defaults and its error, so `status`
+    still answers."""
     database = ledger.database_path()
     directory = home if home is not None else (Path(database).parent if database else None)
     path = directory / CONFIG_FILE_NAME if directory is not None else None
     if path is None or not path.is_file():
-        return Alerts(), None
+        return DunningConfig(), None
     try:
-        return load_config(path).alerts, None
+        return load_config(path), None
     except ConfigError as error:
-        return Alerts(), str(error)
+        return DunningConfig(), str(error)
+
+
+def _exclusions_in_force(ledger: Ledger, today: dt.date) -> list[dict]:
+    """The exclusions that hold today (not included, `until` not passed), as `status` lists them."""
+    rows = ledger.open_exclusions().filter(pl.col("until_date").is_null() | (pl.col("until_date") >= today))
+    return [
+        {
+            "scope": row["scope"],
+            "target_id": row["target_id"],
+            "reason": row["reason"],
+            "since": row["excluded_at"],
+            "by": row["excluded_by"],
+            "until": row["until_date"],
+            "updated_at": row["updated_at"],
+            "updated_by": row["updated_by"],
+        }
+        for row in rows.to_dicts()
+    ]
 
 
 def _run_fields(run: dict | None, *names: str) -> dict | None:
@@ -300,9 +320,8 @@ def status(
 
     `settings`: the `alerts` section; None reads `home`'s config.yaml (without `home`: the one beside a ledger
     file). `now`: the wall clock."""
-    config_error = None
-    if settings is None:
-        settings, config_error = _alert_settings(ledger, home)
+    config, config_error = _home_config(ledger, home)
+    settings = settings if settings is not None else config.alerts
     live = liveness.assess(ledger, settings, now or utc_now())
     pause = ledger.pause_state()
     last = ledger.last_live_run()
@@ -330,6 +349,7 @@ def status(
         ),
         "now": live.now,
         "config_error": config_error,
+        "exclusions": _exclusions_in_force(ledger, live.now.astimezone(config.zone).date()),
     }
 
 
@@ -380,6 +400,13 @@ def status_text(s: dict) -> str:
         f"unknown keys waiting over {_threshold(s['unknown_after_hours'])} h: {s['unknown_overdue']}"
         + (f" (oldest {oldest['idempotency_key']} since {liveness.wall(oldest['since'])})" if oldest else "")
     )
+    lines.append(f"exclusions in force: {len(s['exclusions'])}")
+    lines += [
+        f"  {e['scope']} {e['target_id']} since {liveness.wall(e['since'])} by {e['by']}, "
+        + (f"through {e['until']}" if e["until"] else "until `dunning include`")
+        + (f": {e['reason']}" if e["reason"] else "")
+        for e in s["exclusions"]
+    ]
     if s["config_error"]:
         lines.append(f"config: {s['config_error']} (default thresholds used above)")
     return "\n".join(lines)

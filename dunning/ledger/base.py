@@ -15,10 +15,11 @@ from typing import Any, Protocol
 import polars as pl
 
 from dunning.ledger.claims import ClaimCap, ClaimResult
+from dunning.ledger.exclusions import Excluded
 from dunning.ledger.operations import PauseState, RunSummary, StatusCounts
 from dunning.ledger.sql import Executes
 from dunning.sharding import Shard
-from dunning.vocabulary import LedgerStatus, RunOutcome
+from dunning.vocabulary import ExclusionScope, LedgerStatus, RunOutcome
 
 
 class AlertStore(Protocol):
@@ -102,7 +103,11 @@ class Ledger(AlertStore, Protocol):
         run_id: str | None = None,
     ) -> int: ...
 
-    def unknown_with_message_ids(self) -> pl.DataFrame: ...
+    def unknown_sends(self) -> pl.DataFrame: ...
+
+    def keep_payloads(self, payloads: pl.DataFrame) -> None: ...
+
+    def drop_payloads(self, email_ids: list[str]) -> None: ...
 
     def open_problems(self) -> pl.DataFrame: ...
 
@@ -125,6 +130,8 @@ class Ledger(AlertStore, Protocol):
     def retryable_failures(self, as_of: dt.datetime, max_attempts: int) -> pl.DataFrame: ...
 
     def state_as_of(self, as_of: dt.datetime, stages: pl.DataFrame) -> pl.DataFrame: ...
+
+    def merge_history_day(self, business_date: dt.date, rows: pl.DataFrame, shard: Shard = ...) -> None: ...
 
     def replace_partition(
         self,
@@ -169,6 +176,21 @@ class Ledger(AlertStore, Protocol):
     ) -> None: ...
 
     def alerts_for_run(self, run_id: str) -> pl.DataFrame: ...
+
+    # exclusions (`dunning exclude` / `include`; `dunning.exclusions` decides what they hold)
+    def exclude(
+        self,
+        scope: ExclusionScope,
+        target_id: str,
+        reason: str | None,
+        until: dt.date | None,
+        by: str,
+        at: dt.datetime,
+    ) -> Excluded: ...
+
+    def include(self, scope: ExclusionScope, target_id: str, by: str, at: dt.datetime) -> bool: ...
+
+    def open_exclusions(self) -> pl.DataFrame: ...
 
     # what `dunning status` and the run report read
     def last_run(self) -> dict[str, Any] | None: ...

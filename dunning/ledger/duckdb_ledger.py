@@ -14,7 +14,10 @@ from dunning.analytics import publish
 from dunning.ledger.claims import ClaimStore
 from dunning.ledger.connection import LedgerConnection, connect
 from dunning.ledger.cursors import CursorStore
+from dunning.ledger.exclusions import ExclusionStore
 from dunning.ledger.operations import Operations
+from dunning.ledger.payloads import PayloadStore
+from dunning.ledger.sql import quote_identifier
 from dunning.sharding import EVERYONE, Shard
 
 
@@ -45,7 +48,7 @@ def _kept(column: str) -> pl.Expr:
     )
 
 
-class LedgerTables(ClaimStore, Operations, CursorStore):
+class LedgerTables(ClaimStore, Operations, ExclusionStore, PayloadStore, CursorStore):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""
 
@@ -138,6 +141,51 @@ class LedgerTables(ClaimStore, Operations, CursorStore):
                 GROUP BY c.invoice_id, c.cycle
                 """,
                 [as_of],
+            )
+
+    def merge_history_day(self, business_date: dt.date, rows: pl.DataFrame, shard: Shard = EVERYONE) -> None:
+        """Bring one day of `invoice_history_daily` to `rows` (one per invoice) by change: rows whose values
+        changed are replaced, new invoices added, and invoices of this shard's customers no longer in `rows`
+        removed; an unchanged invoice keeps its row (and the run that wrote it). The hourly runs of a day
+        rewrite what changed, not a million rows."""
+        values = [c for c in rows.columns if c not in ("business_date", "run_id", "as_of", "invoice_id")]
+        changed = " OR ".join(f"r.{quote_identifier(c)} IS DISTINCT FROM h.{quote_identifier(c)}" for c in values)
+        columns = ", ".join(quote_identifier(c) for c in rows.columns)
+        owned = None
+        if not shard.everyone:
+            day = self.frame(
+                "SELECT DISTINCT customer_id FROM invoice_history_daily WHERE business_date = ?", [business_date]
+            )
+            owned = shard.owned_ids(day).to_frame("customer_id")
+        with contextlib.ExitStack() as stack:
+            con = stack.enter_context(self.transaction())
+            stack.enter_context(self.registered("history_rows", rows))
+            gone_scope = ""
+            if owned is not None:
+                stack.enter_context(self.registered("history_owned", owned))
+                gone_scope = "AND h.customer_id IN (SELECT customer_id FROM history_owned)"
+            # NOT EXISTS, not NOT IN: PostgreSQL plans it as an anti-join whatever the size of the day
+            con.execute(
+                f"""
+                DELETE FROM invoice_history_daily h WHERE h.business_date = ? {gone_scope}
+                  AND NOT EXISTS (SELECT 1 FROM history_rows r WHERE r.invoice_id = h.invoice_id)
+                """,
+                [business_date],
+            )
+            con.execute(
+                f"""
+                DELETE FROM invoice_history_daily h USING history_rows r
+                WHERE h.business_date = ? AND r.invoice_id = h.invoice_id AND ({changed})
+                """,
+                [business_date],
+            )
+            con.execute(
+                f"""
+                INSERT INTO invoice_history_daily ({columns})
+                SELECT {columns} FROM history_rows r WHERE NOT EXISTS (
+                    SELECT 1 FROM invoice_history_daily h WHERE h.business_date = ? AND h.invoice_id = r.invoice_id)
+                """,
+                [business_date],
             )
 
     def replace_partition(

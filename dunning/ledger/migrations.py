@@ -54,6 +54,19 @@ MIGRATIONS = (
         "billing source cursors: the newest Stripe event polled, advanced once its notices are claimed",
         (next(s for s in DDL if "CREATE TABLE IF NOT EXISTS source_cursors (" in s),),
     ),
+    Migration(
+        5,
+        "exclusions: customers and invoices held out of dunning, with who, why, since, until and when included",
+        (next(s for s in DDL if "CREATE TABLE IF NOT EXISTS exclusions (" in s),),
+    ),
+    Migration(
+        6,
+        "idempotent providers: the provider's own message id, and the exact payload of an unknown send to resubmit",
+        (
+            "ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS provider_message_id VARCHAR",
+            next(s for s in DDL if "provider_payloads" in s),
+        ),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

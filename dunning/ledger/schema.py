@@ -49,7 +49,8 @@ DDL = (
         last_error VARCHAR,
         next_attempt_at TIMESTAMPTZ,
         outcome_wall_at TIMESTAMPTZ,
-        lease_expires_at TIMESTAMPTZ
+        lease_expires_at TIMESTAMPTZ,
+        provider_message_id VARCHAR
     )
     """,
     """
@@ -227,6 +228,15 @@ DDL = (
     )
     """,
     """
+    CREATE TABLE IF NOT EXISTS provider_payloads (
+        email_id VARCHAR PRIMARY KEY,
+        idempotency_key VARCHAR NOT NULL,
+        provider VARCHAR NOT NULL,
+        payload VARCHAR NOT NULL,
+        first_attempt_wall_at TIMESTAMPTZ NOT NULL
+    )
+    """,
+    """
     CREATE TABLE IF NOT EXISTS applied_snapshots (
         run_id VARCHAR PRIMARY KEY,
         snapshot_taken_at TIMESTAMPTZ NOT NULL,
@@ -234,6 +244,24 @@ DDL = (
         snapshot_path VARCHAR,
         stale_allowed BOOLEAN NOT NULL,
         applied_wall_at TIMESTAMPTZ NOT NULL
+    )
+    """,
+    # one row per exclusion (`dunning exclude`), kept after `dunning include` ends it; `active_target` is
+    # 'scope:target_id' while it is in force and NULL once included: at most one active row per scope and target
+    """
+    CREATE TABLE IF NOT EXISTS exclusions (
+        exclusion_id VARCHAR PRIMARY KEY,
+        scope VARCHAR NOT NULL CHECK (scope IN ('customer', 'invoice')),
+        target_id VARCHAR NOT NULL,
+        active_target VARCHAR UNIQUE,
+        reason VARCHAR,
+        excluded_at TIMESTAMPTZ NOT NULL,
+        excluded_by VARCHAR NOT NULL,
+        until_date DATE,
+        updated_at TIMESTAMPTZ,
+        updated_by VARCHAR,
+        included_at TIMESTAMPTZ,
+        included_by VARCHAR
     )
     """,
 )
