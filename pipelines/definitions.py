@@ -19,7 +19,7 @@ from pipelines.io_manager import RunScopedParquetIOManager
 from pipelines.jobs import dunning_cycle_job
 from pipelines.recovery_job import flood_recovery
 from pipelines.schedules import hourly_dunning
-from pipelines.sensors import dead_mans_switch, landing_snapshots, page_on_run_failure
+from pipelines.sensors import dead_mans_switch, landing_snapshots, page_on_run_failure, stripe_events
 from resources.dunning import CycleRequest, DunningHome
 
 defs = dg.Definitions(
@@ -27,7 +27,7 @@ defs = dg.Definitions(
     asset_checks=[reminders_due_are_sound, circuit_breaker, no_reminders_for_unowed_invoices],
     jobs=[dunning_cycle_job, flood_recovery],
     schedules=[hourly_dunning],
-    sensors=[page_on_run_failure, landing_snapshots, dead_mans_switch],
+    sensors=[page_on_run_failure, landing_snapshots, dead_mans_switch, stripe_events],
     resources={
         "dunning_home": DunningHome(home=dg.EnvVar("DUNNING_HOME")),
         "cycle_request": CycleRequest(),

@@ -11,14 +11,14 @@ import json
 
 import dagster as dg
 
-from dunning import liveness
+from dunning import billing_source, liveness
 from dunning.alerts import Alert, deliver, raise_alert
 from dunning.clock import utc_now
-from dunning.errors import LedgerBusy
+from dunning.errors import DunningError, LedgerBusy
 from dunning.landing import content_hash, landing_files
 from pipelines.jobs import dunning_cycle_job
 from pipelines.recovery_job import flood_recovery
-from resources.dunning import DunningHome
+from resources.dunning import SHARD_TAG, DunningHome
 
 
 @dg.run_failure_sensor(
@@ -114,3 +114,53 @@ def _ledger_held(context: dg.SensorEvaluationContext, settings, now) -> dg.SkipR
         f"the ledger is held by another process since {liveness.wall(since)}"
         + (" (paged)" if held.get("paged") else "; checking again at the next tick")
     )
+
+
+STRIPE_EVENTS_INTERVAL_SECONDS = 120  # one small request per tick, far under Stripe's rate limits
+
+
+@dg.sensor(
+    job=dunning_cycle_job,
+    minimum_interval_seconds=STRIPE_EVENTS_INTERVAL_SECONDS,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    description="With source.kind: stripe, asks Stripe for the newest invoice.payment_failed event and, when it is "
+    "newer than the ledger's cursor, asks for a dunning run (one per shard), keyed by that event's id.",
+)
+def stripe_events(context: dg.SensorEvaluationContext, dunning_home: DunningHome):
+    """A run pulls and polls by itself (`assets/snapshot.py`); this only decides when one is worth starting.
+
+    The run key names the newest event, so the daemon starts one run per new event however many ticks see it; the
+    run advances the cursor once the notices are claimed, and the next ticks skip. Skips while paused, and says
+    why when the source is not Stripe or cannot be asked (a wrong key, the API down: the scheduled runs fail loudly
+    on the same error)."""
+    settings = dunning_home.settings()
+    if settings.source.kind != "stripe":
+        return dg.SkipReason("source.kind is not stripe: nothing to poll")
+    try:
+        with dunning_home.ledger(timeout_seconds=20) as ledger:
+            pause = ledger.pause_state()
+            cursor = ledger.source_cursor(billing_source.EVENTS_CURSOR)
+        if pause.paused:
+            return dg.SkipReason(f"dunning is paused since {pause.changed_at} by {pause.changed_by}: {pause.reason}")
+        now = utc_now()
+        newest = billing_source.newest_event(settings.source, now)
+    except LedgerBusy:
+        return dg.SkipReason("the ledger is busy; asking again at the next tick")
+    except DunningError as error:
+        return dg.SkipReason(f"cannot ask Stripe for new events: {error}")
+    if newest is None or newest == cursor:
+        return dg.SkipReason(f"no payment-failed event newer than the cursor ({cursor or 'none yet'})")
+    partition = now.astimezone(settings.zone).date().isoformat()
+    tags = {"dunning/trigger": "stripe_events", "dunning/newest_event": newest}
+    if settings.shards == 1:
+        return dg.RunRequest(run_key=f"stripe-events-{newest}", partition_key=partition, tags=tags)
+    shards = [f"{k}/{settings.shards}" for k in range(settings.shards)]
+    return [
+        dg.RunRequest(
+            run_key=f"stripe-events-{newest}-shard-{shard}",
+            partition_key=partition,
+            run_config={"resources": {"cycle_request": {"config": {"shard": shard}}}},
+            tags={**tags, SHARD_TAG: shard},
+        )
+        for shard in shards
+    ]
