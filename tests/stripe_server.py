@@ -141,13 +141,12 @@ class FakeStripe:
         except ValueError:
             limit = 0
         if not 1 <= limit <= 100:
-            return 400, _error("invalid_request_error", "Invalid integer", code="parameter_invalid_integer", param="limit")
+            return 400, _error("invalid_request_error", "Invalid integer", "parameter_invalid_integer", "limit")
         ids = [o["id"] for o in items]
         for cursor in ("starting_after", "ending_before"):
             if cursor in params and params[cursor] not in ids:
-                return 400, _error(
-                    "invalid_request_error", f"No such object: '{params[cursor]}'", code="resource_missing", param=cursor
-                )
+                missing = f"No such object: '{params[cursor]}'"
+                return 400, _error("invalid_request_error", missing, "resource_missing", cursor)
         if "ending_before" in params:
             end = ids.index(params["ending_before"])
             start = max(0, end - limit)
