@@ -80,7 +80,7 @@ def apply_snapshot(
             pl.lit(clock.partition_date).alias("business_date"), pl.lit(run_id).alias("run_id"),
             pl.lit(clock.as_of).alias("as_of"), *HISTORY_COLUMNS,
         )  # fmt: skip
-        ledger.replace_partition("invoice_history_daily", clock.partition_date, history, shard=shard)
+        ledger.merge_history_day(clock.partition_date, history, shard=shard)
     return AppliedSnapshot(loaded, cycled, taken_at)
 
 

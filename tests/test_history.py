@@ -13,6 +13,7 @@ from pipelines.sensors import landing_snapshots
 from resources.dunning import DunningHome
 from tests.conftest import Deployment, invoice, write_snapshot
 from tests.helpers import DUNNING
+from tests.ledger_backends import backend_fixture  # noqa: F401
 
 TODAY = dt.datetime.now(dt.UTC).date()
 
@@ -141,3 +142,46 @@ def test_business_timezone_with_daylight_saving_gives_one_cycle_per_local_day(tm
         == keys["UTC"]
         == ["dunning:a:1:day3", "dunning:a:1:day7", "dunning:b:1:day3", "dunning:b:1:day7"]
     )
+
+
+def _history_rows(day: dt.date, run_id: str, amounts: dict[str, int], customer_of=lambda i: "c_" + i):
+    import polars as pl
+
+    n = len(amounts)
+    return pl.DataFrame(
+        {
+            "business_date": [day] * n,
+            "run_id": [run_id] * n,
+            "as_of": [dt.datetime.combine(day, dt.time(9), dt.UTC)] * n,
+            "invoice_id": list(amounts),
+            "customer_id": [customer_of(i) for i in amounts],
+            "customer_email": [None] * n,
+            "currency": ["USD"] * n,
+            "amount_due": list(amounts.values()),
+            "amount_paid": [0] * n,
+            "remaining_minor": list(amounts.values()),
+            "due_date": [day - dt.timedelta(days=5)] * n,
+            "status": ["open"] * n,
+            "days_overdue": pl.Series([5] * n, dtype=pl.Int32),
+            "cycle": pl.Series([1] * n, dtype=pl.Int32),
+        }
+    )
+
+
+def test_a_later_run_of_the_day_rewrites_only_what_changed_on_both_ledgers(backend):
+    from dunning.sharding import Shard
+
+    day, yesterday = dt.date(2026, 11, 5), dt.date(2026, 11, 4)
+    sql = "SELECT invoice_id, run_id, remaining_minor FROM invoice_history_daily WHERE business_date = ? ORDER BY 1"
+    with backend.open() as ledger:
+        ledger.merge_history_day(yesterday, _history_rows(yesterday, "y", {"a": 1, "b": 2}))
+        ledger.merge_history_day(day, _history_rows(day, "r1", {"a": 1, "b": 2, "c": 3}))
+        ledger.merge_history_day(day, _history_rows(day, "r2", {"a": 1, "b": 20, "d": 4}))
+        rows = ledger.frame(sql, [day]).rows()
+        assert rows == [("a", "r1", 1), ("b", "r2", 20), ("d", "r2", 4)], "unchanged kept, changed and new written"
+        assert ledger.frame(sql, [yesterday]).rows() == [("a", "y", 1), ("b", "y", 2)], "other days untouched"
+        # a shard removes only its own customers' vanished invoices: "a" vanishes from its shard's snapshot
+        shard = next(Shard(k, 2) for k in (0, 1) if Shard(k, 2).owns("c_a"))
+        still = {i: v for i, v in {"b": 20, "d": 4}.items() if shard.owns("c_" + i)}
+        ledger.merge_history_day(day, _history_rows(day, "r3", still), shard=shard)
+        assert [r[0] for r in ledger.frame(sql, [day]).rows()] == ["b", "d"]

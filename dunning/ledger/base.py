@@ -64,6 +64,8 @@ class Ledger(AlertStore, Protocol):
 
     def latest_applied_snapshot(self) -> tuple[dt.datetime, str] | None: ...
 
+    def applied_snapshot_path(self, run_id: str) -> str | None: ...
+
     def record_applied_snapshot(
         self,
         run_id: str,

@@ -64,6 +64,11 @@ class LedgerTables(ClaimStore, Operations, ExclusionStore, PayloadStore, CursorS
         ).fetchall()
         return (row[0][0], row[0][1]) if row else None
 
+    def applied_snapshot_path(self, run_id: str) -> str | None:
+        """The snapshot file the live run `run_id` applied (a pulled one when it pulled), if it recorded one."""
+        row = self.con.execute("SELECT snapshot_path FROM applied_snapshots WHERE run_id = ?", [run_id]).fetchall()
+        return row[0][0] if row else None
+
     def record_applied_snapshot(
         self,
         run_id: str,
