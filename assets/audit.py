@@ -39,7 +39,8 @@ def dunning_audit(
             run_id=run_id,
             as_of=clock.as_of,
             dry_run=not clock.live,
-            snapshot_path=cycle_request.snapshot_path,
+            # the file applied, also when the run pulled it or took it from the landing folder (`resume` proves on it)
+            snapshot_path=cycle_request.snapshot_path or ledger.applied_snapshot_path(context.run.run_id),
         )
     counts = audit_rules.summarize(audit)
     held = audit_rules.held_by_reason(audit)

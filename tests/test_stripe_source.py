@@ -121,6 +121,15 @@ def test_a_paid_invoice_closes_its_cycle_and_a_reopened_one_starts_a_new_cycle(d
         "dunning:in_fake00001:1:day3",
         "dunning:in_fake00001:2:day3",
     ]
+    latest = pulled(deployment)[-1]
+    assert deployment.query("SELECT snapshot_path FROM dunning_runs ORDER BY finished_wall_at DESC LIMIT 1") == [
+        (str(latest),)
+    ]
+    assert deployment.cli("pause", "--reason", "check")[0] == 0
+    code, out, err = deployment.cli("resume", "--as-of", at(3))  # the guard proves on the last run's pulled file
+    assert code == 0, err
+    with open_ledger(deployment.home / "dunning.duckdb") as ledger:
+        assert ledger.pause_state().reason == f"resumed: guard proven on {latest}"
 
 
 def test_a_wrong_key_exits_7_in_one_line_without_the_key_and_sends_nothing(deployment, fake, monkeypatch):
