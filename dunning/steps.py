@@ -12,7 +12,8 @@ the pipeline that actually runs, not of a copy of it:
    invoices, and balances under the minimum, held (`dunning.exclusions`).
 3. the breaker (`cycle.check_breaker`), a gate the caller enforces.
 4. `send_step`: the pause check, stale claims expired, unknown outcomes looked
-   up, then claim-send-record (`sending.send_due`).
+   up, then claim-send-record (`sending.send_due`); the billing source's event
+   cursor this run staged is committed once its notices are claimed.
 5. the audit (`cycle.audit_cycle`).
 """
 
