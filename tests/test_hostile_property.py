@@ -59,6 +59,21 @@ markup = st.sampled_from(
         "x" * 300,
     ]
 )
+# pay links and locales never reject a row: a bad one is dropped, or falls back to the default language
+links = st.one_of(
+    st.none(),
+    text,
+    st.sampled_from(
+        [
+            "https://pay.example.com/i/1?a=1&b=2",
+            'https://pay.example.com/"><script>alert(1)</script>',
+            "javascript:alert(1)",
+            "https://bank.example.com@evil.test/",
+            "https://pay.example.com/\r\nBcc: x@evil.test",
+        ]
+    ),
+)
+locales = st.one_of(st.none(), text, st.sampled_from(["de_DE", "de-AT", "en", "xx_YY", "de\nDE"]))
 # half the rows pass validation except for their hostile text (so emails are built from it); the others may break
 # any rule at all
 sane_row = st.fixed_dictionaries(
@@ -76,6 +91,8 @@ sane_row = st.fixed_dictionaries(
         "due_date": st.dates(dt.date(2000, 1, 1), dt.date(2026, 11, 16)).map(dt.date.isoformat),
         "status": st.just("open"),
         "billing_period": st.one_of(st.none(), printable, markup),
+        "payment_url": links,
+        "customer_locale": locales,
     }
 )
 any_row = st.fixed_dictionaries(
@@ -90,6 +107,8 @@ any_row = st.fixed_dictionaries(
         "due_date": text,
         "status": st.sampled_from(["open", "paid", "void", "draft", "bogus", ""]),
         "billing_period": st.one_of(st.none(), text),
+        "payment_url": links,
+        "customer_locale": locales,
     }
 )
 snapshots = st.lists(st.one_of(sane_row, any_row), min_size=1, max_size=8).map(
