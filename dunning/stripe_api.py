@@ -135,7 +135,8 @@ def invoices(stripe_client: stripe.StripeClient) -> Iterator[dict[str, Any]]:
 
     Call inside `api_errors`. An id seen twice means the pagination is going round in circles: refused."""
     seen: set[str] = set()
-    pages = stripe_client.v1.invoices.list(params={"limit": PAGE_LIMIT})
+    # the customer expanded: its `preferred_locales` is the language of the customer's emails (`customer_locale`)
+    pages = stripe_client.v1.invoices.list(params={"limit": PAGE_LIMIT, "expand": ["data.customer"]})
     for item in pages.auto_paging_iter():
         invoice = _plain(item, "invoice")
         if invoice["id"] in seen:

@@ -16,7 +16,7 @@ from dunning.templating import TEMPLATE_NAMES, check_templates
 from tests.conftest import invoice
 from tests.helpers import reminder_row
 from tests.smtp_server import ScriptedHandler, SmtpServer
-from tests.stripe_server import fixture_invoice, payment_failed_event
+from tests.stripe_server import KEY, FakeStripe, fixture_invoice, payment_failed_event, stripe_invoice
 
 AS_OF = dt.datetime(2026, 11, 8, tzinfo=dt.UTC)
 RUN_AT = "2026-11-05T09:00:00Z"
@@ -350,3 +350,31 @@ def test_operator_templates_override_by_name_and_language(deployment, tmp_path):
         [sender] = message["From"].addresses
         assert (sender.display_name, sender.addr_spec) == ("Müller & Söhne GmbH", "billing@example.com")
         assert str(message["Reply-To"]) == "ar@example.com"
+
+
+@pytest.mark.slow
+def test_a_stripe_pull_brings_each_customers_language_and_pay_link(deployment, monkeypatch):
+    as_of = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
+    german = stripe_invoice(0, as_of, hosted_invoice_url="https://invoice.stripe.com/i/acct_1/test_de?s=ap")
+    german["customer"] = {"id": "cus_de", "object": "customer", "preferred_locales": ["de-DE", "en"]}
+    english = stripe_invoice(2, as_of, hosted_invoice_url="javascript:alert(1)")
+    with FakeStripe() as fake:
+        fake.invoices = [german, english]
+        deployment.home.mkdir(parents=True)
+        (deployment.home / "config.yaml").write_text(
+            f"source: {{kind: stripe, api_base: '{fake.url}', max_network_retries: 0, timeout_seconds: 5}}\n"
+        )
+        monkeypatch.setenv("STRIPE_API_KEY", KEY)
+        code, out, err = deployment.cli("run", "--as-of", as_of.isoformat())
+        assert code == 0, err
+        assert fake.requests_to("/v1/invoices")[0].get("expand[0]") == "data.customer"
+    emails = {str(m["To"]): m for m in deployment.outbox()}
+    de = emails[german["customer_email"]]
+    assert de["Subject"] == "Zahlungserinnerung: Rechnung in_fake00000 ist überfällig"
+    assert "Online bezahlen: https://invoice.stripe.com/i/acct_1/test_de?s=ap" in text_of(de)
+    en = emails[english["customer_email"]]
+    assert en["Subject"].startswith("Friendly reminder") and "javascript" not in text_of(en) + html_of(en)
+    assert deployment.query("SELECT invoice_id, reason FROM dunning_audit ORDER BY 1") == [
+        ("in_fake00000", None),
+        ("in_fake00002", "payment_url_dropped"),
+    ]
