@@ -33,6 +33,7 @@ import threading
 from collections.abc import Mapping
 from email.header import decode_header, make_header
 from email.message import Message
+from email.utils import getaddresses, quote
 from typing import Any, cast
 
 import requests
@@ -101,6 +102,14 @@ def _decoded(value: object) -> str:
     return str(make_header(decode_header(str(value))))
 
 
+def _sender(value: object) -> str:
+    """The From header as Resend's `from` field: `"Display, Name" <address>`, the name decoded from RFC 2047 and
+    quoted again, so a `,` or `"` in it cannot make the field ambiguous."""
+    [(name, address)] = getaddresses([str(value)])
+    name = _decoded(name) if name else ""
+    return f'"{quote(name)}" <{address}>' if name else address
+
+
 def _part_text(part: Message) -> str:
     raw = part.get_payload(decode=True)
     return raw.decode(part.get_content_charset() or "utf-8") if isinstance(raw, bytes) else str(raw)
@@ -110,7 +119,7 @@ def request_params(message: Message) -> dict[str, Any]:
     """Resend's send-email body for one of our messages: the same sender, recipient, subject, bodies and
     audit headers, so the email a customer gets through Resend says what the outbox file would."""
     params: dict[str, Any] = {
-        "from": _decoded(message["From"]),
+        "from": _sender(message["From"]),
         "to": [str(message["To"])],
         "subject": _decoded(message["Subject"]),
         "headers": {name: str(message[name]).replace("\r\n", "") for name in PASSED_HEADERS if message[name]},
