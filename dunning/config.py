@@ -199,6 +199,13 @@ class LedgerSettings(_Strict):
     dsn_env: str = Field(default="DUNNING_POSTGRES_DSN", pattern=ENV_NAME)
 
 
+class InvoiceEmails(_Strict):
+    """The invoice email itself, once per invoice and billing period (`dunning.invoice_emails`). Off by default:
+    many billing systems send the invoice themselves."""
+
+    enabled: Flag = False
+
+
 class Source(_Strict):
     """Where `dunning run` gets invoices when no `--snapshot` is given: `none` (a snapshot file is required) or
     `stripe` (the Stripe API at `api_base`, with the key read from the environment variable `api_key_env`)."""
@@ -234,6 +241,7 @@ class DunningConfig(_Strict):
     retry: Retry = Retry()
     ledger: LedgerSettings = LedgerSettings()
     source: Source = Source()
+    invoice_emails: InvoiceEmails = InvoiceEmails()
     locale: str = "en_US"
     # a directory of the operator's email templates, overriding packaged ones by name (`dunning.templating`);
     # relative to the config file's directory; checked when the config loads
@@ -305,6 +313,8 @@ class DunningConfig(_Strict):
             decisive["min_remaining_minor"] = dict(sorted(self.min_remaining_minor.items()))
         if self.source.exclude_auto_advance_false:
             decisive["exclude_auto_advance_false"] = True
+        if self.invoice_emails.enabled:
+            decisive["invoice_emails"] = True
         return hashlib.sha256(repr(sorted(decisive.items())).encode()).hexdigest()[:12]
 
 

@@ -84,6 +84,7 @@ def plan_cycle(
     failed: pl.DataFrame | None = None,
     notices: pl.DataFrame | None = None,
     exclusions: pl.DataFrame | None = None,
+    invoices: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """Every key this cycle must record: `role` due, retry (a failed send whose backoff is over) or skipped.
 
@@ -101,6 +102,8 @@ def plan_cycle(
         parts.append(plan_retries(cycled, failed, due, config))
     if notices is not None and notices.height:
         parts.append(notices)
+    if invoices is not None and invoices.height:  # invoice emails (`dunning.invoice_emails`): due, retry, skipped
+        parts.append(invoices)
     parts.append(planned.filter(pl.col("role") == PlanRole.SKIPPED))
     plan = pl.concat([_aligned(p, due.schema) for p in parts], how="vertical")
     sent_role = pl.col("role").is_in(SEND_ROLES)

@@ -26,6 +26,7 @@ import babel
 import babel.dates
 import babel.numbers
 
+from dunning import invoice_emails
 from dunning.locales import language_of
 from dunning.pay_links import https_url
 from dunning.vocabulary import EmailKind, Tone
@@ -125,6 +126,32 @@ def reminder_context(rows: Sequence[dict[str, Any]], as_of: dt.datetime, locale:
     }
 
 
+def invoice_context(rows: Sequence[dict[str, Any]], as_of: dt.datetime, locale: str) -> Context:
+    """One invoice email: `rows` are the invoices newly issued to one customer, sorted by invoice id. Each shows its
+    lines when the snapshot has them (`invoice_lines`), its total, what is already paid, its due date and pay link."""
+    invoices = []
+    for r in rows:
+        line = _invoice_line(r, locale)
+        lines = invoice_emails.invoice_lines(r.get("invoice_lines"))
+        line["total"] = format_amount(r["amount_due"], r["currency"], locale)
+        line["lines"] = [
+            {
+                "description": item["description"],
+                "quantity": item["quantity"],
+                "amount": format_amount(item["amount_minor"], r["currency"], locale),
+            }
+            for item in lines or []
+        ]
+        invoices.append(line)
+    return {
+        "customer_name": rows[0].get("customer_name"),
+        "invoices": invoices,
+        "totals": currency_totals(rows, locale),
+        "payment_url": invoices[0]["payment_url"] if len(invoices) == 1 else None,
+        **_common(locale, as_of),
+    }
+
+
 def apology_context(
     flood: dict[str, Any], statement: Sequence[dict[str, Any]], as_of: dt.datetime, locale: str
 ) -> Context:
@@ -205,6 +232,19 @@ def sample_contexts(kind: EmailKind, locale: str) -> list[Context]:
         return [
             apology_context(flood, [dict(owed, payment_url=_SAMPLE_URL), owed], _SAMPLE_AS_OF, locale),
             apology_context(dict(flood, customer_name=None), [], _SAMPLE_AS_OF, locale),
+        ]
+    if kind is EmailKind.INVOICE:
+        items = (
+            '[{"description": "Pro plan", "amount": 100000, "quantity": 1}, {"description": "Seats", "amount": 23456}]'
+        )
+        issued = _sample_row("in_1", "gentle", paid=0, url=_SAMPLE_URL, name="Ada")
+        first_of_two = _sample_row("in_1", "gentle", paid=0, url=None, name=None)
+        second_of_two = _sample_row("in_2", "gentle", paid=500, url=_SAMPLE_URL, name=None)
+        return [
+            invoice_context([dict(issued, invoice_lines=items, days_overdue=-14)], _SAMPLE_AS_OF, locale),
+            invoice_context(
+                [dict(first_of_two, days_overdue=0), dict(second_of_two, invoice_lines=items)], _SAMPLE_AS_OF, locale
+            ),
         ]
     notice = {"customer_name": "Ada", "invoice_id": "in_1", "amount_minor": 123456, "currency": "EUR"}
     return [

@@ -25,6 +25,18 @@ def event_key(event_id: str) -> str:
     return f"event:{event_id}"
 
 
+def invoice_key(invoice_id: str, billing_period: str | None) -> str:
+    """The invoice email's key: one per invoice and billing period, forever (`none` when the period is unknown)."""
+    return f"invoice:{invoice_id}:{billing_period or 'none'}"
+
+
+def invoice_key_expr() -> pl.Expr:
+    """`invoice_key` over columns `invoice_id`, `billing_period`."""
+    return pl.concat_str(
+        [pl.lit("invoice:"), pl.col("invoice_id"), pl.lit(":"), pl.col("billing_period").fill_null("none")]
+    )
+
+
 def reminder_key_expr() -> pl.Expr:
     """`reminder_key` over columns `invoice_id`, `cycle`, `stage`."""
     return pl.concat_str(

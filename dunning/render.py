@@ -27,6 +27,7 @@ from dunning.email_context import (
     apology_context,
     currency_totals,
     format_amount,
+    invoice_context,
     payment_failed_context,
     reminder_context,
 )
@@ -205,6 +206,32 @@ def reminder_email(
     )
 
 
+def invoice_email(
+    rows: Sequence[dict[str, Any]],
+    *,
+    sender: str | Sender,
+    message_id: str,
+    as_of: dt.datetime,
+    locale: str = "en_US",
+    templates_dir: str | None = None,
+) -> Message:
+    """One invoice email covering `rows` (the invoices newly issued to one recipient, one per row)."""
+    rows = sorted(rows, key=lambda r: r["invoice_id"])
+    locale = email_locale(rows, locale)
+    subject, text, html = _render(templates_dir, locale, EmailKind.INVOICE, invoice_context(rows, as_of, locale))
+    return _message(
+        to=rows[0]["customer_email"],
+        sender=_sender(sender),
+        subject=subject,
+        message_id=message_id,
+        kind=EmailKind.INVOICE,
+        keys=[r["idempotency_key"] for r in rows],
+        text=text,
+        html=html,
+        when=as_of,
+    )
+
+
 def apology_email(
     flood: dict[str, Any],
     statement: Sequence[dict[str, Any]],
@@ -267,10 +294,11 @@ def render_for(
     locale: str = "en_US",
     templates_dir: str | None = None,
 ) -> Message:
-    """The email for one send group: a payment-failed notice, or a reminder covering its invoices."""
+    """The email for one send group: a payment-failed notice, an invoice email or a reminder covering its invoices."""
     if records[0].get("kind") == EmailKind.PAYMENT_FAILED:
         return payment_failed_email(records[0], sender=sender, as_of=as_of, locale=locale, templates_dir=templates_dir)
-    return reminder_email(
+    build = invoice_email if records[0].get("kind") == EmailKind.INVOICE else reminder_email
+    return build(
         records,
         sender=sender,
         message_id=records[0]["message_id"],

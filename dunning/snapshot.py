@@ -30,7 +30,10 @@ REQUIRED_COLUMNS = (
 # (Stripe's `auto_advance`); anything else, or no column, counts as true (`dunning.exclusions`)
 # `payment_url` and `customer_locale` are checked, not validated (`pay_links`, `locales`): a bad one is dropped
 # or falls back to the default, and never rejects the row
-OPTIONAL_COLUMNS = ("customer_name", "billing_period", "snapshot_at", "auto_advance", "payment_url", "customer_locale")
+# `invoice_lines` (JSON lines for the invoice email) is checked when an email shows it (`invoice_emails.invoice_lines`)
+OPTIONAL_COLUMNS = (
+    "customer_name", "billing_period", "snapshot_at", "auto_advance", "payment_url", "customer_locale", "invoice_lines",
+)  # fmt: skip
 PARSED_COLUMNS = ("amount_due", "amount_paid", "due_date")
 
 

@@ -26,7 +26,7 @@ from email.message import Message
 
 import polars as pl
 
-from dunning import cycle
+from dunning import cycle, invoice_emails
 from dunning.clock import CycleClock, RunMode
 from dunning.config import DunningConfig
 from dunning.errors import InvalidRowsHalt
@@ -38,7 +38,7 @@ from dunning.policy import assign_cycles, business_date, stages_frame
 from dunning.providers.base import EmailProvider
 from dunning.sending import Record, SendReport, held_outcomes, resolve_unknown, send_due
 from dunning.sharding import EVERYONE, Shard
-from dunning.vocabulary import SendStatus
+from dunning.vocabulary import EmailKind, SendStatus
 
 HISTORY_COLUMNS = (
     "invoice_id", "customer_id", "customer_email", "currency", "amount_due", "amount_paid", "remaining_minor",
@@ -74,6 +74,8 @@ def apply_snapshot(
     state = ledger.invoice_state() if clock.reads_live_state else ledger.state_as_of(clock.as_of, stages_frame(config))
     cycled = assign_cycles(loaded.valid, state, clock.as_of, config, taken_at)
     if clock.live:
+        ledger.set_feature(invoice_emails.FEATURE, config.invoice_emails.enabled, clock.partition_date, clock.as_of,
+                           run_id)  # fmt: skip
         ledger.record_cycle_changes(clock.as_of, cycled, taken_at)
         ledger.record_applied_snapshot(run_id, taken_at, clock.as_of, path, allow_stale, wall)
     if clock.mode is not RunMode.DRY_RUN:
@@ -99,7 +101,29 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
             recorded = ledger.recorded_keys(event_keys(events))
             notices = notice_rows(events, cycled, recorded, config.provider.message_domain)
     exclusions = in_force(ledger.open_exclusions(), business_date(clock.as_of, config))
-    return cycle.plan_cycle(cycled, config, failed, notices, exclusions)
+    invoices = plan_invoices(ledger, cycled, config, clock) if clock.reads_live_state else None
+    return cycle.plan_cycle(cycled, config, failed, notices, exclusions, invoices)
+
+
+def plan_invoices(
+    ledger: Ledger, cycled: pl.DataFrame, config: DunningConfig, clock: CycleClock
+) -> pl.DataFrame | None:
+    """The invoice emails (`dunning.invoice_emails`) to send, retry or record skipped; None when the feature is off.
+    A backfill plans none: what was first seen open on a past day is not known from one day's snapshot."""
+    if not config.invoice_emails.enabled:
+        return None
+    open_invoices = invoice_emails.candidates(cycled)
+    recorded = ledger.invoice_keys_on_record(open_invoices)
+    enabled_on = ledger.feature_enabled_on(invoice_emails.FEATURE)
+    fresh_ids = open_invoices.join(recorded, on="idempotency_key", how="anti").select("invoice_id")
+    baseline = None if enabled_on is None else ledger.seen_on_or_before(fresh_ids, enabled_on)
+    planned = invoice_emails.plan_invoice_emails(open_invoices, recorded, baseline, config)
+    failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts, EmailKind.INVOICE)
+    if failed.height:
+        planned = pl.concat(
+            [planned, invoice_emails.plan_invoice_retries(open_invoices, failed)], how="diagonal_relaxed"
+        )
+    return planned
 
 
 @dataclass(frozen=True)
@@ -123,6 +147,7 @@ def send_step(
     pause = ledger.pause_state()
     if pause.paused:
         return SendStepResult(None, held_outcomes(due, SendStatus.PAUSED), pause)
+    ledger.record_skipped(cycle.skipped_rows(plan).filter(pl.col("kind") == EmailKind.INVOICE), run_id, clock.as_of)
     with open_provider() as provider:  # built only when something may be sent (not while paused)
         owners = ledger.claim_owners(run_id)
         stale = ledger.expire_stale_claims(run_id, now(), list(dead_runs(owners)))

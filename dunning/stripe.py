@@ -35,6 +35,7 @@ SNAPSHOT_FIELDS = (
     "auto_advance",
     "payment_url",
     "customer_locale",
+    "invoice_lines",
 )
 
 
@@ -66,6 +67,17 @@ def _preferred_locale(customer: Any) -> object:
     return locales[0] if isinstance(locales, list) and locales and isinstance(locales[0], str) else None
 
 
+def _lines(lines: Any) -> str | None:
+    """The invoice's line items (`lines.data`: description, amount, quantity) as JSON text for the invoice email;
+    checked when shown (`invoice_emails.invoice_lines`). A list Stripe truncated (`has_more`) is shown as far as
+    it goes: the total is the invoice's own."""
+    data = lines.get("data") if isinstance(lines, dict) else None
+    if not isinstance(data, list) or not data:
+        return None
+    keep = ("description", "amount", "quantity")
+    return json.dumps([{k: item.get(k) for k in keep} for item in data if isinstance(item, dict)])
+
+
 def invoice_row(invoice: dict[str, Any], zone: ZoneInfo) -> dict[str, Any]:
     """One snapshot row (all values as text, like a CSV) from one Stripe invoice object."""
     due = invoice.get("due_date")
@@ -89,6 +101,7 @@ def invoice_row(invoice: dict[str, Any], zone: ZoneInfo) -> dict[str, Any]:
         "auto_advance": _flag(invoice.get("auto_advance")),
         "payment_url": invoice.get("hosted_invoice_url"),  # checked later (`pay_links`): only https is shown
         "customer_locale": _preferred_locale(invoice.get("customer")),
+        "invoice_lines": _lines(invoice.get("lines")),
     }
     return {k: (None if v is None else str(v)) for k, v in row.items()}
 

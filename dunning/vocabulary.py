@@ -57,6 +57,7 @@ class EmailKind(StrEnum):
     REMINDER = "reminder"
     APOLOGY = "apology"
     PAYMENT_FAILED = "payment_failed"
+    INVOICE = "invoice"  # the invoice email itself, once per invoice and billing period (`invoice_emails`)
 
 
 class PlanRole(StrEnum):

@@ -1,15 +1,18 @@
 """Upgrades keep the ledger: a ledger made by release 0.1 opens, migrated, and the next cycle sends nothing twice."""
 
+import datetime as dt
 import gzip
 import shutil
 from pathlib import Path
 
 import duckdb
+import polars as pl
 import pytest
 
 from dunning.ledger.duckdb_ledger import open_ledger
 from dunning.ledger.migrations import LATEST, MIGRATIONS, LedgerTooNew
 from tests.conftest import invoice
+from tests.helpers import due_frame
 from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture: both databases
 
 RELEASE_0_1 = Path(__file__).parent / "fixtures" / "ledger_release_0_1.duckdb.gz"
@@ -82,3 +85,19 @@ def test_a_ledger_newer_than_the_code_is_refused_on_either_database(backend):
         pass
     assert f"schema version {LATEST + 1}, newer than this release knows ({LATEST})" in str(refused.value)
     assert not backend.dsn or backend.dsn not in str(refused.value), "it names the variable, never the DSN"
+
+
+def test_the_ledger_rebuilt_for_invoice_emails_keeps_its_rows_and_takes_the_new_kind_on_both(backend):
+    at = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
+    due = due_frame(["in_1", "in_2"])
+    with backend.open() as ledger:
+        ledger.claim(due, due.head(0), "run-1", at, lease_until=at)
+        before = ledger.frame("SELECT * FROM reminder_ledger ORDER BY idempotency_key")
+        ledger.con.execute("DELETE FROM schema_version WHERE version = 7")  # as a ledger of release 6 left it
+        ledger.con.execute("DROP TABLE feature_state")
+    with backend.open() as ledger:  # migration 7 rebuilds reminder_ledger
+        assert ledger.frame("SELECT * FROM reminder_ledger ORDER BY idempotency_key").equals(before)
+        skipped = due.head(1).with_columns(idempotency_key=pl.lit("invoice:in_1:2026-11"), kind=pl.lit("invoice"))
+        assert ledger.record_skipped(skipped, "run-2", at) == 1
+        with pytest.raises(backend.duplicate_error):  # the primary key survived the rebuild
+            ledger.con.execute("INSERT INTO reminder_ledger SELECT * FROM reminder_ledger LIMIT 1")

@@ -191,15 +191,17 @@ class ClaimStore(SqlConnection):
                 ).fetchall()
             ]
 
-    def retryable_failures(self, as_of: dt.datetime, max_attempts: int) -> pl.DataFrame:
-        """Failed reminder keys whose backoff is over and whose attempts are not used up."""
+    def retryable_failures(
+        self, as_of: dt.datetime, max_attempts: int, kind: EmailKind = EmailKind.REMINDER
+    ) -> pl.DataFrame:
+        """Failed keys of `kind` whose backoff is over and whose attempts are not used up."""
         return self.frame(
             """
             SELECT idempotency_key, invoice_id, cycle, stage, email_id, message_id, attempts FROM reminder_ledger
-            WHERE status = 'failed' AND kind = 'reminder' AND attempts < ?
+            WHERE status = 'failed' AND kind = ? AND attempts < ?
               AND (next_attempt_at IS NULL OR next_attempt_at <= ?)
             """,
-            [max_attempts, as_of],
+            [kind, max_attempts, as_of],
         )
 
     def _record_skipped_and_advance(

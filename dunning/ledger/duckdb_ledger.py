@@ -15,6 +15,7 @@ from dunning.ledger.claims import ClaimStore
 from dunning.ledger.connection import LedgerConnection, connect
 from dunning.ledger.cursors import CursorStore
 from dunning.ledger.exclusions import ExclusionStore
+from dunning.ledger.invoice_email_store import InvoiceEmailStore
 from dunning.ledger.operations import Operations
 from dunning.ledger.payloads import PayloadStore
 from dunning.ledger.sql import quote_identifier
@@ -48,7 +49,7 @@ def _kept(column: str) -> pl.Expr:
     )
 
 
-class LedgerTables(ClaimStore, Operations, ExclusionStore, PayloadStore, CursorStore):
+class LedgerTables(ClaimStore, Operations, ExclusionStore, PayloadStore, CursorStore, InvoiceEmailStore):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""
 

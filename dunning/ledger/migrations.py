@@ -34,6 +34,7 @@ class Migration:
     statements: tuple[str, ...]
 
 
+_LEDGER_DDL = next(s for s in DDL if "CREATE TABLE IF NOT EXISTS reminder_ledger (" in s)
 MIGRATIONS = (
     Migration(1, "baseline: the tables of release 0.1", ()),  # an empty file gets the current DDL below
     Migration(
@@ -65,6 +66,18 @@ MIGRATIONS = (
         (
             "ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS provider_message_id VARCHAR",
             next(s for s in DDL if "provider_payloads" in s),
+        ),
+    ),
+    Migration(
+        7,
+        "invoice emails: kind 'invoice' in the ledger's check (DuckDB cannot alter a CHECK: the table is rebuilt), "
+        "and when the feature was turned on",
+        (
+            _LEDGER_DDL.replace("CREATE TABLE IF NOT EXISTS reminder_ledger (", "CREATE TABLE reminder_ledger_v7 ("),
+            "INSERT INTO reminder_ledger_v7 SELECT * FROM reminder_ledger",
+            "DROP TABLE reminder_ledger",
+            "ALTER TABLE reminder_ledger_v7 RENAME TO reminder_ledger",
+            next(s for s in DDL if "CREATE TABLE IF NOT EXISTS feature_state (" in s),
         ),
     ),
 )

@@ -31,7 +31,7 @@ DDL = (
     """
     CREATE TABLE IF NOT EXISTS reminder_ledger (
         idempotency_key VARCHAR PRIMARY KEY,
-        kind VARCHAR NOT NULL CHECK (kind IN ('reminder', 'apology', 'payment_failed')),
+        kind VARCHAR NOT NULL CHECK (kind IN ('reminder', 'apology', 'payment_failed', 'invoice')),
         invoice_id VARCHAR,
         customer_id VARCHAR NOT NULL,
         customer_email VARCHAR,
@@ -225,6 +225,14 @@ DDL = (
         amount_minor BIGINT,
         currency VARCHAR,
         email_id VARCHAR
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS feature_state (
+        feature VARCHAR PRIMARY KEY,
+        enabled_on DATE NOT NULL,
+        enabled_at TIMESTAMPTZ NOT NULL,
+        run_id VARCHAR
     )
     """,
     """
