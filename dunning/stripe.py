@@ -85,7 +85,9 @@ def invoice_row(invoice: dict[str, Any], zone: ZoneInfo) -> dict[str, Any]:
         transitions = invoice.get("status_transitions") or {}
         due = transitions.get("finalized_at") or invoice.get("created")
     currency = invoice.get("currency")
-    period_start = _date(invoice.get("period_start"), zone)
+    # the billing period (and so the invoice email's key, `invoice:{id}:{period}`): the UTC month of period_end, the
+    # same in every business timezone, so a deployment that changes its timezone never re-keys an invoice
+    period_end = _date(invoice.get("period_end"), ZoneInfo("UTC"))
     row = {
         "invoice_id": invoice.get("id"),
         "customer_id": _customer_id(invoice.get("customer")),
@@ -96,7 +98,7 @@ def invoice_row(invoice: dict[str, Any], zone: ZoneInfo) -> dict[str, Any]:
         "amount_paid": invoice.get("amount_paid"),
         "due_date": _date(due, zone),
         "status": invoice.get("status"),
-        "billing_period": period_start[:7] if period_start else None,
+        "billing_period": period_end[:7] if period_end else None,
         "snapshot_at": None,
         "auto_advance": _flag(invoice.get("auto_advance")),
         "payment_url": invoice.get("hosted_invoice_url"),  # checked later (`pay_links`): only https is shown

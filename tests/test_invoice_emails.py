@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 
 import pytest
 
@@ -175,3 +176,17 @@ def test_unusable_lines_drop_the_lines_not_the_email(lines):
     )
     text = message.get_payload()[0].get_payload(decode=True).decode()
     assert "Total: 1,234.56 EUR" in text and " x " not in text
+
+
+def test_a_stripe_invoice_is_keyed_by_the_utc_month_of_period_end_and_carries_its_lines(tmp_path):
+    from zoneinfo import ZoneInfo
+
+    from dunning.stripe import invoice_row
+
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "stripe" / "invoices_list.json").read_text())
+    stripe_invoice = dict(fixture["data"][0], period_end=1_764_547_200)  # 2025-12-01T00:00:00Z: November in New York
+    row = invoice_row(stripe_invoice, ZoneInfo("America/New_York"))
+    assert row["billing_period"] == "2025-12"
+    assert json.loads(row["invoice_lines"]) == [
+        {"description": "My First Invoice Item (created for API docs)", "amount": 1000, "quantity": 1}
+    ]
