@@ -236,6 +236,9 @@ def _summary_text(header: str, summary: RunSummary, pause: PauseState, dry_run: 
             f"sent: {c['sent']} reminder key(s) in {c['emails']} email(s); failed: {c['failed']}; "
             f"unknown: {c['unknown']}"
         )
+    if summary.other_kinds:  # the counts above are of every key; say which were not reminders
+        label = "would send also" if dry_run else "of which not reminders"
+        lines.append(f"{label}: " + ", ".join(f"{kind} {n}" for kind, n in summary.other_kinds))
     held_now = [(reason, n) for reason, n in summary.held_by_reason if reason not in EARLIER]
     if held_now:
         lines.append("held: " + ", ".join(f"{reason} {n}" for reason, n in held_now))

@@ -55,6 +55,7 @@ def test_turning_it_on_emails_only_invoices_issued_after_and_each_once(deploymen
     new = [issued("in_a"), issued("in_b"), issued("in_c"), issued("in_d", customer="cus_2")]
     code, out, err = deployment.run(before + new, "2026-11-06T09:00:00Z", "--config", settings)
     assert code == 0, err
+    assert "of which not reminders: invoice 4" in out
     emails = invoice_emails(deployment)
     assert sorted(m["X-Dunning-Keys"] for m in emails) == [
         "invoice:in_a:2026-11,invoice:in_b:2026-11,invoice:in_c:2026-11",

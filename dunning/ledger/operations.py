@@ -36,6 +36,8 @@ class RunSummary:
     held_by_reason: list[tuple[str, int]]  # this run's holds and the keys still held from earlier cycles
     would_send: int  # reminder keys a dry run would have sent
     provider_stopped: str | None  # the health stop's alert message, when the provider was stopped
+    # keys sent (or, on a dry run, that would be) by kind, when some are not reminders: notices, invoice emails
+    other_kinds: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -292,12 +294,18 @@ class Operations(SqlConnection):
         stopped = self.con.execute(
             "SELECT message FROM alerts WHERE run_id = ? AND kind = 'provider_unhealthy'", [run_id]
         ).fetchall()
+        kinds = self.con.execute(
+            "SELECT kind, count(*) FROM dunning_audit WHERE run_id = ? AND outcome IN ('sent', 'dry_run') "
+            "AND kind <> 'reminder' GROUP BY kind ORDER BY kind",
+            [run_id],
+        ).fetchall()
         return RunSummary(
             counts,
             [(r, int(n)) for r, n in rules],
             [(r, int(n)) for r, n in held],
             int(would),
             stopped[0][0] if stopped else None,
+            tuple((str(k), int(n)) for k, n in kinds),
         )
 
     def status_counts(self) -> StatusCounts:
