@@ -6,10 +6,12 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from dunning.render import render_for
 from tests.conftest import invoice
+from tests.ledger_backends import backend_fixture  # noqa: F401
 
 ON = "invoice_emails: {enabled: true}\n"
 
@@ -191,3 +193,52 @@ def test_a_stripe_invoice_is_keyed_by_the_utc_month_of_period_end_and_carries_it
     assert json.loads(row["invoice_lines"]) == [
         {"description": "My First Invoice Item (created for API docs)", "amount": 1000, "quantity": 1}
     ]
+
+
+def test_the_ledger_side_of_invoice_emails_on_both_databases(backend):
+    from tests.helpers import due_frame
+
+    day = dt.date(2026, 11, 5)
+    at = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
+    with backend.open() as ledger:
+        assert ledger.feature_enabled_on("invoice_emails") is None
+        ledger.set_feature("invoice_emails", True, day, at, "run-1")
+        ledger.set_feature("invoice_emails", True, day + dt.timedelta(days=1), at, "run-2")  # kept while on
+        assert ledger.feature_enabled_on("invoice_emails") == day
+        ledger.merge_history_day(day, _history([("in_seen", "c1")], day))
+        ledger.merge_history_day(day + dt.timedelta(days=2), _history([("in_later", "c2")], day + dt.timedelta(days=2)))
+        asked = pl.DataFrame({"invoice_id": ["in_seen", "in_later", "in_never"]})
+        assert ledger.seen_on_or_before(asked, day).get_column("invoice_id").to_list() == ["in_seen"]
+        skipped = due_frame(["in_seen"]).with_columns(
+            idempotency_key=pl.lit("invoice:in_seen:2026-11"), kind=pl.lit("invoice")
+        )
+        assert ledger.record_skipped(skipped, "run-1", at) == 1
+        assert ledger.record_skipped(skipped, "run-2", at) == 0
+        keys = pl.DataFrame({"idempotency_key": ["invoice:in_seen:2026-11", "invoice:in_later:2026-11"]})
+        assert ledger.invoice_keys_on_record(keys).get_column("idempotency_key").to_list() == [
+            "invoice:in_seen:2026-11"
+        ]
+        ledger.set_feature("invoice_emails", False, day, at, "run-3")
+        assert ledger.feature_enabled_on("invoice_emails") is None
+
+
+def _history(invoices: list[tuple[str, str]], day: dt.date) -> pl.DataFrame:
+    n = len(invoices)
+    return pl.DataFrame(
+        {
+            "business_date": [day] * n,
+            "run_id": ["r"] * n,
+            "as_of": [dt.datetime.combine(day, dt.time(9), dt.UTC)] * n,
+            "invoice_id": [i for i, _ in invoices],
+            "customer_id": [c for _, c in invoices],
+            "customer_email": [None] * n,
+            "currency": ["USD"] * n,
+            "amount_due": [100] * n,
+            "amount_paid": [0] * n,
+            "remaining_minor": [100] * n,
+            "due_date": [day] * n,
+            "status": ["open"] * n,
+            "days_overdue": pl.Series([0] * n, dtype=pl.Int32),
+            "cycle": pl.Series([None] * n, dtype=pl.Int32),
+        }
+    )
