@@ -199,3 +199,17 @@ def test_kept_payloads_keep_the_first_attempt_and_go_when_settled_on_both_ledger
         assert pending.get_column("first_attempt_wall_at").to_list() == [first, first]
         ledger.drop_payloads([kept[0][0]])
         assert ledger.unknown_sends().get_column("payload").null_count() == 1
+
+
+@pytest.mark.slow
+def test_an_unknown_key_with_resends_id_is_settled_by_asking_resend(deployment, tmp_path):
+    with FakeResend() as api:
+        config = api.config(tmp_path / "resend.yaml")
+        assert deployment.run([invoice()], DAY, "--config", config)[0] == 0
+        # as if the answer had been recorded but the outcome lost (no payload kept): only the id is known
+        with duckdb.connect(str(deployment.home / "dunning.duckdb")) as con:
+            con.execute("UPDATE reminder_ledger SET status = 'unknown'")
+        deployment.run_in_process([invoice()], "2026-11-05T10:00:00Z", config)
+        [row] = deployment.ledger()
+        assert row["status"] == "sent" and row["last_error"] == "resolved by provider lookup: sent"
+        assert len(api.requests) == 1, "asked with GET /emails/{id}, not sent again"
