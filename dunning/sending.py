@@ -20,13 +20,16 @@ import duckdb
 import polars as pl
 
 from dunning.config import DunningConfig, Provider
+from dunning.errors import DunningError
 from dunning.ledger.base import Ledger
 from dunning.ledger.claims import ClaimCap
 from dunning.ledger.payloads import PAYLOAD_SCHEMA
 from dunning.policy import email_groups
 from dunning.providers.base import EmailProvider, SendOutcome, idempotency_key_for
 from dunning.render import Sender, render_for
+from dunning.render_pool import MIN_POOL_EMAILS, Built, RenderPool, RenderSettings
 from dunning.vocabulary import LedgerStatus, SendStatus
+from dunning.wire import WireEmail
 
 OUTCOME_SCHEMA = pl.Schema(
     {"idempotency_key": pl.String, "status": pl.String, "message_id": pl.String, "error": pl.String}
@@ -130,24 +133,39 @@ def _chunks(due: pl.DataFrame, emails_per_chunk: int) -> Iterator[pl.DataFrame]:
 RENEW_EVERY_GROUPS = 200  # emails handed over between two looks at the claims' lease
 
 
+class RenderFailed(DunningError):
+    """The render pool stopped (a worker process died): what it had not rendered was never handed over."""
+
+
 def _send_groups(
     provider: EmailProvider,
     groups: list[list[Record]],
     render: Callable[[list[Record]], Message],
     renew: Callable[[], None] = lambda: None,
-) -> list[tuple[list[Record], SendOutcome]]:
-    """Each group with its outcome, in batches with a lease renewal between them.
+    pool: RenderPool | None = None,
+) -> tuple[list[tuple[list[Record], SendOutcome]], str | None]:
+    """Each group with its outcome, in batches with a lease renewal between them; and why the render pool failed,
+    if it did.
 
     An email that cannot be built (data no header may hold, a recipient that
     is not one address) is `failed` with the reason, never handed over, and the
-    others still go.
+    others still go. With a `pool`, every group of the chunk is given to the
+    workers at once and handed over as its bytes come back; if the pool fails,
+    the groups it did not render are `failed` (never handed over) and no other
+    email of the chunk goes.
     """
     results: list[tuple[list[Record], SendOutcome]] = []
+    rendered = pool.render(groups) if pool is not None else None
+    failure: list[str] = []
     for start in range(0, len(groups), RENEW_EVERY_GROUPS):
         if start:
             renew()
-        results += _send_batch(provider, groups[start : start + RENEW_EVERY_GROUPS], render)
-    return results
+        batch = groups[start : start + RENEW_EVERY_GROUPS]
+        if rendered is None:
+            results += _send_batch(provider, batch, render)
+        else:
+            results += _send_wire_batch(provider, batch, rendered, failure)
+    return results, (failure[0] if failure else None)
 
 
 def _send_batch(
@@ -175,6 +193,40 @@ def _send_batch(
     return [(records, outcomes[index]) for index, records in enumerate(groups)]
 
 
+def _send_wire_batch(
+    provider: EmailProvider, groups: list[list[Record]], rendered: Iterator[Built], failure: list[str]
+) -> list[tuple[list[Record], SendOutcome]]:
+    """`_send_batch` for emails a render pool builds: `rendered` yields each group's bytes (or why it could not be
+    built) in order. A failure of the pool itself is noted in `failure`; from there on nothing is handed over."""
+    outcomes: dict[int, SendOutcome] = {}
+    handed_over: list[int] = []
+
+    def wired() -> Iterator[WireEmail]:
+        for index, records in enumerate(groups):
+            if failure:
+                return
+            try:
+                built = next(rendered)
+            except Exception as exc:  # noqa: BLE001 - BrokenProcessPool (a worker died) or a bug: stop handing over
+                failure.append(f"{type(exc).__name__}: {exc}"[:300] if str(exc) else type(exc).__name__)
+                return
+            if isinstance(built, str):
+                outcomes[index] = SendOutcome(SendStatus.FAILED, records[0].get("message_id"), built)
+                continue
+            handed_over.append(index)
+            yield built
+
+    outcomes |= dict(zip(handed_over, provider.send_many_wire(wired()), strict=True))
+    for index, records in enumerate(groups):
+        if index not in outcomes:  # the pool failed before building it: never handed over, safe to retry
+            outcomes[index] = SendOutcome(
+                SendStatus.FAILED,
+                records[0].get("message_id"),
+                f"not handed over: the render pool failed ({failure[0]})"[:500],
+            )
+    return [(records, outcomes[index]) for index, records in enumerate(groups)]
+
+
 def resolve_unknown(
     ledger: Ledger, provider: EmailProvider, settings: Provider, wall: dt.datetime, backoff_minutes: float
 ) -> int:
@@ -194,7 +246,8 @@ def resolve_unknown(
         first = rows.row(0, named=True)
         keys = rows.get_column("idempotency_key").to_list()
         payload, first_attempt = first["payload"], first["first_attempt_wall_at"]
-        if settings.resubmits_unknown and payload is not None and wall - first_attempt < window:
+        same_provider = first["provider"] == provider.name  # a request kept for SMTP is no request to Resend
+        if settings.resubmits_unknown and payload is not None and same_provider and wall - first_attempt < window:
             outcome = provider.resubmit(payload, first["provider_key"], first["message_id"])
             status, pid = outcome.status, outcome.provider_message_id
             note = f"resubmitted under its idempotency key: {status}" + (f" ({outcome.error})" if outcome.error else "")
@@ -224,8 +277,14 @@ def send_due(
     cap: ClaimCap | None = None,
     progress: Callable[[SendReport, int], None] | None = None,
     render: Callable[[list[Record]], Message] | None = None,
+    render_processes: int = 1,
 ) -> tuple[SendReport, pl.DataFrame]:
     """Claim and send `due` (rows with email ids); returns the report and one outcome per due key.
+
+    With `render_processes` > 1, the default rendering (`render` not given) runs in that many worker processes
+    (`dunning.render_pool`) when the provider takes bytes and the batch has at least `MIN_POOL_EMAILS` emails;
+    a custom `render` (an apology's closure) renders here. A pool that fails raises `RenderFailed` after the
+    chunk's outcomes are recorded.
 
     Outcome statuses: sent, failed, unknown (recorded in the ledger), released
     (claimed but never handed over because the provider stopped as unhealthy:
@@ -233,13 +292,44 @@ def send_due(
     claim time) or lost (claimed by another run). After a health stop no
     further chunk is claimed; `report.provider_stopped` says why.
     """
+    settings = RenderSettings(sender_of(config), as_of, config.locale, config.templates_dir)
+    total_emails = due.select(pl.col("email_group").n_unique()).item() if due.height else 0
+    pool = None
     if render is None:
+        if render_processes > 1 and provider.takes_wire and total_emails >= MIN_POOL_EMAILS:
+            pool = RenderPool(render_processes, settings)  # its workers start while the first chunk is claimed
 
         def render(records: list[Record]) -> Message:
             return render_for(
-                records, sender=sender_of(config), as_of=as_of, locale=config.locale, templates_dir=config.templates_dir
+                records, sender=settings.sender, as_of=as_of, locale=config.locale, templates_dir=config.templates_dir
             )
 
+    try:
+        return _claim_and_send(
+            ledger, provider, due, skipped, config=config, run_id=run_id, as_of=as_of, now=now, cap=cap,
+            progress=progress, render=render, pool=pool, total_emails=total_emails,
+        )  # fmt: skip
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _claim_and_send(
+    ledger: Ledger,
+    provider: EmailProvider,
+    due: pl.DataFrame,
+    skipped: pl.DataFrame,
+    *,
+    config: DunningConfig,
+    run_id: str,
+    as_of: dt.datetime,
+    now: Callable[[], dt.datetime],
+    cap: ClaimCap | None,
+    progress: Callable[[SendReport, int], None] | None,
+    render: Callable[[list[Record]], Message],
+    pool: RenderPool | None,
+    total_emails: int,
+) -> tuple[SendReport, pl.DataFrame]:
     report = SendReport()
     outcomes: list[pl.DataFrame] = []
     lease = dt.timedelta(minutes=config.claim_lease_minutes)
@@ -250,7 +340,6 @@ def send_due(
             renewed_at[0] = now()
             ledger.renew_leases(run_id, renewed_at[0] + lease)
 
-    total_emails = due.select(pl.col("email_group").n_unique()).item() if due.height else 0
     for chunk in _chunks(due, config.claim_chunk_size):
         chunk = with_email_ids(chunk, config)
         chunk_skipped = skipped.filter(pl.col("invoice_id").is_in(chunk.select("invoice_id").to_series().implode()))
@@ -278,7 +367,8 @@ def send_due(
             grouped.setdefault(record["email_group"], []).append(record)
         provider_ids: dict[str, str] = {}
         payloads: list[tuple[str, str, str, str, dt.datetime]] = []
-        for records, outcome in _send_groups(provider, list(grouped.values()), render, renew):
+        sent, render_failure = _send_groups(provider, list(grouped.values()), render, renew, pool)
+        for records, outcome in sent:
             if outcome.status != SendStatus.RELEASED:  # a released email was never handed over
                 report.emails += 1
             report.count(outcome.status, len(records))
@@ -304,6 +394,11 @@ def send_due(
         outcomes.append(chunk_outcomes)
         if progress:
             progress(report, total_emails)
+        if render_failure is not None:  # this chunk's outcomes are recorded; claim nothing more
+            raise RenderFailed(
+                f"rendering stopped: {render_failure}; the emails of this chunk it had not built were never handed "
+                "over: recorded failed, retried after the backoff; no further chunk was claimed"
+            )
         if provider.stopped_reason is not None:  # claim nothing more for a provider that is down
             report.provider_stopped = provider.stopped_reason
             break
