@@ -213,3 +213,12 @@ def test_an_unknown_key_with_resends_id_is_settled_by_asking_resend(deployment, 
         [row] = deployment.ledger()
         assert row["status"] == "sent" and row["last_error"] == "resolved by provider lookup: sent"
         assert len(api.requests) == 1, "asked with GET /emails/{id}, not sent again"
+
+
+def test_the_same_key_with_another_request_is_failed_with_the_reason(deployment, tmp_path):
+    with FakeResend() as api:
+        api.answers[LEDGER_KEY] = ("an earlier, different request", {"id": "re_earlier"})
+        assert deployment.run([invoice()], DAY, "--config", api.config(tmp_path / "resend.yaml"))[0] == 0
+        [row] = deployment.ledger()
+        assert row["status"] == "failed" and row["last_error"].startswith("resend 409 invalid_idempotent_request")
+        assert api.delivered == []
