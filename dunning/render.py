@@ -190,20 +190,7 @@ def reminder_email(
 
     `locale` is the default; the rows' own `customer_locale` wins (`locales.email_locale`).
     """
-    rows = sorted(rows, key=lambda r: r["invoice_id"])
-    locale = email_locale(rows, locale)
-    subject, text, html = _render(templates_dir, locale, EmailKind.REMINDER, reminder_context(rows, as_of, locale))
-    return _message(
-        to=rows[0]["customer_email"],
-        sender=_sender(sender),
-        subject=subject,
-        message_id=message_id,
-        kind=EmailKind.REMINDER,
-        keys=[r["idempotency_key"] for r in rows],
-        text=text,
-        html=html,
-        when=as_of,
-    )
+    return _invoices_email(EmailKind.REMINDER, rows, sender, message_id, as_of, locale, templates_dir)
 
 
 def invoice_email(
@@ -216,15 +203,31 @@ def invoice_email(
     templates_dir: str | None = None,
 ) -> Message:
     """One invoice email covering `rows` (the invoices newly issued to one recipient, one per row)."""
+    return _invoices_email(EmailKind.INVOICE, rows, sender, message_id, as_of, locale, templates_dir)
+
+
+_INVOICES_CONTEXT = {EmailKind.REMINDER: reminder_context, EmailKind.INVOICE: invoice_context}
+
+
+def _invoices_email(
+    kind: EmailKind,
+    rows: Sequence[dict[str, Any]],
+    sender: str | Sender,
+    message_id: str,
+    as_of: dt.datetime,
+    locale: str,
+    templates_dir: str | None,
+) -> Message:
+    """An email of `kind` listing `rows` (one invoice each, one recipient), sorted by invoice id."""
     rows = sorted(rows, key=lambda r: r["invoice_id"])
     locale = email_locale(rows, locale)
-    subject, text, html = _render(templates_dir, locale, EmailKind.INVOICE, invoice_context(rows, as_of, locale))
+    subject, text, html = _render(templates_dir, locale, kind, _INVOICES_CONTEXT[kind](rows, as_of, locale))
     return _message(
         to=rows[0]["customer_email"],
         sender=_sender(sender),
         subject=subject,
         message_id=message_id,
-        kind=EmailKind.INVOICE,
+        kind=kind,
         keys=[r["idempotency_key"] for r in rows],
         text=text,
         html=html,
