@@ -1,5 +1,7 @@
 """The only place emails leave from: the current cycle's send batch, ledger first."""
 
+import datetime as dt
+
 import dagster as dg
 import polars as pl
 
@@ -9,6 +11,7 @@ from dunning.alerts import Alert, raise_alert
 from dunning.clock import RunMode, utc_now
 from dunning.errors import DunningError
 from dunning.progress import report_send_progress
+from dunning.render_pool import pool_size
 from dunning.sending import held_outcomes
 from dunning.vocabulary import SendStatus
 from resources.dunning import CycleRequest, DunningHome
@@ -21,6 +24,19 @@ LIVE_RUN_STATUSES = (
     dg.DagsterRunStatus.STARTED,
     dg.DagsterRunStatus.CANCELING,
 )
+
+
+def local_cycle_runs(instance: dg.DagsterInstance, within: dt.timedelta = dt.timedelta(hours=6)) -> int:
+    """The cycle runs in progress on this home (this one included), which share its machine's cores for rendering:
+    the shards the schedule starts together. A run still marked started after `within` is taken as dead."""
+    started = instance.get_run_records(
+        dg.RunsFilter(
+            job_name="dunning_cycle",
+            statuses=[dg.DagsterRunStatus.STARTED],
+            created_after=utc_now() - within,
+        )
+    )
+    return max(1, len(started))
 
 
 def dead_runs(instance: dg.DagsterInstance, run_ids: list[str]) -> list[str]:
@@ -110,6 +126,7 @@ def send_batch(
                 dead_runs=lambda owners: dead_runs(context.instance, list(owners)),
                 now=utc_now,
                 progress=progress,
+                render_processes=pool_size(config.render_processes, local_cycle_runs(context.instance)),
             )
     except DunningError as error:
         raise fail(error) from None

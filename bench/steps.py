@@ -63,6 +63,7 @@ def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, 
     from dunning.config import DunningConfig
     from dunning.ledger.duckdb_ledger import open_ledger
     from dunning.providers.file_outbox import FileOutbox
+    from dunning.render_pool import pool_size
     from dunning.sending import held_outcomes
     from dunning.vocabulary import SendStatus
 
@@ -119,6 +120,7 @@ def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, 
                     run_id="bench",
                     dead_runs=lambda owners: (),
                     now=lambda: dt.datetime.now(dt.UTC),
+                    render_processes=pool_size(config.render_processes),
                 ),  # fmt: skip
             )
             report, outcomes = sent.report, sent.outcomes

@@ -249,12 +249,22 @@ class DunningConfig(_Strict):
     claim_chunk_size: Count = Field(default=2000, ge=1, le=100_000)
     # how long (wall clock) a claim stays ours without renewal; renewed while its chunk is being sent
     claim_lease_minutes: Number = Field(default=30.0, gt=0, le=24 * 60)
+    # processes that render emails (`dunning.render_pool`): `auto` is the usable cores divided by the cycle runs in
+    # progress on this home; 1 renders in the run's own process; never part of what decides a send
+    render_processes: Literal["auto"] | int = "auto"
     # how many shards split a day's cycle by customer (`dunning.sharding`): the schedule asks for one run per
     # shard and the CLI gives the `dunning_ledger` pool this many slots; never part of what decides a send
     shards: Count = Field(default=1, ge=1, le=MAX_SHARDS)
     # per currency (upper-case ISO 4217): an invoice whose remaining balance (amount_due - amount_paid, minor units)
     # is below this is not dunned (audit reason `below_minimum`); a currency not listed has no minimum
     min_remaining_minor: dict[str, MinorAmount] = Field(default_factory=dict)
+
+    @field_validator("render_processes", mode="before")
+    @classmethod
+    def _processes(cls, value: object) -> object:
+        if value == "auto" or (type(value) is int and 1 <= value <= 256):
+            return value
+        raise ValueError("must be auto or a whole number of processes from 1 to 256")
 
     @field_validator("timezone")
     @classmethod

@@ -53,7 +53,12 @@ def reminder_key_expr() -> pl.Expr:
 
 def email_id(keys: Iterable[str]) -> str:
     """A stable id for the email that covers exactly `keys` (order does not matter)."""
-    return hashlib.sha256(",".join(sorted(keys)).encode()).hexdigest()[:32]
+    return email_id_of_joined(",".join(sorted(keys)))
+
+
+def email_id_of_joined(joined_keys: str) -> str:
+    """`email_id` of keys already sorted and comma-joined."""
+    return hashlib.sha256(joined_keys.encode()).hexdigest()[:32]
 
 
 def message_id(keys: Iterable[str], domain: str) -> str:

@@ -11,22 +11,22 @@ batch.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from email.message import Message
 from typing import Any
 
-import duckdb
 import polars as pl
 
 from dunning.config import DunningConfig, Provider
 from dunning.errors import DunningError
+from dunning.keys import email_id_of_joined
 from dunning.ledger.base import Ledger
 from dunning.ledger.claims import ClaimCap
 from dunning.ledger.payloads import PAYLOAD_SCHEMA
 from dunning.policy import email_groups
 from dunning.providers.base import EmailProvider, SendOutcome, idempotency_key_for
-from dunning.render import Sender, render_for
+from dunning.render import Sender
 from dunning.render_pool import MIN_POOL_EMAILS, Built, RenderPool, RenderSettings
 from dunning.vocabulary import LedgerStatus, SendStatus
 from dunning.wire import WireEmail
@@ -74,6 +74,11 @@ def sender_of(config: DunningConfig) -> Sender:
     return Sender(config.provider.from_address, config.provider.from_name, config.provider.reply_to)
 
 
+def render_settings(config: DunningConfig, as_of: dt.datetime) -> RenderSettings:
+    """How every email of a cycle is rendered (`render.render_for`, which picks the kind), in process or in a pool."""
+    return RenderSettings(sender_of(config), as_of, config.locale, config.templates_dir)
+
+
 def held_outcomes(due: pl.DataFrame, status: SendStatus) -> pl.DataFrame:
     """One outcome row per due key that this run did not attempt, saying why (`paused`, `dry_run`, `breaker`)."""
     return due.select(
@@ -90,7 +95,7 @@ def with_email_ids(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     """Attach `email_group`, `email_id` and `message_id` where they are missing.
 
     `email_id` is `keys.email_id` (sha256 of the group's sorted keys,
-    comma-joined), computed in DuckDB for every group at once. Rows that
+    comma-joined). Rows that
     already carry an id (a retry keeps its Message-ID) keep it. `send_due`
     calls this per chunk, so ids cost nothing for keys that are never claimed.
     """
@@ -102,16 +107,12 @@ def with_email_ids(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     missing = grouped.filter(pl.col("email_id").is_null())
     if missing.is_empty():
         return grouped
-    con = duckdb.connect()
-    try:
-        con.register("grouped_keys", missing.select("email_group", "idempotency_key").to_arrow())
-        ids = con.sql(
-            "SELECT email_group, "
-            "left(sha256(string_agg(idempotency_key, ',' ORDER BY idempotency_key)), 32) AS new_email_id "
-            "FROM grouped_keys GROUP BY email_group"
-        ).pl()
-    finally:
-        con.close()
+    # the keys sorted by code point (as `sorted` and UTF-8 byte order sort them), comma-joined, hashed per group
+    joined = missing.group_by("email_group").agg(pl.col("idempotency_key").sort().str.join(",").alias("keys"))
+    ids = joined.select(
+        "email_group",
+        pl.Series("new_email_id", [email_id_of_joined(k) for k in joined.get_column("keys")], dtype=pl.String),
+    )
     domain = config.provider.message_domain
     return (
         grouped.join(ids, on="email_group", how="left")
@@ -142,20 +143,19 @@ def _send_groups(
     groups: list[list[Record]],
     render: Callable[[list[Record]], Message],
     renew: Callable[[], None] = lambda: None,
-    pool: RenderPool | None = None,
+    rendered: Iterator[Built] | None = None,
 ) -> tuple[list[tuple[list[Record], SendOutcome]], str | None]:
     """Each group with its outcome, in batches with a lease renewal between them; and why the render pool failed,
     if it did.
 
     An email that cannot be built (data no header may hold, a recipient that
     is not one address) is `failed` with the reason, never handed over, and the
-    others still go. With a `pool`, every group of the chunk is given to the
-    workers at once and handed over as its bytes come back; if the pool fails,
-    the groups it did not render are `failed` (never handed over) and no other
-    email of the chunk goes.
+    others still go. `rendered` is a render pool's output for these groups
+    (`RenderPool.render`), handed over as its bytes come back; if the pool
+    fails, the groups it did not render are `failed` (never handed over) and
+    no other email of the chunk goes.
     """
     results: list[tuple[list[Record], SendOutcome]] = []
-    rendered = pool.render(groups) if pool is not None else None
     failure: list[str] = []
     for start in range(0, len(groups), RENEW_EVERY_GROUPS):
         if start:
@@ -292,7 +292,7 @@ def send_due(
     claim time) or lost (claimed by another run). After a health stop no
     further chunk is claimed; `report.provider_stopped` says why.
     """
-    settings = RenderSettings(sender_of(config), as_of, config.locale, config.templates_dir)
+    settings = render_settings(config, as_of)
     total_emails = due.select(pl.col("email_group").n_unique()).item() if due.height else 0
     pool = None
     if render is None:
@@ -300,8 +300,12 @@ def send_due(
             pool = RenderPool(render_processes, settings)  # its workers start while the first chunk is claimed
 
         def render(records: list[Record]) -> Message:
-            return render_for(
-                records, sender=settings.sender, as_of=as_of, locale=config.locale, templates_dir=config.templates_dir
+            return settings.render(
+                records,
+                sender=settings.sender,
+                as_of=as_of,
+                locale=settings.locale,
+                templates_dir=settings.templates_dir,
             )
 
     try:
@@ -312,6 +316,16 @@ def send_due(
     finally:
         if pool is not None:
             pool.close()
+
+
+@dataclass
+class _Claimed:
+    """One claimed chunk: the outcome rows its claim already decided (throttled, lost) and the groups this run won,
+    with the render pool's output for them when a pool renders."""
+
+    rows: list[OutcomeRow]
+    groups: list[list[Record]]
+    rendered: Generator[Built, None, None] | None = None
 
 
 def _claim_and_send(
@@ -330,6 +344,15 @@ def _claim_and_send(
     pool: RenderPool | None,
     total_emails: int,
 ) -> tuple[SendReport, pl.DataFrame]:
+    """Chunk by chunk: claim (one transaction), hand over, record (one UPDATE).
+
+    With a render pool the next chunk is claimed, and given to the workers,
+    before this one is handed over, so the workers render while this process
+    hands over and writes the ledger; a chunk claimed ahead of a stop (the
+    provider unhealthy, the pool failed) is recorded `released`: claimed,
+    never handed over, retried by a later cycle like a failure but without
+    counting an attempt.
+    """
     report = SendReport()
     outcomes: list[pl.DataFrame] = []
     lease = dt.timedelta(minutes=config.claim_lease_minutes)
@@ -340,7 +363,7 @@ def _claim_and_send(
             renewed_at[0] = now()
             ledger.renew_leases(run_id, renewed_at[0] + lease)
 
-    for chunk in _chunks(due, config.claim_chunk_size):
+    def claim(chunk: pl.DataFrame) -> _Claimed:
         chunk = with_email_ids(chunk, config)
         chunk_skipped = skipped.filter(pl.col("invoice_id").is_in(chunk.select("invoice_id").to_series().implode()))
         renewed_at[0] = now()
@@ -365,9 +388,13 @@ def _claim_and_send(
         grouped: dict[str, list[Record]] = {}
         for record in chunk.filter(pl.col("idempotency_key").is_in(list(won))).to_dicts():
             grouped.setdefault(record["email_group"], []).append(record)
+        groups = list(grouped.values())
+        return _Claimed(rows, groups, pool.render(groups) if pool is not None and groups else None)
+
+    def record(claimed: _Claimed, sent: list[tuple[list[Record], SendOutcome]]) -> None:
+        rows = claimed.rows
         provider_ids: dict[str, str] = {}
         payloads: list[tuple[str, str, str, str, dt.datetime]] = []
-        sent, render_failure = _send_groups(provider, list(grouped.values()), render, renew, pool)
         for records, outcome in sent:
             if outcome.status != SendStatus.RELEASED:  # a released email was never handed over
                 report.emails += 1
@@ -392,14 +419,43 @@ def _claim_and_send(
             as_of, now(), config.retry.backoff_minutes, run_id=run_id,
         )  # fmt: skip
         outcomes.append(chunk_outcomes)
+
+    def deliver(claimed: _Claimed) -> str | None:
+        """Hand the chunk over and record its outcomes; returns why the render pool failed, if it did."""
+        sent, failure = _send_groups(provider, claimed.groups, render, renew, claimed.rendered)
+        record(claimed, sent)
         if progress:
             progress(report, total_emails)
-        if render_failure is not None:  # this chunk's outcomes are recorded; claim nothing more
-            raise RenderFailed(
-                f"rendering stopped: {render_failure}; the emails of this chunk it had not built were never handed "
-                "over: recorded failed, retried after the backoff; no further chunk was claimed"
-            )
-        if provider.stopped_reason is not None:  # claim nothing more for a provider that is down
-            report.provider_stopped = provider.stopped_reason
+        return failure
+
+    def release(claimed: _Claimed, why: str) -> None:
+        """A chunk claimed ahead of a stop: recorded `released`, nothing of it handed over."""
+        if claimed.rendered is not None:
+            claimed.rendered.close()  # its futures are cancelled
+        outcome = SendOutcome(SendStatus.RELEASED, None, f"not handed over: {why}"[:500])
+        record(claimed, [(records, outcome) for records in claimed.groups])
+
+    ahead: _Claimed | None = None
+    chunks = _chunks(due, config.claim_chunk_size)
+    while True:
+        current = ahead or next((claim(c) for c in chunks), None)
+        if current is None:
+            break
+        # with a pool, the next chunk is claimed and rendering before this one is handed over
+        ahead = next((claim(c) for c in chunks), None) if pool is not None else None
+        failure = deliver(current)
+        stop = None
+        if failure is not None:
+            stop = f"rendering stopped: {failure}"
+        elif provider.stopped_reason is not None:  # claim nothing more for a provider that is down
+            report.provider_stopped = stop = provider.stopped_reason
+        if stop is not None:
+            if ahead is not None:
+                release(ahead, stop)
+            if failure is not None:  # every outcome is recorded; the run fails with this line
+                raise RenderFailed(
+                    f"{stop}; the emails it had not built were never handed over: recorded failed (those claimed "
+                    "ahead: released), retried by a later cycle; no further chunk was claimed"
+                )
             break
     return report, pl.concat(outcomes) if outcomes else pl.DataFrame(schema=OUTCOME_SCHEMA)

@@ -140,9 +140,11 @@ def send_step(
     clock: CycleClock, *,
     run_id: str, dead_runs: Callable[[Sequence[str]], Sequence[str]], now: Callable[[], dt.datetime],
     progress: Callable[[SendReport, int], None] | None = None, render: Callable[[list[Record]], Message] | None = None,
+    render_processes: int = 1,
 ) -> SendStepResult:  # fmt: skip
     """Step 4, for a live run. `open_provider` is called only when not paused; `dead_runs` says which of the
-    runs holding claims are known to have ended."""
+    runs holding claims are known to have ended; `render_processes` > 1 renders in worker processes
+    (`dunning.render_pool`)."""
     due = cycle.sendable_due(plan)
     pause = ledger.pause_state()
     if pause.paused:
@@ -155,6 +157,7 @@ def send_step(
         report, outcomes = send_due(
             ledger, provider, due, cycle.skipped_rows(plan), config=config, run_id=run_id, as_of=clock.as_of,
             now=now, cap=cycle.claim_cap(clock.as_of, config), progress=progress, render=render,
+            render_processes=render_processes,
         )  # fmt: skip
         ledger.commit_cursor(run_id, now())  # this run's polled events have their notices claimed: poll on from them
     return SendStepResult(report, outcomes, pause, stale, resolved)

@@ -24,8 +24,12 @@ import abc
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from email.message import Message
+from typing import TYPE_CHECKING
 
 from dunning.vocabulary import LookupStatus, ProviderStatus
+
+if TYPE_CHECKING:
+    from dunning.wire import WireEmail
 
 
 @dataclass(frozen=True)
@@ -53,10 +57,15 @@ def idempotency_key_of(message: Message) -> str:
 
 
 class EmailProvider(abc.ABC):
-    """Sends RFC 5322 messages. Use as a context manager so connections are closed."""
+    """Sends RFC 5322 messages. Use as a context manager so connections are closed.
+
+    A provider that `takes_wire` also sends emails already serialized (`send_wire`: bytes and envelope, the same
+    bytes `send` would produce from the message), which lets a render pool build them in other processes.
+    """
 
     name = "provider"
     stopped_reason: str | None = None  # set once the provider stops handing messages over (health stop)
+    takes_wire = False
 
     @abc.abstractmethod
     def send(self, message: Message) -> SendOutcome: ...
@@ -68,6 +77,14 @@ class EmailProvider(abc.ABC):
         overlap its waiting with the caller's rendering.
         """
         return [self.send(m) for m in messages]
+
+    def send_wire(self, email: WireEmail) -> SendOutcome:
+        """Send an email rendered elsewhere; only for providers that `takes_wire`."""
+        raise NotImplementedError(f"provider {self.name} sends messages, not bytes")
+
+    def send_many_wire(self, emails: Iterable[WireEmail]) -> list[SendOutcome]:
+        """`send_many` for rendered emails: outcomes in order; `emails` may be a generator still rendering."""
+        return [self.send_wire(e) for e in emails]
 
     def resubmit(self, payload: str, idempotency_key: str, message_id: str) -> SendOutcome:
         """Send the kept `payload` of an `unknown` send again under its key; only for providers whose config says

@@ -33,17 +33,18 @@ import re
 import smtplib
 import ssl
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from email.message import Message
 from email.parser import BytesHeaderParser
 from pathlib import Path
+from typing import Any
 
 from dunning.config import Provider
 from dunning.errors import ConfigError
-from dunning.providers.base import EmailProvider, SendOutcome, idempotency_key_of
-from dunning.render import WIRE_POLICY
+from dunning.providers.base import EmailProvider, SendOutcome
 from dunning.vocabulary import ProviderStatus, SendStatus
+from dunning.wire import WireEmail
 
 
 class _Connection:
@@ -95,9 +96,6 @@ class _Connection:
             with contextlib.suppress(smtplib.SMTPException, OSError):
                 self.client.quit()
             self.drop()
-
-    def send(self, message: Message) -> SendOutcome:
-        return self.send_bytes(message["To"], message["Message-ID"], message.as_bytes(policy=WIRE_POLICY))
 
     def send_bytes(self, to: str, message_id: str, data: bytes) -> SendOutcome:
         try:
@@ -232,18 +230,24 @@ class SmtpProvider(EmailProvider):
                 self._connections.append(connection)
         return connection
 
+    takes_wire = True
+
     def send(self, message: Message) -> SendOutcome:
         if self.stopped_reason is not None:
             return SendOutcome(
                 SendStatus.RELEASED, message["Message-ID"], f"not handed over: {self.stopped_reason}"[:500]
             )
+        return self.send_wire(WireEmail.of(message))
+
+    def send_wire(self, email: WireEmail) -> SendOutcome:
+        if self.stopped_reason is not None:
+            return SendOutcome(SendStatus.RELEASED, email.message_id, f"not handed over: {self.stopped_reason}"[:500])
         header = self.settings.idempotency_header
         if header is None:
-            outcome = self._connection().send(message)
+            outcome = self._connection().send_bytes(email.to, email.message_id, email.data)
         else:  # a relay with an idempotency contract: the key travels in its header, the bytes are kept if unknown
-            message[header] = idempotency_key_of(message)
-            data = message.as_bytes(policy=WIRE_POLICY)
-            outcome = self._connection().send_bytes(message["To"], message["Message-ID"], data)
+            data = email.with_header(header, email.idempotency_key)
+            outcome = self._connection().send_bytes(email.to, email.message_id, data)
             if outcome.status == SendStatus.UNKNOWN:
                 outcome = dataclasses.replace(outcome, payload=base64.b64encode(data).decode("ascii"))
         self._count(outcome)
@@ -277,11 +281,18 @@ class SmtpProvider(EmailProvider):
                 )
 
     def send_many(self, messages: Iterable[Message]) -> list[SendOutcome]:
+        return self._concurrently(self.send, messages)
+
+    def send_many_wire(self, emails: Iterable[WireEmail]) -> list[SendOutcome]:
+        return self._concurrently(self.send_wire, emails)
+
+    def _concurrently(self, send: Callable[[Any], SendOutcome], items: Iterable[Any]) -> list[SendOutcome]:
+        """Outcomes in order; with several connections, each worker thread sends on its own."""
         if self.settings.connections == 1:
-            return [self.send(m) for m in messages]
+            return [send(item) for item in items]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.settings.connections, thread_name_prefix="smtp")
-        return list(self._pool.map(self.send, messages))
+        return list(self._pool.map(send, items))
 
     def close(self) -> None:
         if self._pool is not None:

@@ -1,0 +1,200 @@
+"""Rendering across cores: worker processes turn send groups into bytes while the run hands them over.
+
+Rendering an email (context, templates, MIME, serialization) is pure CPU and
+was what bounded the send step, on one core. A `RenderPool` runs
+`render.render_for` (the one entry that picks the email kind) in worker
+processes and returns `wire.WireEmail`s (bytes plus envelope), in the order of
+the groups; the run's own process claims, hands the bytes to the provider and
+records outcomes, as before. Nothing about claims changes: a chunk's keys are
+claimed in one transaction before any of its emails is rendered, and a worker
+never touches the ledger or the provider. A worker that dies leaves the emails
+it had not rendered un-handed-over: the caller records them `failed` (they
+never reached the provider, so a retry cannot duplicate them) and stops.
+
+Workers start from a `forkserver` (`spawn` where there is none): the run's
+process has threads (Dagster, DuckDB, the outbox writer) and forking it as it
+is would be unsafe. They are started when the pool opens, before the first
+chunk is claimed, and warm up (templates compiled, locale data loaded) while
+the claims run. How many: `render_processes` in the config (`auto`: the
+machine's usable cores divided by the runs of this deployment's job in
+progress on it, so shard workers sharing a machine do not oversubscribe it);
+a batch under `MIN_POOL_EMAILS` emails renders in the run's own process, where
+it costs less than starting the workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Generator, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from email.message import Message
+from pathlib import Path
+from typing import Any
+
+from dunning import templating
+from dunning.email_context import format_amount
+from dunning.render import Sender, render_for
+from dunning.vocabulary import EmailKind
+from dunning.wire import WireEmail
+
+Record = dict[str, Any]
+Built = WireEmail | str  # an email's bytes, or why it could not be built
+BUILD_ERRORS = (ValueError, TypeError, LookupError, OSError)  # EmailBuildError, HeaderParseError, a bad template…
+MIN_POOL_EMAILS = 300  # below this, starting workers costs more than it saves
+GROUPS_PER_TASK = 32  # emails per round trip to a worker: large enough to amortize it, small to keep order cheap
+START_METHODS = ("forkserver", "spawn")  # never plain fork of a process with threads
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    """What every email of one run is rendered with; `render` must be importable by name (a module-level function)
+    so a worker process can be given it."""
+
+    sender: Sender
+    as_of: dt.datetime
+    locale: str = "en_US"
+    templates_dir: str | None = None
+    render: Callable[..., Message] = render_for
+
+
+def build(records: list[Record], settings: RenderSettings) -> Built:
+    """One group's email as bytes, or `email not built: …` when its data cannot make one (a header value with a
+    line break, a recipient that is not one address, a template failing on this email's data)."""
+    try:
+        message = settings.render(
+            records,
+            sender=settings.sender,
+            as_of=settings.as_of,
+            locale=settings.locale,
+            templates_dir=settings.templates_dir,
+        )
+        return WireEmail.of(message)
+    except BUILD_ERRORS as exc:
+        return f"email not built: {type(exc).__name__}: {exc}"[:500]
+
+
+def available_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota when there is one."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def pool_size(setting: int | str, local_runs: int = 1, cores: int | None = None) -> int:
+    """Render processes for one run: `setting` when it is a number, else (`auto`) the usable cores shared among
+    the `local_runs` runs of this deployment in progress on the machine. 1 means: render in the run's process."""
+    if setting != "auto":
+        return int(setting)
+    return max(1, (cores or available_cores()) // max(1, local_runs))
+
+
+_SETTINGS: RenderSettings | None = None  # in a worker process: set once when it starts
+
+
+def _start_worker(settings: RenderSettings) -> None:
+    """A worker's start: keep the settings, and compile what every email needs before the first one arrives."""
+    global _SETTINGS
+    _SETTINGS = settings
+    for kind in EmailKind:
+        for part in ("subject", "txt", "html"):
+            # only a warm-up: an email that needs a template that fails reports the problem itself
+            with contextlib.suppress(Exception):
+                templating.template(settings.templates_dir, settings.locale, f"{kind}.{part}.j2")
+    format_amount(0, "USD", settings.locale)
+
+
+def _ready() -> int:
+    return os.getpid()
+
+
+def _render_batch(groups: list[list[Record]]) -> list[Built]:
+    assert _SETTINGS is not None, "a render worker starts with its settings"
+    return [build(records, _SETTINGS) for records in groups]
+
+
+def _in_order(futures: list[Future[list[Built]]]) -> Generator[Built, None, None]:
+    try:
+        for future in futures:
+            yield from future.result()
+    finally:
+        for future in futures:
+            future.cancel()
+
+
+def _failing(futures: list[Future[list[Built]]], error: Exception) -> Generator[Built, None, None]:
+    for future in futures:
+        future.cancel()
+    raise error
+    yield  # a generator: raises when first asked for an email
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    method = next(m for m in START_METHODS if m in multiprocessing.get_all_start_methods())
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":  # the server imports the renderer once; each worker is a fork of it
+        context.set_forkserver_preload(["dunning.render_pool"])
+    return context
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """While workers start, the program that opened the pool (the `dunning` command, Dagster's run worker) is not
+    named as the main module: `multiprocessing` would run it again in every worker (a second of Dagster imports
+    each), and a worker needs this module only."""
+    main = sys.modules["__main__"]
+    saved = {name: getattr(main, name) for name in ("__file__", "__spec__") if hasattr(main, name)}
+    try:
+        main.__spec__ = None
+        if "__file__" in saved:
+            del main.__file__
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(main, name, value)
+
+
+class RenderPool:
+    """`processes` worker processes rendering with `settings`; a context manager (workers end on exit)."""
+
+    def __init__(self, processes: int, settings: RenderSettings):
+        self.processes = processes
+        with _main_module_hidden():
+            self._executor = ProcessPoolExecutor(
+                max_workers=processes, mp_context=_context(), initializer=_start_worker, initargs=(settings,)
+            )
+            # one task per worker now, so every worker starts (and warms up) while the run claims its first chunk
+            self._warming = [self._executor.submit(_ready) for _ in range(processes)]
+
+    def render(self, groups: Sequence[list[Record]]) -> Generator[Built, None, None]:
+        """Each group's email, in order. Every group is submitted now, so the workers render ahead of the caller;
+        an exception while iterating (a worker died: `BrokenProcessPool`) means no later email was produced.
+        Closing the generator cancels what is not rendered yet."""
+        futures: list[Future[list[Built]]] = []
+        try:
+            for start in range(0, len(groups), GROUPS_PER_TASK):
+                futures.append(self._executor.submit(_render_batch, list(groups[start : start + GROUPS_PER_TASK])))
+        except Exception as exc:  # noqa: BLE001 - the pool is already broken: the first email raises it
+            return _failing(futures, exc)
+        return _in_order(futures)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> RenderPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
