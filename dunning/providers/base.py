@@ -21,6 +21,7 @@ under the same key within the provider's window: safe by that contract.
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from email.message import Message
@@ -54,6 +55,31 @@ def idempotency_key_of(message: Message) -> str:
     """`idempotency_key_for` the keys and Message-ID that `message` carries in its headers."""
     keys = [k.strip() for k in str(message["X-Dunning-Keys"] or "").split(",") if k.strip()]
     return idempotency_key_for(keys, str(message["Message-ID"]).strip().strip("<>").partition("@")[0])
+
+
+class HealthStop:
+    """A provider's health stop: after `limit` transport errors in a row (a success resets the count), say why
+    the provider must hand nothing more over. Thread-safe: pooled connections report from several threads."""
+
+    def __init__(self, limit: int, who: str):
+        self.limit, self.who = limit, who
+        self._lock = threading.Lock()
+        self._in_a_row = 0
+        self._last: list[str] = []
+
+    def count(self, outcome: SendOutcome) -> str | None:
+        """The stop's reason once `limit` is reached (returned once), else None."""
+        with self._lock:
+            if not outcome.transport_error:
+                self._in_a_row = 0
+                return None
+            self._in_a_row += 1
+            self._last = (self._last + [outcome.error or "transport error"])[-3:]
+            if self._in_a_row != self.limit:
+                return None
+            return f"{self.who} stopped as unhealthy after {self.limit} consecutive transport errors; last: " + (
+                " | ".join(self._last)
+            )
 
 
 class EmailProvider(abc.ABC):

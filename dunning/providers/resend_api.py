@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Mapping
 from email.header import decode_header, make_header
 from email.message import Message
@@ -43,7 +42,7 @@ from resend.http_client import HTTPClient
 
 from dunning.config import Provider
 from dunning.errors import ConfigError
-from dunning.providers.base import EmailProvider, SendOutcome, idempotency_key_of
+from dunning.providers.base import EmailProvider, HealthStop, SendOutcome, idempotency_key_of
 from dunning.vocabulary import LookupStatus, ProviderStatus, SendStatus
 
 TRANSPORT_STATUS = 599  # not an HTTP status: our client's answer when the request failed on the way
@@ -145,8 +144,7 @@ class ResendProvider(EmailProvider):
         resend.api_key = key
         resend.api_url = settings.api_base.rstrip("/")
         resend.default_http_client = _Transport(settings.timeout_seconds)
-        self._lock = threading.Lock()
-        self._consecutive_errors = 0
+        self._health = HealthStop(settings.max_consecutive_errors, "provider resend")
 
     def send(self, message: Message) -> SendOutcome:
         message_id = str(message["Message-ID"])
@@ -196,16 +194,9 @@ class ResendProvider(EmailProvider):
 
     def _count(self, outcome: SendOutcome) -> None:
         """The health stop, as for SMTP: after `max_consecutive_errors` transport errors in a row, stop."""
-        with self._lock:
-            if not outcome.transport_error:
-                self._consecutive_errors = 0
-                return
-            self._consecutive_errors += 1
-            limit = self.settings.max_consecutive_errors
-            if self._consecutive_errors >= limit and self.stopped_reason is None:
-                self.stopped_reason = (
-                    f"provider resend stopped as unhealthy after {limit} consecutive errors; last: {outcome.error}"
-                )
+        reason = self._health.count(outcome)
+        if reason is not None and self.stopped_reason is None:
+            self.stopped_reason = reason
 
     def lookup(self, message_id: str, provider_message_id: str | None = None) -> LookupStatus | None:
         """`GET /emails/{id}` where Resend gave us an id: its last event says sent or failed; else None."""

@@ -42,7 +42,7 @@ from typing import Any
 
 from dunning.config import Provider
 from dunning.errors import ConfigError
-from dunning.providers.base import EmailProvider, SendOutcome
+from dunning.providers.base import EmailProvider, HealthStop, SendOutcome
 from dunning.vocabulary import ProviderStatus, SendStatus
 from dunning.wire import WireEmail
 
@@ -193,8 +193,7 @@ class SmtpProvider(EmailProvider):
         self._connections: list[_Connection] = []
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._consecutive_errors = 0
-        self._last_errors: list[str] = []
+        self._health = HealthStop(settings.max_consecutive_errors, f"provider smtp {settings.host}:{settings.port}")
 
     def _read_credentials(self) -> tuple[str, str] | None:
         names = (self.settings.username_env, self.settings.password_env)
@@ -267,18 +266,9 @@ class SmtpProvider(EmailProvider):
 
     def _count(self, outcome: SendOutcome) -> None:
         """The health stop: after `max_consecutive_errors` transport errors in a row, hand nothing more over."""
-        with self._lock:
-            if not outcome.transport_error:
-                self._consecutive_errors = 0
-                return
-            self._consecutive_errors += 1
-            self._last_errors = (self._last_errors + [outcome.error or "transport error"])[-3:]
-            limit = self.settings.max_consecutive_errors
-            if self._consecutive_errors >= limit and self.stopped_reason is None:
-                self.stopped_reason = (
-                    f"provider smtp {self.settings.host}:{self.settings.port} stopped as unhealthy after "
-                    f"{limit} consecutive transport errors; last: " + " | ".join(self._last_errors)
-                )
+        reason = self._health.count(outcome)
+        if reason is not None and self.stopped_reason is None:
+            self.stopped_reason = reason
 
     def send_many(self, messages: Iterable[Message]) -> list[SendOutcome]:
         return self._concurrently(self.send, messages)
