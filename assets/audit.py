@@ -6,7 +6,7 @@ import polars as pl
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, frame_metadata
 from checks.asset_checks import SNAPSHOT_FOR_AUDIT
 from dunning import audit as audit_rules
-from dunning import cycle
+from dunning import cycle, unchanged
 from dunning.clock import CycleClock
 from resources.dunning import CycleRequest, DunningHome
 
@@ -42,6 +42,8 @@ def dunning_audit(
             # the file applied, also when the run pulled it or took it from the landing folder (`resume` proves on it)
             snapshot_path=cycle_request.snapshot_path or ledger.applied_snapshot_path(context.run.run_id),
         )
+        if clock.live:  # the state this run leaves, for a later hour to compare with (`dunning.unchanged`)
+            unchanged.finish(ledger, context.run.run_id, send_batch)
     counts = audit_rules.summarize(audit)
     held = audit_rules.held_by_reason(audit)
     by_stage = audit_rules.by_stage_and_outcome(audit)

@@ -1,12 +1,13 @@
 """The inputs of a cycle: the invoice snapshot (validated, with cycles) and the billing events."""
 
 import datetime as dt
+from collections.abc import Iterator
 
 import dagster as dg
 import polars as pl
 
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, fail, frame_metadata, log_run_mode
-from dunning import billing_source, steps
+from dunning import billing_source, steps, unchanged
 from dunning.clock import CycleClock, utc_now
 from dunning.config import DunningConfig
 from dunning.errors import DunningError, SnapshotError
@@ -37,22 +38,34 @@ def _snapshot_path(
     return str(landed)
 
 
-@dg.asset(**ASSET_DEFAULTS, kinds={"polars", "duckdb", "pandera"}, pool=LEDGER_POOL)
+@dg.asset(**ASSET_DEFAULTS, kinds={"polars", "duckdb", "pandera"}, pool=LEDGER_POOL, output_required=False)
 def invoice_snapshot(
     context: dg.AssetExecutionContext, dunning_home: DunningHome, cycle_request: CycleRequest
-) -> dg.Output[pl.DataFrame]:
+) -> Iterator[dg.Output[pl.DataFrame]]:
     """One row per accepted invoice of the day's snapshot, with its dunning cycle and days overdue.
 
     Rejected rows go to `snapshot_quarantine` with the rule they broke. The
     day's partition of `invoice_history_daily` is replaced in one transaction; a
     live run also opens/closes cycles in `invoice_cycles`. A
     backfill evaluates the day against the ledger as it stood then.
+
+    A live run given nothing new since the last one (`dunning.unchanged`) materializes nothing: the steps after
+    this one are skipped, and the run's record says what was checked.
     """
     try:
         config = dunning_home.settings()
         clock = cycle_request.cycle_clock(context, config)
         path = _snapshot_path(dunning_home, cycle_request, config, clock)
         with dunning_home.ledger() as ledger:
+            if clock.live:
+                inputs = unchanged.RunInputs.of(path, config, clock, cycle_request.shard_spec())
+                brings_data = bool(cycle_request.events_path) or _pulls(config, cycle_request, clock)
+                verdict = unchanged.start(
+                    ledger, inputs, clock, config, run_id=context.run.run_id, may_skip=not brings_data, wall=utc_now()
+                )
+                if verdict.unchanged:
+                    context.log.info(verdict.reason)
+                    return
             applied = steps.apply_snapshot(
                 ledger,
                 path,
@@ -69,7 +82,7 @@ def invoice_snapshot(
     if loaded.rejected.height:
         context.log.warning(loaded.summary)
     mode = log_run_mode(context, clock.mode)
-    return dg.Output(
+    yield dg.Output(
         cycled,
         metadata={
             **frame_metadata(cycled),

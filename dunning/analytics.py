@@ -111,7 +111,8 @@ ANALYST_VIEWS = {
         SELECT a.idempotency_key, a.kind, a.customer_id, a.invoice_id, a.stage, 'held: ' || a.reason, NULL, a.as_of
         FROM dunning_audit a
         WHERE a.outcome = 'held' AND NOT a.dry_run
-          AND a.run_id = (SELECT run_id FROM dunning_runs WHERE NOT dry_run ORDER BY finished_wall_at DESC LIMIT 1)""",
+          AND a.run_id = (SELECT run_id FROM dunning_runs WHERE NOT dry_run AND coalesce(outcome, '') <> 'unchanged'
+                          ORDER BY finished_wall_at DESC LIMIT 1)""",
     # every exclusion ever made, in force or not: `in_force` judges `until` by the analyst's current date
     "exclusions_overview": """
         SELECT scope, target_id, excluded_by AS who, reason AS why, excluded_at AS since, until_date AS until,

@@ -126,6 +126,7 @@ class RunOutcome(StrEnum):
 
     COMPLETED = "completed"
     HALTED_BY_BREAKER = "halted_by_breaker"
+    UNCHANGED = "unchanged"  # skipped: nothing it would read had changed since the last run (`dunning.unchanged`)
 
 
 class HoldReason(StrEnum):

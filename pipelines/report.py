@@ -200,10 +200,27 @@ def run_report(result: dg.ExecuteJobResult, ledger: Ledger, *, as_of: dt.datetim
         failures = _failures(result)
         cls, message = failures[0] if failures else ("Error", "run failed")
         return f"dunning: {message}", EXIT_BY_ERROR_CLASS.get(cls, 1)
+    skipped = ledger.unchanged_run(run_id)
+    if skipped is not None:
+        return _unchanged_text(header, skipped), 0
     summary = ledger.run_summary(run_id)
     if summary is None:
         return f"dunning: run {run_id[:8]} completed but recorded no summary (see the Dagster UI)", 1
     return _summary_text(header, summary, ledger.pause_state(), dry_run)
+
+
+def _unchanged_text(header: str, skipped: dict) -> str:
+    """A live run skipped because nothing it decides from changed (`dunning.unchanged`)."""
+    reference = str(skipped["reference_run_id"])[:8]
+    as_of = skipped["reference_as_of"].isoformat() if skipped["reference_as_of"] else "?"
+    return "\n".join(
+        [
+            header,
+            f"nothing changed since run {reference} (as of {as_of}): skipped; nothing written but this run's record",
+            f"checked: the snapshot (sha256 {str(skipped['snapshot_sha256'])[:16]}), the configuration, the business "
+            f"date {skipped['business_date']}, the ledger's state, retries come due, open claims, unknown outcomes",
+        ]
+    )
 
 
 EARLIER = {"unknown_outcome": "unknown", "provider_failure": "failed awaiting retry"}  # audit reasons of older keys

@@ -13,25 +13,34 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
-from dunning import cycle, steps
+from dunning import cycle, steps, unchanged
 from dunning.breaker import BreakerVerdict
 from dunning.clock import cycle_clock, parse_as_of
 from dunning.config import load_config
 from dunning.events import load_events
 from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.providers.base import EmailProvider
 from dunning.providers.factory import build_provider
+from dunning.sharding import EVERYONE
 
 
 @dataclass(frozen=True)
 class InProcessCycle:
-    verdict: BreakerVerdict
-    result: steps.SendStepResult | None  # None when the breaker halted the batch
+    verdict: BreakerVerdict | None  # None when the run was skipped as unchanged
+    result: steps.SendStepResult | None  # None when the breaker halted the batch, or the run was skipped
     audit: pl.DataFrame | None
+    unchanged: unchanged.Verdict | None = None  # with `skip_unchanged`: the first step's verdict
+    run_id: str = ""
+
+    @property
+    def skipped(self) -> bool:
+        return self.unchanged is not None and self.unchanged.unchanged
 
     @property
     def sent_keys(self) -> list[str]:
@@ -41,9 +50,18 @@ class InProcessCycle:
 
 
 def run_cycle(
-    home: Path, snapshot: Path, as_of: str, config_path: str | Path | None = None, events: Path | None = None
+    home: Path,
+    snapshot: Path,
+    as_of: str,
+    config_path: str | Path | None = None,
+    events: Path | None = None,
+    skip_unchanged: bool = False,
+    provider: Callable[[], EmailProvider] | None = None,
 ) -> InProcessCycle:
-    """`dunning --home HOME run --snapshot SNAPSHOT --as-of AS_OF [--config C] [--events E]`, in process."""
+    """`dunning --home HOME run --snapshot SNAPSHOT --as-of AS_OF [--config C] [--events E]`, in process.
+
+    With `skip_unchanged`, the run starts and ends as the assets do (`dunning.unchanged`): skipped when nothing
+    changed since the last run, else its inputs and end state recorded. `provider` replaces the configured one."""
     if config_path is None and (home / "config.yaml").is_file():
         config_path = home / "config.yaml"
     config = load_config(config_path)
@@ -51,6 +69,14 @@ def run_cycle(
     clock = cycle_clock(run_clock, None, config.zone, dry_run=False, as_of_given=True)
     run_id = f"in-process-{uuid.uuid4()}"
     with open_ledger(home / "dunning.duckdb") as ledger:
+        first = None
+        if skip_unchanged:
+            inputs = unchanged.RunInputs.of(str(snapshot), config, clock, EVERYONE)
+            first = unchanged.start(
+                ledger, inputs, clock, config, run_id=run_id, may_skip=events is None, wall=dt.datetime.now(dt.UTC)
+            )
+            if first.unchanged:
+                return InProcessCycle(None, None, None, first, run_id)
         applied = steps.apply_snapshot(
             ledger, str(snapshot), config, clock, run_id=run_id, allow_stale=False, wall=run_clock
         )
@@ -62,13 +88,15 @@ def run_cycle(
         plan = steps.plan_step(ledger, applied.cycled, accepted, config, clock)
         verdict = cycle.check_breaker(ledger, plan, clock.as_of, config)
         if not verdict.passed:
-            return InProcessCycle(verdict, None, None)
+            return InProcessCycle(verdict, None, None, first, run_id)
         result = steps.send_step(
-            ledger, lambda: build_provider(config.provider, home), plan, config, clock,
+            ledger, provider or (lambda: build_provider(config.provider, home)), plan, config, clock,
             run_id=run_id, dead_runs=lambda owners: (), now=lambda: dt.datetime.now(dt.UTC),
         )  # fmt: skip
         audit = cycle.audit_cycle(
             ledger, applied.cycled, plan, result.outcomes, run_id=run_id, as_of=clock.as_of, dry_run=False,
             snapshot_path=str(snapshot),
         )  # fmt: skip
-    return InProcessCycle(verdict, result, audit)
+        if skip_unchanged:
+            unchanged.finish(ledger, run_id, result.outcomes)
+    return InProcessCycle(verdict, result, audit, first, run_id)

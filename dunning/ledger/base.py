@@ -218,6 +218,41 @@ class Ledger(AlertStore, Protocol):
 
     def status_counts(self) -> StatusCounts: ...
 
+    # an unchanged hour (`dunning.unchanged`, `run_inputs`)
+    def state_digest(self) -> str: ...
+
+    def begin_run_inputs(
+        self,
+        run_id: str,
+        *,
+        shard: str,
+        as_of: dt.datetime,
+        business_date: dt.date,
+        snapshot_path: str,
+        snapshot_sha256: str,
+        config_sha256: str,
+        wall: dt.datetime,
+    ) -> None: ...
+
+    def end_run_inputs(self, run_id: str, settled: bool) -> None: ...
+
+    def last_ended_inputs(self, shard: str) -> dict[str, Any] | None: ...
+
+    def open_work(self, since: dt.datetime, until: dt.datetime, max_attempts: int) -> dict[str, int]: ...
+
+    def unchanged_run(self, run_id: str) -> dict[str, Any] | None: ...
+
+    def record_unchanged_run(
+        self,
+        run_id: str,
+        reference: dict[str, Any],
+        *,
+        as_of: dt.datetime,
+        snapshot_path: str,
+        ledger_state: str,
+        wall: dt.datetime,
+    ) -> None: ...
+
     # the dead man's switch (`dunning.liveness`)
     def last_live_run(self, completed_only: bool = False) -> dict[str, Any] | None: ...
 

@@ -72,6 +72,9 @@ class LedgerConnection(SqlConnection):
     def interval_of_microseconds(self, expression: str) -> str:
         return f"to_microseconds({expression})"
 
+    def rows_digest(self, alias: str) -> str:
+        return f"coalesce(bit_xor(hash({alias})), 0)::VARCHAR"
+
     def database_path(self) -> str | None:
         """The file this ledger lives in (None in memory)."""
         rows = self.con.execute(

@@ -18,6 +18,7 @@ from dunning.ledger.exclusions import ExclusionStore
 from dunning.ledger.invoice_email_store import InvoiceEmailStore
 from dunning.ledger.operations import Operations
 from dunning.ledger.payloads import PayloadStore
+from dunning.ledger.run_inputs import RunInputStore
 from dunning.ledger.sql import quote_identifier
 from dunning.sharding import EVERYONE, Shard
 
@@ -49,7 +50,7 @@ def _kept(column: str) -> pl.Expr:
     )
 
 
-class LedgerTables(ClaimStore, Operations, ExclusionStore, PayloadStore, CursorStore, InvoiceEmailStore):
+class LedgerTables(ClaimStore, Operations, ExclusionStore, PayloadStore, CursorStore, InvoiceEmailStore, RunInputStore):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""
 

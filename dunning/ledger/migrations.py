@@ -80,6 +80,12 @@ MIGRATIONS = (
             next(s for s in DDL if "CREATE TABLE IF NOT EXISTS feature_state (" in s),
         ),
     ),
+    Migration(
+        8,
+        "run inputs: what each live run was given and the ledger's state when it ended, so an unchanged hour is "
+        "skipped",
+        (next(s for s in DDL if "CREATE TABLE IF NOT EXISTS run_inputs (" in s),),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -209,7 +209,8 @@ class Operations(SqlConnection):
 
     def last_live_run(self, completed_only: bool = False) -> dict[str, Any] | None:
         """The last live (not dry, not backfill) run; with `completed_only`, the last one that was not halted."""
-        done = " AND coalesce(outcome, 'completed') = 'completed'" if completed_only else ""
+        # a run skipped as unchanged completed too: it checked everything and found nothing to do
+        done = " AND coalesce(outcome, 'completed') IN ('completed', 'unchanged')" if completed_only else ""
         rows = self.frame(
             "SELECT run_id, as_of, finished_wall_at, outcome, due, sent, failed, unknown, held FROM dunning_runs "
             f"WHERE NOT dry_run AND run_id NOT LIKE 'backfill:%'{done} ORDER BY finished_wall_at DESC LIMIT 1"

@@ -186,6 +186,9 @@ class PgConnection(SqlConnection):
     def interval_of_microseconds(self, expression: str) -> str:
         return f"(({expression}) * INTERVAL '1 microsecond')"
 
+    def rows_digest(self, alias: str) -> str:
+        return f"coalesce(sum(hashtextextended({alias}::text, 0)), 0)::text"
+
     def refuses_duplicate_key(self) -> bool:
         """A failed statement aborts a PostgreSQL transaction, so the duplicate is tried under a SAVEPOINT."""
         probe = f"guard-probe:{uuid.uuid4().hex}"

@@ -272,4 +272,21 @@ DDL = (
         included_by VARCHAR
     )
     """,
+    # what each live run was given and what the ledger held when it ended (`dunning.unchanged`): a later run given
+    # the same, with nothing come due in between, is skipped and recorded here as unchanged since `reference_run_id`
+    """
+    CREATE TABLE IF NOT EXISTS run_inputs (
+        run_id VARCHAR PRIMARY KEY,
+        shard VARCHAR NOT NULL,
+        as_of TIMESTAMPTZ NOT NULL,
+        business_date DATE NOT NULL,
+        snapshot_path VARCHAR,
+        snapshot_sha256 VARCHAR NOT NULL,
+        config_sha256 VARCHAR NOT NULL,
+        ledger_state VARCHAR,
+        settled BOOLEAN,
+        reference_run_id VARCHAR,
+        recorded_wall_at TIMESTAMPTZ NOT NULL
+    )
+    """,
 )

@@ -137,6 +137,11 @@ class SqlConnection:
         differently."""
         raise NotImplementedError
 
+    def rows_digest(self, alias: str) -> str:
+        """SQL for an aggregate over the rows of the table aliased `alias`: text that changes when any row changes,
+        whatever their order (`dunning.ledger.run_inputs`)."""
+        raise NotImplementedError
+
     def database_path(self) -> str | None:
         """The file this ledger lives in (None when it is not a file of this machine)."""
         return None

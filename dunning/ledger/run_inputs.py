@@ -1,0 +1,186 @@
+"""What each live run was given, and what the ledger held when it ended: what lets an unchanged hour be skipped
+(`dunning.unchanged`).
+
+`state_digest` summarizes every table a cycle's decisions read, each as its
+row count and an order-independent hash of its rows (a full scan: tens of
+milliseconds at a million rows). Tables a run only writes for the record
+(audit, run summaries, quarantines, alerts, simulations) are left out: every
+run adds to them, and nothing is decided from them. The daily history is
+summarized by how many rows each run wrote per day, which changes with every
+write to it (each run writes under its own id) and costs a fraction of
+hashing its rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+from typing import Any
+
+import polars as pl
+
+from dunning.ledger.schema import DDL
+from dunning.ledger.sql import SqlConnection, quote_identifier
+from dunning.vocabulary import RunOutcome
+
+# written for the record by every run and never read to decide a send; run_inputs is this module's own
+RECORD_TABLES = frozenset(
+    {
+        "alerts",
+        "applied_snapshots",
+        "customer_claim_locks",  # touched only by claims, which write reminder_ledger in the same transaction
+        "dunning_audit",
+        "dunning_runs",
+        "event_quarantine",
+        "incidents",
+        "run_inputs",
+        "simulated_sends",
+        "snapshot_quarantine",
+    }
+)
+HISTORY_TABLE = "invoice_history_daily"
+
+
+def state_tables() -> list[str]:
+    """Every table of the schema a decision may read: a table added later is in it unless listed as a record."""
+    names = (re.search(r"CREATE TABLE IF NOT EXISTS (\w+)", s) for s in DDL)
+    return sorted(m.group(1) for m in names if m and m.group(1) not in RECORD_TABLES)
+
+
+class RunInputStore(SqlConnection):
+    def state_digest(self) -> str:
+        """One hash of every decision-relevant table's rows (see the module docstring)."""
+        parts = []
+        for table in state_tables():
+            source = quote_identifier(table)
+            if table == HISTORY_TABLE:  # the rows each run wrote per day, not the rows themselves
+                source = f"(SELECT run_id, business_date, count(*) AS n FROM {source} GROUP BY run_id, business_date)"
+            rows = self.con.execute(f"SELECT count(*), {self.rows_digest('t')} FROM {source} AS t").fetchall()
+            count, digest = rows[0]
+            parts.append(f"{table}:{count}:{digest}")
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+    def begin_run_inputs(
+        self,
+        run_id: str,
+        *,
+        shard: str,
+        as_of: dt.datetime,
+        business_date: dt.date,
+        snapshot_path: str,
+        snapshot_sha256: str,
+        config_sha256: str,
+        wall: dt.datetime,
+    ) -> None:
+        """A live run's inputs, at its start; `end_run_inputs` adds the ledger's state when it ends."""
+        with self.transaction() as con:
+            con.execute("DELETE FROM run_inputs WHERE run_id = ?", [run_id])  # a re-executed step starts again
+            con.execute(
+                "INSERT INTO run_inputs (run_id, shard, as_of, business_date, snapshot_path, snapshot_sha256, "
+                "config_sha256, recorded_wall_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [run_id, shard, as_of, business_date, snapshot_path, snapshot_sha256, config_sha256, wall],
+            )
+
+    def end_run_inputs(self, run_id: str, settled: bool) -> None:
+        """The ledger's state as the run leaves it, and whether the run left nothing for a later hour to redo."""
+        state = self.state_digest()
+        sql = "UPDATE run_inputs SET ledger_state = ?, settled = ? WHERE run_id = ?"
+        self.con.execute(sql, [state, settled, run_id])
+
+    def last_ended_inputs(self, shard: str) -> dict[str, Any] | None:
+        """The inputs of the shard's last live run that ended, with `since`: the clock of the last run that did the
+        work (itself, or the run an unchanged run was skipped against), and that run's snapshot row count."""
+        rows = self.frame(
+            """
+            SELECT i.*, coalesce(r.as_of, i.as_of) AS since, d.snapshot_rows
+            FROM run_inputs i
+            LEFT JOIN run_inputs r ON r.run_id = i.reference_run_id
+            LEFT JOIN dunning_runs d ON d.run_id = coalesce(i.reference_run_id, i.run_id)
+            WHERE i.shard = ? AND i.ledger_state IS NOT NULL
+            ORDER BY i.recorded_wall_at DESC LIMIT 1
+            """,
+            [shard],
+        ).to_dicts()
+        return rows[0] if rows else None
+
+    def unchanged_run(self, run_id: str) -> dict[str, Any] | None:
+        """For a run skipped as unchanged: its inputs, the run it matched (`reference_run_id`) and that run's clock
+        (`reference_as_of`); None for any other run."""
+        rows = self.frame(
+            "SELECT i.*, r.as_of AS reference_as_of FROM run_inputs i "
+            "LEFT JOIN run_inputs r ON r.run_id = i.reference_run_id "
+            "WHERE i.run_id = ? AND i.reference_run_id IS NOT NULL",
+            [run_id],
+        ).to_dicts()
+        return rows[0] if rows else None
+
+    def open_work(self, since: dt.datetime, until: dt.datetime, max_attempts: int) -> dict[str, int]:
+        """What time alone can turn into work: claims still open (a crashed run's, to expire), `unknown` outcomes
+        (a provider may settle them), and failed keys whose backoff ended in (`since`, `until`]."""
+        row = self.con.execute(
+            """
+            SELECT count(*) FILTER (WHERE status = 'claimed'),
+                   count(*) FILTER (WHERE status = 'unknown'),
+                   count(*) FILTER (WHERE status = 'failed' AND attempts < ? AND next_attempt_at > ?
+                                     AND next_attempt_at <= ?)
+            FROM reminder_ledger WHERE status IN ('claimed', 'unknown', 'failed')
+            """,
+            [max_attempts, since, until],
+        ).fetchall()[0]
+        return {"claimed": int(row[0] or 0), "unknown": int(row[1] or 0), "retries_due": int(row[2] or 0)}
+
+    def record_unchanged_run(
+        self,
+        run_id: str,
+        reference: dict[str, Any],
+        *,
+        as_of: dt.datetime,
+        snapshot_path: str,
+        ledger_state: str,
+        wall: dt.datetime,
+    ) -> None:
+        """A skipped run: its inputs (the reference's, which they matched) and its run summary, outcome `unchanged`,
+        nothing counted: every key stands as the reference run left it."""
+        with self.transaction() as con:
+            con.execute("DELETE FROM run_inputs WHERE run_id = ?", [run_id])
+            con.execute(
+                "INSERT INTO run_inputs (run_id, shard, as_of, business_date, snapshot_path, snapshot_sha256, "
+                "config_sha256, ledger_state, settled, reference_run_id, recorded_wall_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, TRUE, ?, ?)",
+                [
+                    run_id, reference["shard"], as_of, reference["business_date"], snapshot_path,
+                    reference["snapshot_sha256"], reference["config_sha256"], ledger_state,
+                    reference["reference_run_id"] or reference["run_id"], wall,
+                ],
+            )  # fmt: skip
+            summary = pl.DataFrame(
+                [
+                    {
+                        "run_id": run_id,
+                        "as_of": as_of,
+                        "dry_run": False,
+                        "finished_wall_at": wall,
+                        "snapshot_path": snapshot_path,
+                        "snapshot_rows": reference.get("snapshot_rows"),
+                        "rejected_rows": 0,
+                        "due": 0,
+                        "sent": 0,
+                        "failed": 0,
+                        "unknown": 0,
+                        "held": 0,
+                        "skipped": 0,
+                        "emails": 0,
+                        "not_owed_reminded": 0,
+                        "outcome": str(RunOutcome.UNCHANGED),
+                    }
+                ],
+                schema_overrides={
+                    "as_of": pl.Datetime("us", "UTC"),
+                    "finished_wall_at": pl.Datetime("us", "UTC"),
+                    "snapshot_rows": pl.Int64,
+                },
+            )
+            with self.registered("unchanged_run", summary):
+                con.execute("DELETE FROM dunning_runs WHERE run_id = ?", [run_id])
+                self.insert_by_name("dunning_runs", "unchanged_run")

@@ -1,0 +1,300 @@
+"""The hourly no-op (`dunning.unchanged`): a live run given nothing new is skipped and recorded; each thing that can
+make a run send (a new snapshot, midnight, an operator's change, a retry come due, a claim or an unknown outcome
+to settle, keys left for later) makes it run whole."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import duckdb
+import polars as pl
+import pytest
+import yaml
+
+from dunning import unchanged
+from dunning.clock import CycleClock, RunMode
+from dunning.config import DunningConfig, parse_config
+from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.sharding import EVERYONE
+from dunning.vocabulary import ExclusionScope, SendStatus
+from tests.conftest import Deployment, invoice, write_snapshot
+from tests.in_process import run_cycle
+from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture
+from tests.smtp_server import ScriptedHandler, SmtpServer, smtp_config
+
+ROWS = [
+    invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com", due_date="2026-11-01")
+    for i in range(4)
+] + [invoice(invoice_id="in_x", customer_id="cx", customer_email=None, due_date="2026-11-01")]  # held: no address
+NINE = "2026-11-05T09:00:00Z"  # day 4 overdue: day3 reminders
+TEN = "2026-11-05T10:00:00Z"
+
+
+def _snapshot(tmp_path, rows=ROWS, name="s.csv"):
+    return write_snapshot(tmp_path / name, rows)
+
+
+def _run(home, snapshot, as_of, config=None, **kwargs):
+    return run_cycle(home, snapshot, as_of, config, skip_unchanged=True, **kwargs)
+
+
+def _tables(home) -> dict:
+    """Every table a run writes, except the two a skipped run writes its record to."""
+    con = duckdb.connect(str(home / "dunning.duckdb"), read_only=True)
+    try:
+        names = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()]
+        return {
+            name: sorted(map(repr, con.execute(f"SELECT * FROM {name}").fetchall()))
+            for name in names
+            if name not in ("dunning_runs", "run_inputs")
+        }
+    finally:
+        con.close()
+
+
+def _outbox(home) -> list[str]:
+    return sorted(p.name for p in (home / "outbox").glob("*.eml"))
+
+
+def test_an_hour_later_with_nothing_new_is_skipped_and_writes_only_its_record(tmp_path):
+    home, snapshot = tmp_path / "home", _snapshot(tmp_path)
+    first = _run(home, snapshot, NINE)
+    assert not first.skipped and len(first.sent_keys) == 4
+    before, outbox = _tables(home), _outbox(home)
+    again = _run(home, _snapshot(tmp_path, name="copy.csv"), TEN)  # another file, the same bytes
+    assert again.skipped, again.unchanged
+    assert f"nothing changed since run {first.run_id[:8]}" in again.unchanged.reason
+    assert _tables(home) == before and _outbox(home) == outbox
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        runs = ledger.frame("SELECT run_id, outcome, due, sent FROM dunning_runs ORDER BY finished_wall_at")
+        record = ledger.unchanged_run(again.run_id)
+        assert ledger.last_live_run(completed_only=True)["run_id"] == again.run_id  # the dead man's switch sees it
+    assert runs.rows() == [(first.run_id, "completed", 5, 4), (again.run_id, "unchanged", 0, 0)]
+    assert record["reference_run_id"] == first.run_id and record["snapshot_sha256"] == unchanged.file_sha256(snapshot)
+    # and an hour after the skipped run, compared with the run that did the work, still nothing to do
+    assert _run(home, snapshot, "2026-11-05T11:00:00Z").skipped
+
+
+def test_a_changed_snapshot_runs_and_sends(tmp_path):
+    home = tmp_path / "home"
+    _run(home, _snapshot(tmp_path), NINE)
+    newer = ROWS + [invoice(invoice_id="in_new", customer_id="cn", customer_email="n@example.com")]
+    second = _run(home, _snapshot(tmp_path, newer, "newer.csv"), TEN)
+    assert not second.skipped and "the snapshot changed" in second.unchanged.reason
+    assert second.sent_keys == ["dunning:in_new:1:day3"]
+
+
+def test_crossing_midnight_with_the_same_snapshot_runs_and_sends_the_next_stage(tmp_path):
+    home, snapshot = tmp_path / "home", _snapshot(tmp_path)
+    _run(home, snapshot, "2026-11-07T23:30:00Z")  # day 6: day3 reminders
+    assert _run(home, snapshot, "2026-11-07T23:45:00Z").skipped
+    after = _run(home, snapshot, "2026-11-08T00:15:00Z")  # day 7, no new data
+    assert not after.skipped and "the business date changed" in after.unchanged.reason
+    assert after.sent_keys == [f"dunning:in_{i}:1:day7" for i in range(4)]
+
+
+def test_midnight_in_the_business_timezone_is_a_change_too(tmp_path):
+    home, snapshot = tmp_path / "home", _snapshot(tmp_path)
+    config = tmp_path / "tokyo.yaml"
+    config.write_text("timezone: Asia/Tokyo\n")
+    _run(home, snapshot, "2026-11-07T14:30:00Z", config)  # 23:30 in Tokyo, day 6
+    after = _run(home, snapshot, "2026-11-07T15:15:00Z", config)  # 00:15 on the 8th in Tokyo, still the 7th in UTC
+    assert not after.skipped and after.sent_keys == [f"dunning:in_{i}:1:day7" for i in range(4)]
+
+
+def test_a_changed_configuration_runs(tmp_path):
+    home, snapshot = tmp_path / "home", _snapshot(tmp_path)
+    _run(home, snapshot, NINE)
+    config = tmp_path / "c.yaml"
+    config.write_text("stages: [{name: day3, days_overdue: 3}, {name: day4, days_overdue: 4}]\n")
+    second = _run(home, snapshot, TEN, config)
+    assert not second.skipped and "the configuration changed" in second.unchanged.reason
+    assert second.sent_keys == [f"dunning:in_{i}:1:day4" for i in range(4)]
+
+
+def test_an_inclusion_after_the_run_makes_the_next_one_send(tmp_path):
+    home, snapshot = tmp_path / "home", _snapshot(tmp_path)
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        ledger.exclude(ExclusionScope.CUSTOMER, "c0", "disputed", None, "ops", dt.datetime(2026, 11, 5, tzinfo=dt.UTC))
+    first = _run(home, snapshot, NINE)
+    assert "dunning:in_0:1:day3" not in first.sent_keys
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        ledger.include(ExclusionScope.CUSTOMER, "c0", "ops", dt.datetime(2026, 11, 5, 9, 30, tzinfo=dt.UTC))
+    second = _run(home, snapshot, TEN)
+    assert not second.skipped and "the ledger changed" in second.unchanged.reason
+    assert second.sent_keys == ["dunning:in_0:1:day3"]
+
+
+def test_a_resume_after_a_paused_run_makes_the_next_one_send(tmp_path):
+    home, snapshot = tmp_path / "home", _snapshot(tmp_path)
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        ledger.set_pause(True, "incident", "ops", dt.datetime(2026, 11, 5, tzinfo=dt.UTC))
+    assert _run(home, snapshot, NINE).sent_keys == []
+    assert _run(home, snapshot, "2026-11-05T09:30:00Z").skipped  # still paused: nothing would change
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        ledger.set_pause(False, "resumed", "ops", dt.datetime(2026, 11, 5, 9, 45, tzinfo=dt.UTC))
+    second = _run(home, snapshot, TEN)
+    assert not second.skipped and len(second.sent_keys) == 4
+
+
+def test_a_retry_whose_backoff_ended_runs_and_is_sent(tmp_path):
+    home, snapshot = tmp_path / "home", _snapshot(tmp_path)
+    with SmtpServer(ScriptedHandler({1: "554"})) as server:  # the first email is refused: failed, retried later
+        config = smtp_config(tmp_path / "smtp.yaml", server.port)  # retried after 30 minutes
+        first = _run(home, snapshot, NINE, config)
+        assert len(first.sent_keys) == 3
+        assert _run(home, snapshot, "2026-11-05T09:20:00Z", config).skipped  # the 30-minute backoff is not over
+        retried = _run(home, snapshot, "2026-11-05T09:40:00Z", config)
+    assert not retried.skipped and "came due for a retry" in retried.unchanged.reason
+    assert len(retried.sent_keys) == 1 and retried.sent_keys[0] not in first.sent_keys
+
+
+def test_a_retry_that_came_due_while_runs_were_skipped_is_not_missed(tmp_path):
+    home, snapshot = tmp_path / "home", _snapshot(tmp_path)
+    with SmtpServer(ScriptedHandler({1: "554"})) as server:
+        config = smtp_config(tmp_path / "smtp.yaml", server.port)
+        _run(home, snapshot, NINE, config)
+        assert _run(home, snapshot, "2026-11-05T09:20:00Z", config).skipped
+        # the backoff ends at 09:30, between this skipped run's clock and the next: compared with the run that did the
+        # work (09:00), not with the skipped one
+        later = _run(home, snapshot, "2026-11-05T09:31:00Z", config)
+    assert not later.skipped and len(later.sent_keys) == 1
+
+
+def _reference(tmp_path, config=None):
+    """A home whose last run ended (and was recorded) at 09:00 having sent everything."""
+    home, snapshot = tmp_path / "home", _snapshot(tmp_path)
+    assert _run(home, snapshot, NINE, config).sent_keys
+    return home, snapshot
+
+
+def _judge(home, snapshot, as_of: str, config: DunningConfig) -> unchanged.Verdict:
+    clock_at = dt.datetime.fromisoformat(as_of.replace("Z", "+00:00"))
+    clock = CycleClock(clock_at, RunMode.LIVE, clock_at.date())
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        return unchanged.judge(ledger, unchanged.RunInputs.of(str(snapshot), config, clock, EVERYONE), clock, config)
+
+
+def _end_again(home, run_id: str) -> None:
+    """Record the reference's end state again after a change, so only the condition under test differs."""
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        ledger.end_run_inputs(run_id, True)
+
+
+def _last_run_id(home) -> str:
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        return ledger.last_ended_inputs("0/1")["run_id"]
+
+
+def test_an_open_claim_is_a_change_its_lease_may_expire(tmp_path):
+    home, snapshot = _reference(tmp_path)
+    assert _judge(home, snapshot, TEN, DunningConfig()).unchanged
+    with open_ledger(home / "dunning.duckdb") as ledger:  # a claim as a crashed run leaves it
+        ledger.con.execute("UPDATE reminder_ledger SET status = 'claimed' WHERE invoice_id = 'in_0'")
+    _end_again(home, _last_run_id(home))
+    verdict = _judge(home, snapshot, TEN, DunningConfig())
+    assert not verdict.unchanged and "1 claim(s) open" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    "provider, skipped",
+    [
+        ("{kind: file}", False),  # the outbox answers a lookup
+        ("{kind: resend}", False),  # resubmitted under its idempotency key, or looked up
+        ("{kind: smtp, idempotency_header: Resend-Idempotency-Key}", False),
+        ("{kind: smtp}", True),  # a plain SMTP server cannot be asked: it waits for a human either way
+    ],
+)
+def test_an_unknown_outcome_is_a_change_when_the_provider_may_settle_it(tmp_path, provider, skipped):
+    home, snapshot = _reference(tmp_path)
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        ledger.con.execute("UPDATE reminder_ledger SET status = 'unknown' WHERE invoice_id = 'in_0'")
+    _end_again(home, _last_run_id(home))
+    config = parse_config({"provider": yaml.safe_load(provider)})
+    # the reference was made with the default config: record it as made with this one, so only the unknown differs
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        ledger.con.execute("UPDATE run_inputs SET config_sha256 = ?", [unchanged.config_sha256(config)])
+    verdict = _judge(home, snapshot, TEN, config)
+    assert verdict.unchanged is skipped, verdict.reason
+    if not skipped:
+        assert "unknown outcome(s) the provider may settle" in verdict.reason
+
+
+def test_a_run_that_left_keys_for_later_is_no_reference(tmp_path):
+    home, snapshot = _reference(tmp_path)
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        ledger.end_run_inputs(_last_run_id(home), False)
+    verdict = _judge(home, snapshot, TEN, DunningConfig())
+    assert not verdict.unchanged and "left keys for a later run" in verdict.reason
+    for status in (SendStatus.THROTTLED, SendStatus.LOST, SendStatus.BREAKER, SendStatus.RELEASED):
+        assert not unchanged.settled(pl.DataFrame({"status": ["sent", str(status)]}))
+    assert unchanged.settled(pl.DataFrame({"status": ["sent", "failed", "unknown", "paused"]}))
+
+
+def test_a_clock_before_the_last_run_runs(tmp_path):
+    home, snapshot = _reference(tmp_path)
+    verdict = _judge(home, snapshot, "2026-11-05T08:00:00Z", DunningConfig())
+    assert not verdict.unchanged and "the clock is before" in verdict.reason
+
+
+def test_history_written_by_another_run_is_a_change(tmp_path):
+    home, snapshot = _reference(tmp_path)
+    with open_ledger(home / "dunning.duckdb") as ledger:  # as a backfill rewriting a past day would
+        ledger.con.execute("UPDATE invoice_history_daily SET run_id = 'backfill-run' WHERE invoice_id = 'in_1'")
+    assert not _judge(home, snapshot, TEN, DunningConfig()).unchanged
+
+
+def test_a_run_with_events_or_a_pull_is_never_skipped(tmp_path):
+    home, snapshot = _reference(tmp_path)
+    events = tmp_path / "events.json"
+    events.write_text("[]")
+    again = _run(home, snapshot, TEN, events=events)
+    assert not again.skipped and again.unchanged.reason == "the run brings new data"
+
+
+@pytest.mark.slow
+def test_the_cli_skips_an_unchanged_hour_and_says_what_it_checked(deployment: Deployment):
+    code, _, err = deployment.run(ROWS, NINE)
+    assert code == 0, err
+    outbox = deployment.outbox()
+    published = (deployment.home / "analytics.duckdb").stat().st_mtime_ns
+    code, out, err = deployment.run(ROWS, TEN)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "nothing changed since run" in lines[1] and "skipped" in lines[1]
+    assert "checked: the snapshot (sha256" in lines[2] and "the business date 2026-11-05" in lines[2]
+    assert err == "", "no warning about the checks the skip left without a result"
+    assert len(deployment.outbox()) == len(outbox)
+    assert (deployment.home / "analytics.duckdb").stat().st_mtime_ns == published, "not published again"
+    runs = deployment.query("SELECT outcome FROM dunning_runs ORDER BY finished_wall_at")
+    assert runs == [("completed",), ("unchanged",)]
+    code, out, _ = deployment.run(ROWS, "2026-11-08T09:00:00Z")  # day 7: the next stage, same rows
+    assert code == 0 and "sent: 4 reminder key(s)" in out
+
+
+def test_the_ledger_state_and_run_inputs_on_both_backends(backend):
+    wall = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
+    inputs = {"shard": "0/1", "as_of": wall, "business_date": wall.date(), "snapshot_path": "s.csv"}
+    with backend.open() as ledger:
+        empty = ledger.state_digest()
+        assert ledger.state_digest() == empty, "the same rows, the same digest"
+        ledger.begin_run_inputs("r1", snapshot_sha256="a", config_sha256="b", wall=wall, **inputs)
+        assert ledger.state_digest() == empty, "run_inputs is a record, not state"
+        assert ledger.last_ended_inputs("0/1") is None, "a run that has not ended is no reference"
+        ledger.end_run_inputs("r1", True)
+        ended = ledger.last_ended_inputs("0/1")
+        assert (ended["run_id"], ended["settled"], ended["ledger_state"], ended["since"]) == ("r1", True, empty, wall)
+        assert ledger.last_ended_inputs("1/2") is None, "another shard's runs are no reference"
+        ledger.set_pause(True, "why", "ops", wall)
+        paused = ledger.state_digest()
+        assert paused != empty
+        ledger.exclude(ExclusionScope.INVOICE, "in_1", None, None, "ops", wall)
+        assert ledger.state_digest() not in (empty, paused)
+        later = wall + dt.timedelta(hours=1)
+        ledger.record_unchanged_run("r2", ended, as_of=later, snapshot_path="s2.csv", ledger_state=empty, wall=later)
+        skipped = ledger.unchanged_run("r2")
+        assert (skipped["reference_run_id"], skipped["reference_as_of"]) == ("r1", wall)
+        assert ledger.unchanged_run("r1") is None
+        assert ledger.last_ended_inputs("0/1")["since"] == wall, "the clock of the run that did the work"
+        assert ledger.last_live_run(completed_only=True)["run_id"] == "r2"
+        assert ledger.open_work(wall, later, 5) == {"claimed": 0, "unknown": 0, "retries_due": 0}
