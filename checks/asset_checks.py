@@ -15,7 +15,7 @@ from dunning.breaker import BREAKER_CHECK
 from dunning.clock import RunMode
 from resources.dunning import CycleRequest, DunningHome
 
-# what the audit and the breaker's trip record read of the snapshot (see RunScopedParquetIOManager)
+# what the audit and the breaker's trip record read of the snapshot (see RunScopedFramesIOManager)
 SNAPSHOT_FOR_AUDIT = dg.AssetIn("invoice_snapshot", metadata={"columns": ["invoice_id", "owed", "remaining_minor"]})
 REMINDERS_SOUND = "reminders_due_are_sound"
 BREAKER = "circuit_breaker"

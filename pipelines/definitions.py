@@ -15,7 +15,7 @@ from assets.reminders import reminders_due
 from assets.sending import send_batch
 from assets.snapshot import billing_events, invoice_snapshot
 from checks.asset_checks import circuit_breaker, no_reminders_for_unowed_invoices, reminders_due_are_sound
-from pipelines.io_manager import RunScopedParquetIOManager
+from pipelines.io_manager import RunScopedFramesIOManager
 from pipelines.jobs import dunning_cycle_job
 from pipelines.recovery_job import flood_recovery
 from pipelines.schedules import hourly_dunning
@@ -31,6 +31,6 @@ defs = dg.Definitions(
     resources={
         "dunning_home": DunningHome(home=dg.EnvVar("DUNNING_HOME")),
         "cycle_request": CycleRequest(),
-        "frames": RunScopedParquetIOManager(base_dir=dg.EnvVar("DUNNING_HOME")),
+        "frames": RunScopedFramesIOManager(),
     },
 )

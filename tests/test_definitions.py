@@ -12,7 +12,7 @@ from assets.reminders import reminders_due
 from assets.sending import send_batch
 from assets.snapshot import billing_events, invoice_snapshot
 from checks.asset_checks import REMINDERS_SOUND, no_reminders_for_unowed_invoices, reminders_due_are_sound
-from pipelines.io_manager import RunScopedParquetIOManager
+from pipelines.io_manager import RunScopedFramesIOManager
 from resources.dunning import CycleRequest, DunningHome
 from tests.conftest import invoice, write_snapshot
 
@@ -70,7 +70,7 @@ def _materialize(home: Path, snapshot: Path, as_of: str, instance: dg.DagsterIns
         resources={
             "dunning_home": DunningHome(home=str(home)),
             "cycle_request": CycleRequest(snapshot_path=str(snapshot), as_of=as_of),
-            "frames": RunScopedParquetIOManager(base_dir=str(home)),
+            "frames": RunScopedFramesIOManager(),
         },
         instance=instance,
         partition_key=as_of[:10],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 import sys
 from email.message import EmailMessage
@@ -137,8 +138,11 @@ def test_a_disk_filled_after_a_good_run_fails_in_one_line_and_the_next_run_with_
     # the run in one line naming the step, the run and the file under the home
     fill(small_disk, leave_kb=2000)
     code, out, err = dunning(home, later)
-    line = assert_one_storage_line(code, err, "(step ", ", run ", str(home))
-    failed_run = line.split(", run ")[1][:8]
+    line = assert_one_storage_line(code, err, ", run " if "(step " in err else "(run ", str(home))
+    # frames pass between steps in memory: the run's writes are the ledger's and Dagster's own, and when Dagster's
+    # storage is the one that fills, the step it was in is named only if that storage can still be read back
+    assert "(step " in line or "writing the Dagster instance's storage" in line, line
+    failed_run = re.search(r"run ([0-9a-f]{8})\)", line).group(1)
 
     filler.unlink()
     code, out, err = dunning(home, later)
