@@ -43,7 +43,7 @@ def _peak_mb() -> int:
 def _scratch(template: Path, name: str) -> Path:
     home = template.with_name(f"{template.name}-{name}")
     shutil.rmtree(home, ignore_errors=True)
-    shutil.copytree(template, home)
+    shutil.copytree(template, home, symlinks=True)  # the analysts' file's WAL guard is a dangling link
     return home
 
 

@@ -147,7 +147,7 @@ def workers_run(cluster: PostgresCluster, template_db: str, snapshot: Path, work
 def duckdb_run(template: Path, dry_run: bool) -> dict:
     home = DATA / "workers-duckdb"
     shutil.rmtree(home, ignore_errors=True)
-    shutil.copytree(template, home)
+    shutil.copytree(template, home, symlinks=True)  # the analysts' file's WAL guard is a dangling link
     (home / "config.yaml").write_text(outbox_setting("duckdb"))
     args = [str(DUNNING), "--home", str(home), "run", "--snapshot", str(home / "bench-snapshot.parquet"),
             "--as-of", AS_OF.isoformat(), *(["--dry-run"] if dry_run else [])]  # fmt: skip
@@ -200,7 +200,7 @@ def _claim_worker(args: tuple[str, str, int, int, str]) -> dict:
 def claim_rates(cluster: PostgresCluster, template_db: str, template: Path, due_path: Path) -> dict:
     home = DATA / "claims-duckdb"
     shutil.rmtree(home, ignore_errors=True)
-    shutil.copytree(template, home)
+    shutil.copytree(template, home, symlinks=True)  # the analysts' file's WAL guard is a dangling link
     rates = {"duckdb_1": [_claim_worker(("duckdb", str(home / "dunning.duckdb"), 0, 1, str(due_path)))]}
     shutil.rmtree(home, ignore_errors=True)
     for workers in (1, 2, 4):

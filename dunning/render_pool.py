@@ -11,15 +11,17 @@ never touches the ledger or the provider. A worker that dies leaves the emails
 it had not rendered un-handed-over: the caller records them `failed` (they
 never reached the provider, so a retry cannot duplicate them) and stops.
 
-Workers start from a `forkserver` (`spawn` where there is none): the run's
-process has threads (Dagster, DuckDB, the outbox writer) and forking it as it
-is would be unsafe. They are started when the pool opens, before the first
-chunk is claimed, and warm up (templates compiled, locale data loaded) while
-the claims run. How many: `render_processes` in the config (`auto`: the
-machine's usable cores divided by the runs of this deployment's job in
-progress on it, so shard workers sharing a machine do not oversubscribe it);
-a batch under `MIN_POOL_EMAILS` emails renders in the run's own process, where
-it costs less than starting the workers.
+Workers are spawned (fresh interpreters that import this module only): the
+run's process has threads (Dagster, DuckDB, the outbox writer), and forking it
+as it is would be unsafe; spawned workers are the run's own children, so the
+time they use counts in the run's CPU time (a forkserver's children would
+not). They are started when the pool opens, before the first chunk is claimed,
+and warm up (templates compiled, locale data loaded) while the claims run.
+How many: `render_processes` in the config (`auto`: the machine's usable
+cores divided by the runs of this deployment's job in progress on it, so
+shard workers sharing a machine do not oversubscribe it); a batch under
+`MIN_POOL_EMAILS` emails renders in the run's own process, where it costs less
+than starting the workers.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ Built = WireEmail | str  # an email's bytes, or why it could not be built
 BUILD_ERRORS = (ValueError, TypeError, LookupError, OSError)  # EmailBuildError, HeaderParseError, a bad template…
 MIN_POOL_EMAILS = 300  # below this, starting workers costs more than it saves
 GROUPS_PER_TASK = 32  # emails per round trip to a worker: large enough to amortize it, small to keep order cheap
-START_METHODS = ("forkserver", "spawn")  # never plain fork of a process with threads
+START_METHOD = "spawn"  # never a plain fork of a process with threads
 
 
 @dataclass(frozen=True)
@@ -141,14 +143,6 @@ def _failing(futures: list[Future[list[Built]]], error: Exception) -> Generator[
     yield  # a generator: raises when first asked for an email
 
 
-def _context() -> multiprocessing.context.BaseContext:
-    method = next(m for m in START_METHODS if m in multiprocessing.get_all_start_methods())
-    context = multiprocessing.get_context(method)
-    if method == "forkserver":  # the server imports the renderer once; each worker is a fork of it
-        context.set_forkserver_preload(["dunning.render_pool"])
-    return context
-
-
 @contextlib.contextmanager
 def _main_module_hidden() -> Iterator[None]:
     """While workers start, the program that opened the pool (the `dunning` command, Dagster's run worker) is not
@@ -173,7 +167,10 @@ class RenderPool:
         self.processes = processes
         with _main_module_hidden():
             self._executor = ProcessPoolExecutor(
-                max_workers=processes, mp_context=_context(), initializer=_start_worker, initargs=(settings,)
+                max_workers=processes,
+                mp_context=multiprocessing.get_context(START_METHOD),
+                initializer=_start_worker,
+                initargs=(settings,),
             )
             # one task per worker now, so every worker starts (and warms up) while the run claims its first chunk
             self._warming = [self._executor.submit(_ready) for _ in range(processes)]

@@ -100,7 +100,16 @@ class SnapshotRows(pa.DataFrameModel):
     @pa.dataframe_check(name="unique_invoice_id")
     def _unique_invoice_id(cls, data: pa.PolarsData) -> pl.LazyFrame:
         ids = pl.col("invoice_id")
+        if _all_distinct(data.lazyframe.select(ids).collect().get_column("invoice_id")):
+            return data.lazyframe.select(pl.repeat(True, pl.len()).alias("invoice_id"))
         return data.lazyframe.select(ids.is_null() | ~ids.is_duplicated())
+
+
+def _all_distinct(ids: pl.Series) -> bool:
+    """True only when every id is distinct: as many distinct 64-bit hashes as ids proves it (equal ids hash alike)
+    at a fifteenth of the cost of `is_duplicated` over ten million strings; any two equal hashes (a duplicate, two
+    nulls, or a rare collision) leave the answer to the exact check."""
+    return ids.hash().n_unique() == ids.len()
 
 
 def _rule(column: str, check: str) -> str:
