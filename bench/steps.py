@@ -63,7 +63,7 @@ def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, 
     from dunning.config import DunningConfig
     from dunning.ledger.duckdb_ledger import open_ledger
     from dunning.providers.file_outbox import FileOutbox
-    from dunning.render_pool import pool_size
+    from dunning.render_pool import available_cores, pool_size
     from dunning.sending import held_outcomes
     from dunning.vocabulary import SendStatus
 
@@ -138,7 +138,13 @@ def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, 
             ),
         )
         step("publication", lambda: publish(ledger.con, home))
-    result = {"due_keys": cycle.due_rows(plan).height, "sendable_keys": due.height, "steps": timings}
+    result = {
+        "due_keys": cycle.due_rows(plan).height,
+        "sendable_keys": due.height,
+        "steps": timings,
+        "render_processes": pool_size(config.render_processes),
+        "cores": available_cores(),
+    }
     if send:
         email_bytes = sum(p.stat().st_size for p in outbox.iterdir()) // max(report.emails, 1)
         floor_rate = disk_floor(

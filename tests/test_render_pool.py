@@ -175,19 +175,24 @@ def test_a_render_worker_that_dies_sends_nothing_twice_and_leaves_nothing_claime
     assert isinstance(error, RenderFailed) and "BrokenProcessPool" in str(error)
     by_status = dict(statuses.group_by("status").len().iter_rows())
     assert "claimed" not in by_status, "every claimed key has its outcome: none is left for recovery to guess"
+    assert set(by_status) <= {"sent", "failed"}
     sent = statuses.filter(pl.col("status") == "sent")
     files = sorted(p.name for p in outbox.iterdir())
-    assert len(files) == sent.height >= 40, "the first chunk went out whole, and only what was handed over"
-    assert sorted(FileOutbox(outbox).path_for(m).name for m in sent.get_column("message_id")) == files
+    assert sorted(FileOutbox(outbox).path_for(m).name for m in sent.get_column("message_id")) == files, (
+        "exactly the keys handed over are sent, each once"
+    )
     failed = statuses.filter(pl.col("status") == "failed")
-    assert failed.height == 80 and sent.height + failed.height == statuses.height
-    not_rendered = failed.filter(pl.col("last_error").str.starts_with("not handed over: the render pool failed"))
-    released = failed.filter(pl.col("last_error").str.starts_with("not handed over: rendering stopped"))
-    assert not_rendered.height + released.height == 80 and released.height == 40, "the chunk claimed ahead"
-    assert set(not_rendered.get_column("attempts")) == {1} and set(released.get_column("attempts")) == {0}
     for message_id in failed.get_column("message_id"):
         assert not FileOutbox(outbox).path_for(message_id).exists(), "a failed key was never handed over"
-    assert statuses.height == 120, "no chunk after the one claimed ahead was claimed"
+    not_rendered = failed.filter(pl.col("last_error").str.starts_with("not handed over: the render pool failed"))
+    released = failed.filter(pl.col("last_error").str.starts_with("not handed over: rendering stopped"))
+    assert not_rendered.height + released.height == failed.height
+    assert set(not_rendered.get_column("attempts")) == {1} and set(released.get_column("attempts")) == {0}
+    # a dead worker breaks the whole pool: the emails of every chunk in flight that were not rendered yet fail,
+    # which chunk that is depends on timing; only the chunk claimed ahead of the failure is released, and no chunk
+    # after it is claimed
+    assert released.height == 40 and statuses.height in (80, 120)
+    assert sent.height + not_rendered.height == statuses.height - 40
 
 
 def test_pool_size_follows_the_setting_and_shares_the_cores():
@@ -220,3 +225,25 @@ def test_a_cycle_through_the_cli_renders_in_the_pool_with_the_same_bytes(tmp_pat
     assert len(outboxes[0]) == 30 and outboxes[0] == outboxes[1]
     parsed = email.message_from_bytes(next(iter(outboxes[1].values())), policy=policy.default)
     assert parsed["X-Dunning-Kind"] == "reminder"
+
+
+def test_amounts_formatted_without_babel_read_as_babel_writes_them():
+    import random
+    from decimal import Decimal
+
+    import babel
+
+    from dunning.email_context import _number_format, _plain_format, format_amount
+    from dunning.snapshot_rules import CURRENCIES
+
+    rng = random.Random(15)
+    locales = sorted(str(x) for x in babel.localedata.locale_identifiers())
+    plain = 0
+    for locale in [*rng.sample(locales, 150), "en_US", "de_DE", "fr_CH", "en_IN", "ar_EG", "fa_IR", "hi_IN"]:
+        for currency in [*rng.sample(CURRENCIES, 3), "USD", "JPY", "KWD"]:
+            pattern, parsed, digits = _number_format(currency, locale)
+            plain += _plain_format(currency, locale) is not None
+            for amount in [0, -1, rng.randint(-(10**15), 10**15), rng.randint(0, 10**6)]:
+                expected = f"{pattern.apply(Decimal(amount).scaleb(-digits), parsed)} {currency}"
+                assert format_amount(amount, currency, locale) == expected, (locale, currency, amount)
+    assert plain > 500, "most locales take the plain path"
