@@ -62,6 +62,14 @@ def _is_html(name: str | None) -> bool:
 class _Environment(ImmutableSandboxedEnvironment):
     """The sandbox, plus the rules every template's syntax tree must follow (checked when it is compiled)."""
 
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        """`invoice.remaining` on the plain dicts every context is made of: the item at once, where the sandbox
+        first tries (and fails) a Python attribute; that raised and caught AttributeError was a seventh of the
+        time to render an email. Anything else, or a key that is also a dict method's name, as the sandbox does."""
+        if type(obj) is dict and attribute in obj and not hasattr(dict, attribute):
+            return obj[attribute]
+        return super().getattr(obj, attribute)
+
     def compile(self, source: Any, name: str | None = None, filename: str | None = None, *args: Any) -> Any:
         tree = self.parse(source, name, filename) if isinstance(source, str) else source
         _check_tree(tree, name, filename)
