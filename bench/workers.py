@@ -47,6 +47,9 @@ from dunning.ledger.pg_ledger import open_postgres_ledger
 from dunning.sharding import Shard
 from tests.postgres_server import PostgresCluster, start_cluster
 
+# issue 13's targets are for one render process per worker: N workers on these 2 cores are N processes, as on N
+# machines of one core each; a worker's own pool (`render_processes: auto`) would count only its own home's runs
+ONE_RENDERER = "render_processes: 1\n"
 COPIED_TABLES = ("reminder_ledger", "invoice_cycles")
 ENV = "DUNNING_POSTGRES_DSN"
 # Every configuration writes its outboxes to memory when the machine has /dev/shm: here all the "machines" share
@@ -120,7 +123,9 @@ def workers_run(cluster: PostgresCluster, template_db: str, snapshot: Path, work
     configs, outboxes = [scratch / f"w{k}.yaml" for k in range(workers)], []
     scratch.mkdir(parents=True)
     for k, config in enumerate(configs):  # one outbox per worker, like one machine each
-        config.write_text(f"ledger: {{kind: postgres}}\nshards: {workers}\n" + outbox_setting(f"pg{workers}-w{k}"))
+        config.write_text(
+            f"ledger: {{kind: postgres}}\nshards: {workers}\n{ONE_RENDERER}" + outbox_setting(f"pg{workers}-w{k}")
+        )
         outboxes.append(OUTBOX_ROOT / f"pg{workers}-w{k}")
     env = {**os.environ, ENV: cluster.dsn(database)}
     started = time.perf_counter()
@@ -148,7 +153,7 @@ def duckdb_run(template: Path, dry_run: bool) -> dict:
     home = DATA / "workers-duckdb"
     shutil.rmtree(home, ignore_errors=True)
     shutil.copytree(template, home, symlinks=True)  # the analysts' file's WAL guard is a dangling link
-    (home / "config.yaml").write_text(outbox_setting("duckdb"))
+    (home / "config.yaml").write_text(ONE_RENDERER + outbox_setting("duckdb"))
     args = [str(DUNNING), "--home", str(home), "run", "--snapshot", str(home / "bench-snapshot.parquet"),
             "--as-of", AS_OF.isoformat(), *(["--dry-run"] if dry_run else [])]  # fmt: skip
     started = time.perf_counter()
