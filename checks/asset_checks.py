@@ -16,7 +16,8 @@ from dunning.clock import RunMode
 from resources.dunning import CycleRequest, DunningHome
 
 # what the audit and the breaker's trip record read of the snapshot (see RunScopedFramesIOManager)
-SNAPSHOT_FOR_AUDIT = dg.AssetIn("invoice_snapshot", metadata={"columns": ["invoice_id", "owed", "remaining_minor"]})
+SNAPSHOT_AUDIT_COLUMNS = ["invoice_id", "owed", "remaining_minor"]
+SNAPSHOT_FOR_AUDIT = dg.AssetIn("invoice_snapshot", metadata={"columns": SNAPSHOT_AUDIT_COLUMNS})
 REMINDERS_SOUND = "reminders_due_are_sound"
 BREAKER = "circuit_breaker"
 NO_UNOWED_REMINDERS = "no_reminders_for_unowed_invoices"

@@ -7,7 +7,9 @@ a million invoices, about a second of a dry run. Frames are kept per run id,
 so two runs never read each other's frames; a process keeps the frames of its
 two most recent runs (each run's process usually runs one). A step that asks
 for a frame its run did not make (a re-execution of one step from the UI)
-fails saying to run the whole job.
+fails saying to run the whole job. An asset read whole by its first consumer
+and only in part by the later ones says which columns those need
+(`NARROW_AFTER_FULL_LOAD`), and only they are kept after the first read.
 
 `prune_run_frames` still removes the `runs/` directories earlier releases
 wrote their Parquet frames to.
@@ -21,6 +23,8 @@ import dagster as dg
 import polars as pl
 
 KEEP_RUNS = 2  # runs whose frames a process keeps: the one running, and the one before it
+# an asset's metadata key: the columns its later consumers read, once a consumer has read the whole frame
+NARROW_AFTER_FULL_LOAD = "frames/narrow_after_full_load"
 
 
 def prune_run_frames(base_dir: str | Path, keep: int = 20) -> int:
@@ -60,4 +64,12 @@ class RunScopedFramesIOManager(dg.ConfigurableIOManager):
         # an input can ask for only the columns it uses (AssetIn(metadata={"columns": [...]})), as it could when
         # frames were files; a selection shares the frame's memory
         columns = (context.definition_metadata or {}).get("columns")
-        return frame.select(list(columns)) if columns else frame
+        if columns:
+            return frame.select(list(columns))
+        # an asset whose one whole-frame reader comes first says what its later readers need: keep only that
+        narrow = (context.upstream_output.definition_metadata or {}).get(NARROW_AFTER_FULL_LOAD)
+        if narrow:
+            with _LOCK:
+                frames = _FRAMES.get(context.upstream_output.run_id, {})
+                frames[context.asset_key.to_user_string()] = frame.select(list(narrow))
+        return frame

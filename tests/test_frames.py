@@ -1,0 +1,53 @@
+"""Frames between a run's steps, in the run's process (`pipelines/io_manager.py`): scoped to their run, the snapshot
+narrowed to what the later steps read once reminders_due has it, and only the last runs' kept."""
+
+from __future__ import annotations
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from assets.audit import dunning_audit
+from assets.reminders import reminders_due
+from assets.sending import send_batch
+from assets.snapshot import billing_events, invoice_snapshot
+from checks.asset_checks import SNAPSHOT_AUDIT_COLUMNS, circuit_breaker, no_reminders_for_unowed_invoices
+from pipelines import io_manager
+from pipelines.io_manager import RunScopedFramesIOManager
+from resources.dunning import CycleRequest, DunningHome
+from tests.conftest import invoice, write_snapshot
+
+
+def _materialize(home, snapshot, as_of, instance, selection=None):
+    assets = [invoice_snapshot, billing_events, reminders_due, send_batch, dunning_audit, circuit_breaker]
+    return dg.materialize(
+        [*assets, no_reminders_for_unowed_invoices],
+        selection=selection,
+        resources={
+            "dunning_home": DunningHome(home=str(home)),
+            "cycle_request": CycleRequest(snapshot_path=str(snapshot), as_of=as_of, dry_run=True),
+            "frames": RunScopedFramesIOManager(),
+        },
+        instance=instance,
+        partition_key=as_of[:10],
+        raise_on_error=False,
+    )
+
+
+@pytest.mark.slow
+def test_frames_stay_in_their_run_narrowed_after_the_one_whole_read(tmp_path):
+    rows = [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}") for i in range(3)]
+    snapshot = write_snapshot(tmp_path / "s.csv", rows)
+    home = tmp_path / "home"
+    with dg.instance_for_test() as instance:
+        runs = [_materialize(home, snapshot, f"2026-11-0{day}T09:00:00Z", instance) for day in (5, 6, 7)]
+        assert all(r.success for r in runs)
+        assert list(io_manager._FRAMES) == [r.run_id for r in runs[1:]], "a process keeps its last two runs' frames"
+        frames = io_manager._FRAMES[runs[-1].run_id]
+        assert frames["invoice_snapshot"].columns == SNAPSHOT_AUDIT_COLUMNS, "narrowed once reminders_due had it"
+        assert isinstance(frames["reminders_due"], pl.DataFrame) and frames["reminders_due"].height == 3
+        # a step run alone has no frame of its run to read: it says so instead of reading another run's
+        alone = _materialize(home, snapshot, "2026-11-07T10:00:00Z", instance, selection=[reminders_due])
+        assert not alone.success
+        failure = next(e for e in alone.all_events if e.is_step_failure)
+        assert "was not materialized in this run" in failure.step_failure_data.user_failure_data.description
