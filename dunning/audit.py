@@ -80,6 +80,9 @@ def build_audit(
 ) -> pl.DataFrame:
     """`due`: this cycle's due reminder rows (with `sendable`); `outcomes`: key -> status for the sendable ones."""
     owed = snapshot.select("invoice_id", "owed", pl.col("remaining_minor").alias("snapshot_remaining"))
+    # only the columns the audit reads, before the joins copy them (the plan carries every snapshot column)
+    used = [*KEY_COLUMNS, "hold", "sendable", DROPPED, "amount_minor", "currency"]
+    due = due.select([c for c in used if c in due.columns])
     rows = due.join(
         outcomes.select(
             "idempotency_key", pl.col("status").alias("sent_status"), pl.col("message_id").alias("sent_message_id")
@@ -123,6 +126,8 @@ def build_audit(
         "message_id",
     ).filter(~pl.col("idempotency_key").is_in(current.select("idempotency_key").to_series().implode()))
     combined = pl.concat([current, earlier.cast(current.schema)], how="vertical")
+    # the snapshot's rows of these invoices only: a left join hashes its right side, which was every invoice
+    owed = owed.filter(pl.col("invoice_id").is_in(combined.get_column("invoice_id").drop_nulls().implode()))
     return combined.join(owed, on="invoice_id", how="left").select(
         pl.lit(run_id).alias("run_id"),
         pl.lit(as_of).alias("as_of"),
