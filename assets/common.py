@@ -10,6 +10,9 @@ from resources.partitions import daily_partitions
 GROUP = "dunning"
 LEDGER_POOL = "dunning_ledger"
 OWNERS = ["team:billing-ops"]
+# an asset's metadata key read by the frames IO manager (`pipelines/io_manager.py`): the columns its later
+# consumers read, once its first consumer has read the whole frame
+NARROW_AFTER_FULL_LOAD = "frames/narrow_after_full_load"
 ASSET_DEFAULTS = {"group_name": GROUP, "io_manager_key": "frames", "partitions_def": daily_partitions, "owners": OWNERS}
 
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import dagster as dg
 import polars as pl
 
-from assets.common import ASSET_DEFAULTS, LEDGER_POOL, fail, frame_metadata, log_run_mode
+from assets.common import ASSET_DEFAULTS, LEDGER_POOL, NARROW_AFTER_FULL_LOAD, fail, frame_metadata, log_run_mode
 from checks.asset_checks import SNAPSHOT_AUDIT_COLUMNS
 from dunning import billing_source, steps, unchanged
 from dunning.clock import CycleClock, utc_now
@@ -14,7 +14,6 @@ from dunning.config import DunningConfig
 from dunning.errors import DunningError, SnapshotError
 from dunning.events import EVENTS_SCHEMA, PAYMENT_FAILED, REJECTED_SCHEMA, LoadedEvents, load_events
 from dunning.landing import latest_for_day
-from pipelines.io_manager import NARROW_AFTER_FULL_LOAD
 from resources.dunning import CycleRequest, DunningHome
 
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 
+from assets.common import NARROW_AFTER_FULL_LOAD
+
 KEEP_RUNS = 2  # runs whose frames a process keeps: the one running, and the one before it
-# an asset's metadata key: the columns its later consumers read, once a consumer has read the whole frame
-NARROW_AFTER_FULL_LOAD = "frames/narrow_after_full_load"
 
 
 def prune_run_frames(base_dir: str | Path, keep: int = 20) -> int:
