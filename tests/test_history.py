@@ -3,10 +3,13 @@
 import datetime as dt
 import shutil
 import subprocess
+import threading
+import time
 from zoneinfo import ZoneInfo
 
 import dagster as dg
 import duckdb
+import psycopg
 import pytest
 
 from pipelines.sensors import landing_snapshots
@@ -185,3 +188,61 @@ def test_a_later_run_of_the_day_rewrites_only_what_changed_on_both_ledgers(backe
         still = {i: v for i, v in {"b": 20, "d": 4}.items() if shard.owns("c_" + i)}
         ledger.merge_history_day(day, _history_rows(day, "r3", still), shard=shard)
         assert [r[0] for r in ledger.frame(sql, [day]).rows()] == ["b", "d"]
+
+
+def _waiting_on_a_lock(ledger, pid: int, within_s: float = 30.0) -> bool:
+    """Whether the PostgreSQL backend `pid` comes to wait on a lock within `within_s` (polled, not slept out)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if ledger.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = ? AND wait_event_type = 'Lock'", [pid]):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_two_runs_merging_one_day_at_once_on_postgresql_leave_one_row_per_invoice(postgres_dsn):
+    """Runs of one shard may merge the same day at the same time: the second waits on the first's rows (the day's
+    unique index) and finds them, where two anti-joins that could not see each other's rows both inserted."""
+    from dunning.ledger.pg_ledger import open_postgres_ledger
+
+    day = dt.date(2026, 11, 5)
+    rows = _history_rows(day, "r1", {f"in_{i}": i + 1 for i in range(50)})
+    changed = _history_rows(day, "r2", {f"in_{i}": i + 100 for i in range(50)})
+    with (
+        open_postgres_ledger(postgres_dsn, "$TEST_DSN") as first,
+        open_postgres_ledger(postgres_dsn, "$TEST_DSN") as second,
+    ):
+        second_pid = second.scalar("SELECT pg_backend_pid()")
+        with first.transaction():
+            first.merge_history_day(day, rows)
+            racing = threading.Thread(target=second.merge_history_day, args=(day, changed))
+            racing.start()
+            assert _waiting_on_a_lock(first, second_pid), "the second merge waits for the first's uncommitted rows"
+        racing.join(timeout=60)
+        assert not racing.is_alive()
+        counts = first.frame(
+            "SELECT invoice_id, count(*) AS n, max(run_id) AS run_id, max(remaining_minor) AS remaining "
+            "FROM invoice_history_daily GROUP BY invoice_id"
+        )
+    assert counts.height == 50 and counts["n"].max() == 1, "one row per invoice and day"
+    assert set(counts["run_id"]) == {"r2"} and counts["remaining"].min() == 100, "the later merge's values won"
+
+
+def test_the_history_key_migration_drops_duplicate_days_and_keeps_the_newest_on_postgresql(postgres_dsn):
+    from dunning.ledger.pg_ledger import open_postgres_ledger
+
+    day = dt.date(2026, 11, 5)
+    older, newer = _history_rows(day, "r1", {"a": 1, "b": 2}), _history_rows(day, "r2", {"a": 10})
+    newer = newer.with_columns(as_of=newer["as_of"] + dt.timedelta(hours=1))
+    with open_postgres_ledger(postgres_dsn, "$TEST_DSN") as ledger:  # as a ledger of release 8 held it, raced
+        ledger.con.execute("DROP INDEX invoice_history_daily_day_invoice")
+        ledger.con.execute("DELETE FROM schema_version WHERE version >= 9")
+        for frame in (older, newer):
+            with ledger.registered("old_rows", frame):
+                ledger.insert_by_name("invoice_history_daily", "old_rows")
+    with open_postgres_ledger(postgres_dsn, "$TEST_DSN") as ledger:
+        rows = ledger.frame("SELECT invoice_id, run_id FROM invoice_history_daily ORDER BY 1").rows()
+        assert rows == [("a", "r2"), ("b", "r1")], "one row per invoice and day, the newest"
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            with ledger.registered("again", newer):
+                ledger.insert_by_name("invoice_history_daily", "again")

@@ -19,7 +19,7 @@ from dunning.ledger.invoice_email_store import InvoiceEmailStore
 from dunning.ledger.operations import Operations
 from dunning.ledger.payloads import PayloadStore
 from dunning.ledger.run_inputs import RunInputStore
-from dunning.ledger.sql import quote_identifier
+from dunning.ledger.sql import Executes, quote_identifier
 from dunning.sharding import EVERYONE, Shard
 
 
@@ -156,8 +156,6 @@ class LedgerTables(ClaimStore, Operations, ExclusionStore, PayloadStore, CursorS
         removed; an unchanged invoice keeps its row (and the run that wrote it). The hourly runs of a day
         rewrite what changed, not a million rows."""
         values = [c for c in rows.columns if c not in ("business_date", "run_id", "as_of", "invoice_id")]
-        changed = " OR ".join(f"r.{quote_identifier(c)} IS DISTINCT FROM h.{quote_identifier(c)}" for c in values)
-        columns = ", ".join(quote_identifier(c) for c in rows.columns)
         owned = None
         if not shard.everyone:
             day = self.frame(
@@ -179,21 +177,52 @@ class LedgerTables(ClaimStore, Operations, ExclusionStore, PayloadStore, CursorS
                 """,
                 [business_date],
             )
-            con.execute(
-                f"""
-                DELETE FROM invoice_history_daily h USING history_rows r
-                WHERE h.business_date = ? AND r.invoice_id = h.invoice_id AND ({changed})
-                """,
-                [business_date],
-            )
-            con.execute(
-                f"""
-                INSERT INTO invoice_history_daily ({columns})
-                SELECT {columns} FROM history_rows r WHERE NOT EXISTS (
-                    SELECT 1 FROM invoice_history_daily h WHERE h.business_date = ? AND h.invoice_id = r.invoice_id)
-                """,
-                [business_date],
-            )
+            if self.history_keyed:
+                self._upsert_history(con, rows.columns, values)
+            else:
+                self._replace_changed_history(con, business_date, rows.columns, values)
+
+    @staticmethod
+    def _replace_changed_history(con: Executes, business_date: dt.date, columns: list[str], values: list[str]) -> None:
+        """One writer (DuckDB): delete the day's changed rows, then insert the invoices the day lacks."""
+        changed = " OR ".join(f"r.{quote_identifier(c)} IS DISTINCT FROM h.{quote_identifier(c)}" for c in values)
+        names = ", ".join(quote_identifier(c) for c in columns)
+        con.execute(
+            f"""
+            DELETE FROM invoice_history_daily h USING history_rows r
+            WHERE h.business_date = ? AND r.invoice_id = h.invoice_id AND ({changed})
+            """,
+            [business_date],
+        )
+        con.execute(
+            f"""
+            INSERT INTO invoice_history_daily ({names})
+            SELECT {names} FROM history_rows r WHERE NOT EXISTS (
+                SELECT 1 FROM invoice_history_daily h WHERE h.business_date = ? AND h.invoice_id = r.invoice_id)
+            """,
+            [business_date],
+        )
+
+    @staticmethod
+    def _upsert_history(con: Executes, columns: list[str], values: list[str]) -> None:
+        """Several writers (PostgreSQL): one upsert on the day's unique index, in invoice order, so two runs of one
+        shard merging the same day at once wait for each other's rows instead of both inserting them (and an
+        anti-join against rows this statement is inserting, which PostgreSQL ran as a nested loop, is gone)."""
+        names = ", ".join(quote_identifier(c) for c in columns)
+        kept = [c for c in columns if c not in ("business_date", "invoice_id")]
+        updates = ", ".join(f"{quote_identifier(c)} = excluded.{quote_identifier(c)}" for c in kept)
+        changed = " OR ".join(
+            f"invoice_history_daily.{quote_identifier(c)} IS DISTINCT FROM excluded.{quote_identifier(c)}"
+            for c in values
+        )
+        con.execute(
+            f"""
+            INSERT INTO invoice_history_daily ({names})
+            SELECT {names} FROM history_rows ORDER BY invoice_id
+            ON CONFLICT (business_date, invoice_id) DO UPDATE SET {updates} WHERE {changed}
+            """,
+            [],
+        )
 
     def replace_partition(
         self,

@@ -32,8 +32,13 @@ class Migration:
     version: int
     description: str
     statements: tuple[str, ...]
+    postgres_only: tuple[str, ...] = ()  # run after `statements` on PostgreSQL alone
 
 
+HISTORY_KEY_INDEX = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS invoice_history_daily_day_invoice "
+    "ON invoice_history_daily (business_date, invoice_id)"
+)
 _LEDGER_DDL = next(s for s in DDL if "CREATE TABLE IF NOT EXISTS reminder_ledger (" in s)
 MIGRATIONS = (
     Migration(1, "baseline: the tables of release 0.1", ()),  # an empty file gets the current DDL below
@@ -85,6 +90,20 @@ MIGRATIONS = (
         "run inputs: what each live run was given and the ledger's state when it ended, so an unchanged hour is "
         "skipped",
         (next(s for s in DDL if "CREATE TABLE IF NOT EXISTS run_inputs (" in s),),
+    ),
+    Migration(
+        9,
+        "PostgreSQL: one history row per invoice and day, under a unique index the day's merge upserts on (runs of "
+        "one shard merging at once could both insert a row; duplicates already there are dropped, the newest kept)",
+        (),
+        postgres_only=(
+            """
+            DELETE FROM invoice_history_daily a USING invoice_history_daily b
+            WHERE a.business_date = b.business_date AND a.invoice_id = b.invoice_id
+              AND (a.as_of, a.ctid) < (b.as_of, b.ctid)
+            """,
+            HISTORY_KEY_INDEX,
+        ),
     ),
 )
 LATEST = MIGRATIONS[-1].version
@@ -149,9 +168,9 @@ def _schema_is_current(con: Executes, version: int, ddl: Sequence[str]) -> bool:
     return bool(present) and present[0][0] == len(tables)
 
 
-def migrate(con: Executes, path: str, ddl: Sequence[str] = DDL) -> list[int]:
+def migrate(con: Executes, path: str, ddl: Sequence[str] = DDL, postgres: bool = False) -> list[int]:
     """Apply every pending migration in order; returns the versions applied now. `ddl`: the current schema in this
-    database's dialect (`schema.DDL` for DuckDB, `pg_schema.PG_DDL` for PostgreSQL)."""
+    database's dialect (`schema.DDL` for DuckDB, `pg_schema.PG_DDL` for PostgreSQL, with `postgres` set)."""
     version = check_not_newer(con, path)
     applied: list[int] = []
     if _schema_is_current(con, version, ddl):
@@ -178,7 +197,7 @@ def migrate(con: Executes, path: str, ddl: Sequence[str] = DDL) -> list[int]:
             continue
         con.execute("BEGIN TRANSACTION")
         try:
-            for statement in migration.statements:
+            for statement in migration.statements + (migration.postgres_only if postgres else ()):
                 con.execute(statement)
             con.execute(
                 "INSERT INTO schema_version VALUES (?, ?, ?)",

@@ -146,6 +146,7 @@ class PgConnection(SqlConnection):
 
     # a deadlock or serialization failure aborts the claim's transaction: another writer won, the chunk is lost
     lost_claim_errors = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
+    history_keyed = True
     con: PgExecutor
 
     def __init__(self, raw: psycopg.Connection[Any]):

@@ -2,9 +2,11 @@
 
 `PG_DDL` is derived from `schema.DDL` (one description of the tables, two
 dialects) plus what only PostgreSQL needs: the index the claim-time cap counts
-its window with. Migrations are `migrations.MIGRATIONS`, recorded in the same
-`schema_version` table; a new database gets the current schema with every
-migration recorded, and a database newer than this release is refused.
+its window with, and the history's unique key per invoice and day (several
+workers merge one day). Migrations are `migrations.MIGRATIONS` (with their
+PostgreSQL-only statements), recorded in the same `schema_version` table; a
+new database gets the current schema with every migration recorded, and a
+database newer than this release is refused.
 
 Several workers may open a new database at once: `migrate_pg` holds an
 advisory lock (session level, released at the end, or when the session ends
@@ -19,7 +21,7 @@ import re
 from psycopg import errors as pg_errors
 
 from dunning.errors import LedgerBusy
-from dunning.ledger.migrations import migrate
+from dunning.ledger.migrations import HISTORY_KEY_INDEX, migrate
 from dunning.ledger.schema import DDL
 from dunning.ledger.sql import Executes
 
@@ -38,6 +40,8 @@ PG_DDL = (
     *(pg_statement(s) for s in DDL),
     # the per-customer cap counts a customer's recent claims inside every claim transaction
     "CREATE INDEX IF NOT EXISTS reminder_ledger_customer_claimed ON reminder_ledger (customer_id, claimed_at)",
+    # the day's history merge upserts on it, and every read of one day's history goes through it
+    HISTORY_KEY_INDEX,
 )
 
 MIGRATION_LOCK = 0x64756E6E696E67  # "dunning": the advisory lock key every worker migrates under
@@ -56,6 +60,6 @@ def migrate_pg(con: Executes, source: str, lock_timeout_seconds: float) -> list[
     finally:
         con.execute("RESET lock_timeout")
     try:
-        return migrate(con, source, PG_DDL)
+        return migrate(con, source, PG_DDL, postgres=True)
     finally:
         con.execute("SELECT pg_advisory_unlock(?)", [MIGRATION_LOCK])

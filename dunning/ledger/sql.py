@@ -50,6 +50,10 @@ class SqlConnection:
 
     # errors that mean "another writer won this claim": the chunk is lost, nothing of it is sent
     lost_claim_errors: tuple[type[BaseException], ...] = ()
+    # whether invoice_history_daily has its unique (business_date, invoice_id) index: on PostgreSQL, where runs of
+    # one shard may merge the same day at once, the day is upserted on it (DuckDB has one writer process, and an
+    # index over every day's rows would cost it more than the merge's hash joins)
+    history_keyed = False
 
     def __init__(self, con: Executes):
         self.con = con
