@@ -243,6 +243,5 @@ def test_the_history_key_migration_drops_duplicate_days_and_keeps_the_newest_on_
     with open_postgres_ledger(postgres_dsn, "$TEST_DSN") as ledger:
         rows = ledger.frame("SELECT invoice_id, run_id FROM invoice_history_daily ORDER BY 1").rows()
         assert rows == [("a", "r2"), ("b", "r1")], "one row per invoice and day, the newest"
-        with pytest.raises(psycopg.errors.UniqueViolation):
-            with ledger.registered("again", newer):
-                ledger.insert_by_name("invoice_history_daily", "again")
+        with pytest.raises(psycopg.errors.UniqueViolation), ledger.registered("again", newer):
+            ledger.insert_by_name("invoice_history_daily", "again")

@@ -321,3 +321,44 @@ def test_a_broken_old_file_and_another_database_s_log_never_stop_publication(tmp
         ledger.replace_partition("invoice_history_daily", dt.date(2026, 11, 1), day_rows(dt.date(2026, 11, 1), "r1", 3))
         publish(ledger.con, tmp_path)
     assert_opens_and_answers(tmp_path, 3)
+
+
+HOSTILE_TEXTS = ['a,"b"\nc\r\nd', "", None, "é ünï 😀\t\\N", "NULL", '""', "x" * 5000]
+
+
+def test_a_postgresql_ledger_publishes_exactly_what_a_duckdb_ledger_does_whatever_the_text(tmp_path, postgres_dsn):
+    """The PostgreSQL rows reach the analysts' copy as CSV: quotes, commas, line breaks, empty strings against
+    NULLs, the text 'NULL', non-ASCII, long values and microseconds must all arrive as the DuckDB ledger keeps them."""
+    from dunning.ledger.pg_ledger import open_postgres_ledger
+
+    n = len(HOSTILE_TEXTS)
+    history = day_rows(dt.date(2026, 11, 5), "r1", n).with_columns(
+        customer_email=pl.Series(HOSTILE_TEXTS, dtype=pl.String),
+        as_of=pl.Series([AS_OF + dt.timedelta(microseconds=i * 123457) for i in range(n)]),
+    )
+
+    def fill(ledger) -> None:
+        ledger.merge_history_day(dt.date(2026, 11, 5), history)
+        for i, text in enumerate(HOSTILE_TEXTS):
+            ledger.add_alert(f"kind-{i}", text or "-", AS_OF + dt.timedelta(seconds=i), f"run-{i}", {"text": text})
+
+    homes = {"duckdb": tmp_path / "d", "postgres": tmp_path / "p"}
+    with open_ledger(homes["duckdb"] / "dunning.duckdb") as ledger:
+        fill(ledger)
+        ledger.publish(homes["duckdb"])
+    with open_postgres_ledger(postgres_dsn, "$TEST_DSN") as ledger:
+        fill(ledger)
+        ledger.publish(homes["postgres"])
+    assert not list(homes["postgres"].glob(".publication-*")), "the staged CSV files are gone"
+    seen = {}
+    for kind, home in homes.items():
+        con = duckdb.connect(str(home / "analytics.duckdb"), read_only=True)
+        try:
+            seen[kind] = {
+                "history": con.execute("SELECT * FROM invoice_history_daily ORDER BY invoice_id").fetchall(),
+                "alerts": con.execute("SELECT * EXCLUDE (alert_id) FROM alerts ORDER BY created_at").fetchall(),
+            }
+        finally:
+            con.close()
+    assert [r[5] for r in seen["postgres"]["history"]] == HOSTILE_TEXTS
+    assert seen["postgres"] == seen["duckdb"]

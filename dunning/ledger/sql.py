@@ -45,6 +45,11 @@ def quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def sql_string(text: str) -> str:
+    """A name from the schema (never data) as a SQL string literal, for the places that take no parameter."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 class SqlConnection:
     """A ledger connection: nested transactions, simulations, and frames used as tables."""
 
