@@ -18,6 +18,7 @@ from dunning.ledger.duckdb_ledger import open_ledger
 from dunning.sharding import EVERYONE
 from dunning.vocabulary import ExclusionScope, SendStatus
 from tests.conftest import Deployment, invoice, write_snapshot
+from tests.helpers import due_frame
 from tests.in_process import run_cycle
 from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture
 from tests.smtp_server import ScriptedHandler, SmtpServer, smtp_config
@@ -298,3 +299,18 @@ def test_the_ledger_state_and_run_inputs_on_both_backends(backend):
         assert ledger.last_ended_inputs("0/1")["since"] == wall, "the clock of the run that did the work"
         assert ledger.last_live_run(completed_only=True)["run_id"] == "r2"
         assert ledger.open_work(wall, later, 5) == {"claimed": 0, "unknown": 0, "retries_due": 0}
+
+
+def test_a_changed_row_of_the_ledger_changes_its_digest_with_the_row_count_unchanged(backend):
+    """An update (a failed key's status, a cycle closed) keeps every count: the digest must still change, and
+    a write of the same value back must not make an old digest match again where a write happened since."""
+    at = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
+    due = due_frame(["in_1", "in_2"])
+    with backend.open() as ledger:
+        ledger.claim(due, due.head(0), "run-1", at, lease_until=at)
+        before = ledger.state_digest()
+        ledger.con.execute("UPDATE reminder_ledger SET status = 'failed' WHERE invoice_id = 'in_1'")
+        failed = ledger.state_digest()
+        assert failed != before
+        ledger.con.execute("UPDATE reminder_ledger SET status = 'sent' WHERE invoice_id = 'in_2'")
+        assert ledger.state_digest() not in (before, failed)

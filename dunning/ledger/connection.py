@@ -21,7 +21,7 @@ import polars as pl
 
 from dunning.errors import LedgerBusy
 from dunning.ledger.migrations import migrate
-from dunning.ledger.sql import PROBE_INSERT, SqlConnection
+from dunning.ledger.sql import PROBE_INSERT, SqlConnection, quote_identifier
 
 
 def connect(path: Path, timeout_seconds: float, read_only: bool = False) -> duckdb.DuckDBPyConnection:
@@ -72,8 +72,9 @@ class LedgerConnection(SqlConnection):
     def interval_of_microseconds(self, expression: str) -> str:
         return f"to_microseconds({expression})"
 
-    def rows_digest(self, alias: str) -> str:
-        return f"coalesce(bit_xor(hash({alias})), 0)::VARCHAR"
+    def table_digest_sql(self, table: str, summary: str | None = None) -> str:
+        source = f"({summary})" if summary else quote_identifier(table)
+        return f"SELECT count(*), coalesce(bit_xor(hash(t)), 0)::VARCHAR FROM {source} AS t"
 
     def database_path(self) -> str | None:
         """The file this ledger lives in (None in memory)."""

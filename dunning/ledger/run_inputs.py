@@ -3,12 +3,13 @@
 
 `state_digest` summarizes every table a cycle's decisions read, each as its
 row count and an order-independent hash of its rows (a full scan: tens of
-milliseconds at a million rows). Tables a run only writes for the record
-(audit, run summaries, quarantines, alerts, simulations) are left out: every
-run adds to them, and nothing is decided from them. The daily history is
-summarized by how many rows each run wrote per day, which changes with every
-write to it (each run writes under its own id) and costs a fraction of
-hashing its rows.
+milliseconds at a million rows in DuckDB; PostgreSQL hashes its row versions'
+transaction ids instead, see `PgConnection.table_digest_sql`). Tables a run
+only writes for the record (audit, run summaries, quarantines, alerts,
+simulations) are left out: every run adds to them, and nothing is decided from
+them. In DuckDB the daily history is summarized by how many rows each run
+wrote per day, which changes with every write to it (each run writes under its
+own id) and costs a fraction of hashing its rows.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import polars as pl
 
 from dunning.ledger.schema import DDL
-from dunning.ledger.sql import SqlConnection, quote_identifier
+from dunning.ledger.sql import SqlConnection
 from dunning.vocabulary import RunOutcome
 
 # written for the record by every run and never read to decide a send; run_inputs is this module's own
@@ -40,6 +41,8 @@ RECORD_TABLES = frozenset(
     }
 )
 HISTORY_TABLE = "invoice_history_daily"
+# the rows each run wrote per day, not the rows themselves
+_HISTORY_SUMMARY = f"SELECT run_id, business_date, count(*) AS n FROM {HISTORY_TABLE} GROUP BY run_id, business_date"
 
 
 def state_tables() -> list[str]:
@@ -53,11 +56,8 @@ class RunInputStore(SqlConnection):
         """One hash of every decision-relevant table's rows (see the module docstring)."""
         parts = []
         for table in state_tables():
-            source = quote_identifier(table)
-            if table == HISTORY_TABLE:  # the rows each run wrote per day, not the rows themselves
-                source = f"(SELECT run_id, business_date, count(*) AS n FROM {source} GROUP BY run_id, business_date)"
-            rows = self.con.execute(f"SELECT count(*), {self.rows_digest('t')} FROM {source} AS t").fetchall()
-            count, digest = rows[0]
+            summary = _HISTORY_SUMMARY if table == HISTORY_TABLE else None
+            count, digest = self.con.execute(self.table_digest_sql(table, summary)).fetchall()[0]
             parts.append(f"{table}:{count}:{digest}")
         return hashlib.sha256("|".join(parts).encode()).hexdigest()
 

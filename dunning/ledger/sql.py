@@ -146,9 +146,10 @@ class SqlConnection:
         differently."""
         raise NotImplementedError
 
-    def rows_digest(self, alias: str) -> str:
-        """SQL for an aggregate over the rows of the table aliased `alias`: text that changes when any row changes,
-        whatever their order (`dunning.ledger.run_inputs`)."""
+    def table_digest_sql(self, table: str, summary: str | None = None) -> str:
+        """SQL for one row: `table`'s row count and text that changes whenever any of its rows changes, whatever
+        their order (`dunning.ledger.run_inputs`). `summary` (a query over `table`) may stand in for its rows
+        where hashing them all costs too much and the summary changes with every write."""
         raise NotImplementedError
 
     def database_path(self) -> str | None:
