@@ -15,12 +15,11 @@ from dunning.ledger.claims import ClaimStore
 from dunning.ledger.connection import LedgerConnection, connect
 from dunning.ledger.cursors import CursorStore
 from dunning.ledger.exclusions import ExclusionStore
+from dunning.ledger.history import HistoryStore
 from dunning.ledger.invoice_email_store import InvoiceEmailStore
 from dunning.ledger.operations import Operations
 from dunning.ledger.payloads import PayloadStore
 from dunning.ledger.run_inputs import RunInputStore
-from dunning.ledger.sql import Executes, quote_identifier
-from dunning.sharding import EVERYONE, Shard
 
 
 @contextlib.contextmanager
@@ -50,7 +49,9 @@ def _kept(column: str) -> pl.Expr:
     )
 
 
-class LedgerTables(ClaimStore, Operations, ExclusionStore, PayloadStore, CursorStore, InvoiceEmailStore, RunInputStore):
+class LedgerTables(
+    ClaimStore, Operations, ExclusionStore, PayloadStore, CursorStore, InvoiceEmailStore, RunInputStore, HistoryStore
+):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""
 
@@ -149,109 +150,6 @@ class LedgerTables(ClaimStore, Operations, ExclusionStore, PayloadStore, CursorS
                 """,
                 [as_of],
             )
-
-    def merge_history_day(self, business_date: dt.date, rows: pl.DataFrame, shard: Shard = EVERYONE) -> None:
-        """Bring one day of `invoice_history_daily` to `rows` (one per invoice) by change: rows whose values
-        changed are replaced, new invoices added, and invoices of this shard's customers no longer in `rows`
-        removed; an unchanged invoice keeps its row (and the run that wrote it). The hourly runs of a day
-        rewrite what changed, not a million rows."""
-        values = [c for c in rows.columns if c not in ("business_date", "run_id", "as_of", "invoice_id")]
-        owned = None
-        if not shard.everyone:
-            day = self.frame(
-                "SELECT DISTINCT customer_id FROM invoice_history_daily WHERE business_date = ?", [business_date]
-            )
-            owned = shard.owned_ids(day).to_frame("customer_id")
-        with contextlib.ExitStack() as stack:
-            con = stack.enter_context(self.transaction())
-            stack.enter_context(self.registered("history_rows", rows))
-            gone_scope = ""
-            if owned is not None:
-                stack.enter_context(self.registered("history_owned", owned))
-                gone_scope = "AND h.customer_id IN (SELECT customer_id FROM history_owned)"
-            # NOT EXISTS, not NOT IN: PostgreSQL plans it as an anti-join whatever the size of the day
-            con.execute(
-                f"""
-                DELETE FROM invoice_history_daily h WHERE h.business_date = ? {gone_scope}
-                  AND NOT EXISTS (SELECT 1 FROM history_rows r WHERE r.invoice_id = h.invoice_id)
-                """,
-                [business_date],
-            )
-            if self.history_keyed:
-                self._upsert_history(con, rows.columns, values)
-            else:
-                self._replace_changed_history(con, business_date, rows.columns, values)
-
-    @staticmethod
-    def _replace_changed_history(con: Executes, business_date: dt.date, columns: list[str], values: list[str]) -> None:
-        """One writer (DuckDB): delete the day's changed rows, then insert the invoices the day lacks."""
-        changed = " OR ".join(f"r.{quote_identifier(c)} IS DISTINCT FROM h.{quote_identifier(c)}" for c in values)
-        names = ", ".join(quote_identifier(c) for c in columns)
-        con.execute(
-            f"""
-            DELETE FROM invoice_history_daily h USING history_rows r
-            WHERE h.business_date = ? AND r.invoice_id = h.invoice_id AND ({changed})
-            """,
-            [business_date],
-        )
-        con.execute(
-            f"""
-            INSERT INTO invoice_history_daily ({names})
-            SELECT {names} FROM history_rows r WHERE NOT EXISTS (
-                SELECT 1 FROM invoice_history_daily h WHERE h.business_date = ? AND h.invoice_id = r.invoice_id)
-            """,
-            [business_date],
-        )
-
-    @staticmethod
-    def _upsert_history(con: Executes, columns: list[str], values: list[str]) -> None:
-        """Several writers (PostgreSQL): one upsert on the day's unique index, in invoice order, so two runs of one
-        shard merging the same day at once wait for each other's rows instead of both inserting them (and an
-        anti-join against rows this statement is inserting, which PostgreSQL ran as a nested loop, is gone)."""
-        names = ", ".join(quote_identifier(c) for c in columns)
-        kept = [c for c in columns if c not in ("business_date", "invoice_id")]
-        updates = ", ".join(f"{quote_identifier(c)} = excluded.{quote_identifier(c)}" for c in kept)
-        changed = " OR ".join(
-            f"invoice_history_daily.{quote_identifier(c)} IS DISTINCT FROM excluded.{quote_identifier(c)}"
-            for c in values
-        )
-        con.execute(
-            f"""
-            INSERT INTO invoice_history_daily ({names})
-            SELECT {names} FROM history_rows ORDER BY invoice_id
-            ON CONFLICT (business_date, invoice_id) DO UPDATE SET {updates} WHERE {changed}
-            """,
-            [],
-        )
-
-    def replace_partition(
-        self,
-        table: str,
-        business_date: dt.date,
-        rows: pl.DataFrame,
-        policy_id: str | None = None,
-        shard: Shard = EVERYONE,
-    ) -> None:
-        """Replace one day's rows of a daily table (and policy, for simulations) in one transaction.
-
-        A shard replaces only the day's rows of the customers it owns, whether or not they are still in `rows`:
-        the other shards' rows of the day stay, so N shards leave the day as one unsharded run would."""
-        if table not in ("invoice_history_daily", "simulated_sends"):
-            raise ValueError(f"not a daily table: {table}")
-        where = "business_date = ?"
-        params: list[object] = [business_date]
-        if policy_id is not None:
-            where += " AND policy_id = ?"
-            params.append(policy_id)
-        with self.transaction() as con, self.registered("partition_rows", rows):
-            if shard.everyone:
-                con.execute(f"DELETE FROM {table} WHERE {where}", params)
-            else:
-                day = self.frame(f"SELECT DISTINCT customer_id FROM {table} WHERE {where}", params)
-                with self.registered("shard_customers", shard.owned_ids(day).to_frame("customer_id")):
-                    mine = "customer_id IN (SELECT customer_id FROM shard_customers)"
-                    con.execute(f"DELETE FROM {table} WHERE {where} AND {mine}", params)
-            self.insert_by_name(table, "partition_rows")
 
 
 class DuckDBLedger(LedgerTables, LedgerConnection):

@@ -170,19 +170,36 @@ class PgConnection(SqlConnection):
         columns = ", ".join(f"{quote_identifier(c)} {_column_type(t)}" for c, t in frame.schema.items())
         self.con.execute(f"CREATE TEMP TABLE {table} ({columns})")
         try:
-            if frame.height:
-                labels = [c for c, t in frame.schema.items() if t == pl.Categorical or isinstance(t, pl.Enum)]
-                text = frame.with_columns(pl.col(labels).cast(pl.String)).write_csv(
-                    include_header=False, quote_style="non_numeric"
-                )
-                names = ", ".join(quote_identifier(c) for c in frame.columns)
-                with self.raw.cursor().copy(f"COPY {table} ({names}) FROM STDIN (FORMAT csv)") as copy:
-                    copy.write(text)
+            self._copy_in(name, frame)
             yield
         finally:
             # in a failed transaction the ROLLBACK that follows removes the table; a DROP would only fail
             if self.raw.info.transaction_status != TransactionStatus.INERROR:
                 self.con.execute(f"DROP TABLE IF EXISTS pg_temp.{table}")
+
+    def _copy_in(self, table: str, frame: pl.DataFrame) -> None:
+        """`frame`'s rows into `table` by COPY, as CSV (labels as their text)."""
+        if not frame.height:
+            return
+        labels = [c for c, t in frame.schema.items() if t == pl.Categorical or isinstance(t, pl.Enum)]
+        text = frame.with_columns(pl.col(labels).cast(pl.String)).write_csv(
+            include_header=False, quote_style="non_numeric"
+        )
+        names = ", ".join(quote_identifier(c) for c in frame.columns)
+        with self.raw.cursor().copy(f"COPY {quote_identifier(table)} ({names}) FROM STDIN (FORMAT csv)") as copy:
+            copy.write(text)
+
+    def copy_new_rows(self, table: str, rows: pl.DataFrame) -> bool:
+        """Under a savepoint, so a unique violation undoes only this COPY, inside whatever transaction is open."""
+        with self.transaction():
+            self.con.execute("SAVEPOINT copy_new_rows")
+            try:
+                self._copy_in(table, rows)
+            except pg_errors.UniqueViolation:
+                self.con.execute("ROLLBACK TO SAVEPOINT copy_new_rows")
+                return False
+            self.con.execute("RELEASE SAVEPOINT copy_new_rows")
+        return True
 
     def interval_of_microseconds(self, expression: str) -> str:
         return f"(({expression}) * INTERVAL '1 microsecond')"

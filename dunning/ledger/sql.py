@@ -146,6 +146,11 @@ class SqlConnection:
         differently."""
         raise NotImplementedError
 
+    def copy_new_rows(self, table: str, rows: pl.DataFrame) -> bool:
+        """Append `rows` to `table` by the database's bulk path, all or nothing; False, with nothing written, when
+        one of them is already there (a unique key: another writer was first). Only where `history_keyed`."""
+        raise NotImplementedError
+
     def table_digest_sql(self, table: str, summary: str | None = None) -> str:
         """SQL for one row: `table`'s row count and text that changes whenever any of its rows changes, whatever
         their order (`dunning.ledger.run_inputs`). `summary` (a query over `table`) may stand in for its rows
