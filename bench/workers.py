@@ -8,9 +8,11 @@ run sees the same ledger. Measured, `repeat` times each, median kept:
 
 - the full `dunning run` with the file outbox: the DuckDB single worker, and 1,
   2 and 4 PostgreSQL workers (`--shard K/N`, processes started together, one
-  home and one outbox each; wall time until the last one ends). Every
-  configuration's outbox is in memory (`/dev/shm`, see OUTBOX_ROOT), so the
-  workers do not compete for the one disk they share here;
+  home and one outbox each, the home holding a created Dagster instance as a
+  deployment's worker home does after its first run; wall time until the last
+  one ends). Every configuration's outbox is in memory (`/dev/shm`, see
+  OUTBOX_ROOT), so the workers do not compete for the one disk they share
+  here;
 - claims per second per worker: the claim step alone (`Ledger.claim` in chunks
   of `claim_chunk_size`), one process per shard at the same time;
 - duplicates, checked, not assumed: every sent key once in the ledger and once
@@ -38,7 +40,7 @@ import duckdb
 import polars as pl
 import psycopg
 
-from bench.run import AS_OF, DATA, DUNNING, ROOT, TIERS, machine, template_for
+from bench.run import AS_OF, DATA, DUNNING, ROOT, TIERS, machine, template_for, warm_instance
 from dunning import cycle, steps
 from dunning.clock import CycleClock, RunMode
 from dunning.config import DunningConfig
@@ -56,6 +58,7 @@ ENV = "DUNNING_POSTGRES_DSN"
 # one disk, whose file creation rate (about 1,000 to 2,500 files/s on this VM, with fsyncs) would otherwise be
 # what four workers compete for; a real worker has its own disk or speaks SMTP/HTTP.
 OUTBOX_ROOT = Path("/dev/shm/dunning-bench-outboxes") if Path("/dev/shm").is_dir() else DATA / "outboxes"
+INSTANCE = DATA / "worker-instance"  # a home holding only a created Dagster instance, copied into each worker's
 
 
 def outbox_setting(name: str) -> str:
@@ -122,6 +125,8 @@ def workers_run(cluster: PostgresCluster, template_db: str, snapshot: Path, work
     homes = [scratch / f"w{k}" for k in range(workers)]
     configs, outboxes = [scratch / f"w{k}.yaml" for k in range(workers)], []
     scratch.mkdir(parents=True)
+    for home in homes:  # each worker's home as its earlier runs left it: its Dagster instance exists
+        shutil.copytree(INSTANCE / "dagster", home / "dagster")
     for k, config in enumerate(configs):  # one outbox per worker, like one machine each
         config.write_text(
             f"ledger: {{kind: postgres}}\nshards: {workers}\n{ONE_RENDERER}" + outbox_setting(f"pg{workers}-w{k}")
@@ -249,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     args = parser.parse_args(argv)
     DATA.mkdir(parents=True, exist_ok=True)
+    warm_instance(INSTANCE)
     cluster = start_cluster()
     if cluster is None:
         print("no PostgreSQL server binaries (initdb, pg_ctl): apt-get install postgresql", file=sys.stderr)
