@@ -43,7 +43,7 @@ def dunning_audit(
             snapshot_path=cycle_request.snapshot_path or ledger.applied_snapshot_path(context.run.run_id),
         )
         if clock.live:  # the state this run leaves, for a later hour to compare with (`dunning.unchanged`)
-            unchanged.finish(ledger, context.run.run_id, send_batch)
+            unchanged.finish(ledger, context.run.run_id, send_batch, cycle_request.shard_spec(), invoice_snapshot)
     counts = audit_rules.summarize(audit)
     held = audit_rules.held_by_reason(audit)
     by_stage = audit_rules.by_stage_and_outcome(audit)

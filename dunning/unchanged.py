@@ -43,7 +43,7 @@ from dunning.clock import CycleClock
 from dunning.config import DunningConfig, Provider
 from dunning.ledger.base import Ledger
 from dunning.ledger.migrations import LATEST
-from dunning.sharding import Shard
+from dunning.sharding import EVERYONE, Shard
 from dunning.vocabulary import SendStatus
 
 # outcomes that leave a key for a later hour without anything else changing: the run that had them is no reference
@@ -120,7 +120,9 @@ def judge(ledger: Ledger, inputs: RunInputs, clock: CycleClock, config: DunningC
     since = reference["since"]
     if clock.as_of < since:
         return Verdict(False, f"the clock is before the last run that did the work ({since.isoformat()})")
-    state = ledger.state_digest()
+    # a sharded reference hashed its own invoices' rows (`end_run_inputs`): so does this comparison
+    scope = None if inputs.shard == str(EVERYONE) else reference["reference_run_id"] or reference["run_id"]
+    state = ledger.state_digest(scope)
     if state != reference["ledger_state"]:
         return Verdict(False, f"the ledger changed since {ref} ended")
     work = ledger.open_work(since, clock.as_of, config.retry.max_attempts)
@@ -176,6 +178,8 @@ def start(
     return verdict
 
 
-def finish(ledger: Ledger, run_id: str, outcomes: pl.DataFrame) -> None:
-    """A live run's last ledger write: the state it leaves, and whether a later hour may be compared with it."""
-    ledger.end_run_inputs(run_id, settled(outcomes))
+def finish(ledger: Ledger, run_id: str, outcomes: pl.DataFrame, shard: Shard, snapshot: pl.DataFrame) -> None:
+    """A live run's last ledger write: the state it leaves, and whether a later hour may be compared with it; a
+    shard's state over the invoices of its `snapshot` (its rows), which the other shards never write."""
+    scope = None if shard.everyone else snapshot.get_column("invoice_id")
+    ledger.end_run_inputs(run_id, settled(outcomes), scope)

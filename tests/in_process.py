@@ -27,7 +27,7 @@ from dunning.events import load_events
 from dunning.ledger.duckdb_ledger import open_ledger
 from dunning.providers.base import EmailProvider
 from dunning.providers.factory import build_provider
-from dunning.sharding import EVERYONE
+from dunning.sharding import EVERYONE, Shard
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,10 @@ def run_cycle(
     events: Path | None = None,
     skip_unchanged: bool = False,
     provider: Callable[[], EmailProvider] | None = None,
+    shard: Shard = EVERYONE,
 ) -> InProcessCycle:
-    """`dunning --home HOME run --snapshot SNAPSHOT --as-of AS_OF [--config C] [--events E]`, in process.
+    """`dunning --home HOME run --snapshot SNAPSHOT --as-of AS_OF [--config C] [--events E] [--shard K/N]`, in
+    process.
 
     With `skip_unchanged`, the run starts and ends as the assets do (`dunning.unchanged`): skipped when nothing
     changed since the last run, else its inputs and end state recorded. `provider` replaces the configured one."""
@@ -71,21 +73,21 @@ def run_cycle(
     with open_ledger(home / "dunning.duckdb") as ledger:
         first = None
         if skip_unchanged:
-            inputs = unchanged.RunInputs.of(str(snapshot), config, clock, EVERYONE)
+            inputs = unchanged.RunInputs.of(str(snapshot), config, clock, shard)
             first = unchanged.start(
                 ledger, inputs, clock, config, run_id=run_id, may_skip=events is None, wall=dt.datetime.now(dt.UTC)
             )
             if first.unchanged:
                 return InProcessCycle(None, None, None, first, run_id)
         applied = steps.apply_snapshot(
-            ledger, str(snapshot), config, clock, run_id=run_id, allow_stale=False, wall=run_clock
+            ledger, str(snapshot), config, clock, run_id=run_id, allow_stale=False, wall=run_clock, shard=shard
         )
         accepted = None
         if events is not None:
             accepted = load_events(str(events)).accepted
             with ledger.transaction():
                 ledger.store_events(accepted, run_id, run_clock)
-        plan = steps.plan_step(ledger, applied.cycled, accepted, config, clock)
+        plan = steps.plan_step(ledger, applied.cycled, accepted, config, clock, shard)
         verdict = cycle.check_breaker(ledger, plan, clock.as_of, config)
         if not verdict.passed:
             return InProcessCycle(verdict, None, None, first, run_id)
@@ -98,5 +100,5 @@ def run_cycle(
             snapshot_path=str(snapshot),
         )  # fmt: skip
         if skip_unchanged:
-            unchanged.finish(ledger, run_id, result.outcomes)
+            unchanged.finish(ledger, run_id, result.outcomes, shard, applied.cycled)
     return InProcessCycle(verdict, result, audit, first, run_id)

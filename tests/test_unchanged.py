@@ -15,7 +15,7 @@ from dunning import unchanged
 from dunning.clock import CycleClock, RunMode
 from dunning.config import DunningConfig, parse_config
 from dunning.ledger.duckdb_ledger import open_ledger
-from dunning.sharding import EVERYONE
+from dunning.sharding import EVERYONE, Shard
 from dunning.vocabulary import ExclusionScope, SendStatus
 from tests.conftest import Deployment, invoice, write_snapshot
 from tests.helpers import due_frame
@@ -314,3 +314,31 @@ def test_a_changed_row_of_the_ledger_changes_its_digest_with_the_row_count_uncha
         assert failed != before
         ledger.con.execute("UPDATE reminder_ledger SET status = 'sent' WHERE invoice_id = 'in_2'")
         assert ledger.state_digest() not in (before, failed)
+
+
+def test_shards_of_one_hour_each_skip_the_next_unchanged_hour_whatever_the_others_wrote(tmp_path):
+    """Shard 1 runs after shard 0 has ended and writes its own customers' claims, cycles and history: for shard 0
+    that is no change (its state is hashed over its own invoices), so both skip the next hour; a write to one of
+    shard 0's invoices makes shard 0, and only shard 0, run whole again."""
+    rows = [  # c2 and c3 are shard 1's, c4 and c5 shard 0's
+        invoice(invoice_id=f"in_{i}", customer_id=f"c{i}", customer_email=f"c{i}@example.com", due_date="2026-11-01")
+        for i in range(2, 6)
+    ]
+    home, snapshot = tmp_path / "home", _snapshot(tmp_path, rows)
+    shards = [Shard(0, 2), Shard(1, 2)]
+    mine = {s: [r["invoice_id"] for r in rows if s.owns(r["customer_id"])] for s in shards}
+    assert all(mine.values()), "each shard owns some of the rows"
+    first = [_run(home, snapshot, NINE, shard=s) for s in shards]
+    assert [bool(f.sent_keys) for f in first] == [True, True] and not any(f.skipped for f in first)
+    again = [_run(home, snapshot, TEN, shard=s) for s in shards]
+    assert all(a.skipped for a in again), [a.unchanged for a in again]
+    with open_ledger(home / "dunning.duckdb") as ledger:  # another run's write to one of shard 0's invoices
+        ledger.con.execute(
+            "UPDATE reminder_ledger SET attempts = attempts + 1 WHERE invoice_id = ?", [mine[shards[0]][0]]
+        )
+    later = [_run(home, snapshot, "2026-11-05T11:00:00Z", shard=s) for s in shards]
+    assert [lt.skipped for lt in later] == [False, True], [lt.unchanged for lt in later]
+    assert "the ledger changed" in later[0].unchanged.reason
+    with open_ledger(home / "dunning.duckdb") as ledger:  # each shard keeps only its last full run's invoices
+        scopes = ledger.frame("SELECT run_id, count(*) AS n FROM run_scopes GROUP BY run_id ORDER BY run_id").rows()
+    assert sorted(scopes) == sorted([(later[0].run_id, len(mine[shards[0]])), (first[1].run_id, len(mine[shards[1]]))])

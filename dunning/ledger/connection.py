@@ -72,9 +72,11 @@ class LedgerConnection(SqlConnection):
     def interval_of_microseconds(self, expression: str) -> str:
         return f"to_microseconds({expression})"
 
-    def table_digest_sql(self, table: str, summary: str | None = None) -> str:
-        source = f"({summary})" if summary else quote_identifier(table)
-        return f"SELECT count(*), coalesce(bit_xor(hash(t)), 0)::VARCHAR FROM {source} AS t"
+    def table_digest_sql(self, table: str, where: str = "TRUE", summary: tuple[str, str] | None = None) -> str:
+        rows = f"SELECT * FROM {quote_identifier(table)} WHERE {where}"
+        if summary:
+            rows = f"SELECT {summary[0]} FROM {quote_identifier(table)} WHERE {where} GROUP BY {summary[1]}"
+        return f"SELECT count(*), coalesce(bit_xor(hash(t)), 0)::VARCHAR FROM ({rows}) AS t"
 
     def database_path(self) -> str | None:
         """The file this ledger lives in (None in memory)."""

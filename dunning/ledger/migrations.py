@@ -105,6 +105,11 @@ MIGRATIONS = (
             HISTORY_KEY_INDEX,
         ),
     ),
+    Migration(
+        10,
+        "run scopes: the invoices of each sharded run, so a shard's unchanged hour is judged on its own rows",
+        (next(s for s in DDL if "CREATE TABLE IF NOT EXISTS run_scopes (" in s),),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

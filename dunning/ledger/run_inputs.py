@@ -36,13 +36,22 @@ RECORD_TABLES = frozenset(
         "event_quarantine",
         "incidents",
         "run_inputs",
+        "run_scopes",  # which invoices bound a sharded run's state: rewritten by each of them
         "simulated_sends",
         "snapshot_quarantine",
     }
 )
 HISTORY_TABLE = "invoice_history_daily"
 # the rows each run wrote per day, not the rows themselves
-_HISTORY_SUMMARY = f"SELECT run_id, business_date, count(*) AS n FROM {HISTORY_TABLE} GROUP BY run_id, business_date"
+_HISTORY_SUMMARY = ("run_id, business_date, count(*) AS n", "run_id, business_date")
+# a sharded run's state: these tables' rows of the invoices its snapshot held (rows of no invoice, such as
+# apologies, are every shard's), and every other table whole
+_IN_SCOPE = "invoice_id IN (SELECT invoice_id FROM run_scopes WHERE run_id = ?)"
+_SCOPED = {
+    "reminder_ledger": f"invoice_id IS NULL OR {_IN_SCOPE}",
+    "invoice_cycles": _IN_SCOPE,
+    HISTORY_TABLE: _IN_SCOPE,
+}
 
 
 def state_tables() -> list[str]:
@@ -52,12 +61,14 @@ def state_tables() -> list[str]:
 
 
 class RunInputStore(SqlConnection):
-    def state_digest(self) -> str:
-        """One hash of every decision-relevant table's rows (see the module docstring)."""
+    def state_digest(self, scope_run: str | None = None) -> str:
+        """One hash of every decision-relevant table's rows (see the module docstring); with `scope_run`, a sharded
+        run whose invoices were recorded (`end_run_inputs`), the per-invoice tables' rows of those invoices only."""
         parts = []
         for table in state_tables():
+            where, params = (_SCOPED[table], [scope_run]) if scope_run and table in _SCOPED else ("TRUE", [])
             summary = _HISTORY_SUMMARY if table == HISTORY_TABLE else None
-            count, digest = self.con.execute(self.table_digest_sql(table, summary)).fetchall()[0]
+            count, digest = self.con.execute(self.table_digest_sql(table, where, summary), params).fetchall()[0]
             parts.append(f"{table}:{count}:{digest}")
         return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
@@ -82,11 +93,31 @@ class RunInputStore(SqlConnection):
                 [run_id, shard, as_of, business_date, snapshot_path, snapshot_sha256, config_sha256, wall],
             )
 
-    def end_run_inputs(self, run_id: str, settled: bool) -> None:
-        """The ledger's state as the run leaves it, and whether the run left nothing for a later hour to redo."""
-        state = self.state_digest()
-        sql = "UPDATE run_inputs SET ledger_state = ?, settled = ? WHERE run_id = ?"
-        self.con.execute(sql, [state, settled, run_id])
+    def end_run_inputs(self, run_id: str, settled: bool, scope: pl.Series | None = None) -> None:
+        """The ledger's state as the run leaves it, and whether the run left nothing for a later hour to redo.
+
+        `scope`: a sharded run's invoice ids. The state is then hashed over their rows, so the other shards'
+        runs of the same hour, which write only their own customers' rows, leave this shard's state as it was;
+        the scopes of the shard's earlier ended runs go (a skipped run's reference is the shard's last)."""
+        with self.transaction() as con:
+            if scope is not None:
+                rows = (
+                    scope.drop_nulls()
+                    .unique()
+                    .sort()
+                    .to_frame("invoice_id")
+                    .select(pl.lit(run_id).alias("run_id"), "invoice_id")
+                )
+                con.execute(
+                    "DELETE FROM run_scopes WHERE run_id = ? OR run_id IN (SELECT e.run_id FROM run_inputs e "
+                    "JOIN run_inputs r ON r.shard = e.shard WHERE r.run_id = ? AND e.ledger_state IS NOT NULL)",
+                    [run_id, run_id],
+                )
+                with self.registered("scope_rows", rows):
+                    self.insert_by_name("run_scopes", "scope_rows")
+            state = self.state_digest(run_id if scope is not None else None)
+            sql = "UPDATE run_inputs SET ledger_state = ?, settled = ? WHERE run_id = ?"
+            con.execute(sql, [state, settled, run_id])
 
     def last_ended_inputs(self, shard: str) -> dict[str, Any] | None:
         """The inputs of the shard's last live run that ended, with `since`: the clock of the last run that did the

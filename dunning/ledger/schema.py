@@ -289,4 +289,12 @@ DDL = (
         recorded_wall_at TIMESTAMPTZ NOT NULL
     )
     """,
+    # the invoices a sharded live run's snapshot held (`dunning.unchanged`): its end state is hashed over their
+    # rows, so another shard's writes do not count as a change for this one
+    """
+    CREATE TABLE IF NOT EXISTS run_scopes (
+        run_id VARCHAR NOT NULL,
+        invoice_id VARCHAR NOT NULL
+    )
+    """,
 )
