@@ -97,11 +97,9 @@ class ClaimStore(SqlConnection):
 
     def renew_leases(self, run_id: str, lease_until: dt.datetime) -> int:
         """Extend this run's claims while it is still sending them."""
-        return len(
-            self.con.execute(
-                "UPDATE reminder_ledger SET lease_expires_at = ? WHERE status = 'claimed' AND run_id = ? RETURNING 1",
-                [lease_until, run_id],
-            ).fetchall()
+        return self.changed_rows(
+            "UPDATE reminder_ledger SET lease_expires_at = ? WHERE status = 'claimed' AND run_id = ?",
+            [lease_until, run_id],
         )
 
     def claim(
@@ -252,9 +250,8 @@ class ClaimStore(SqlConnection):
         if "provider_message_id" not in recorded.columns:
             recorded = recorded.with_columns(pl.lit(None, dtype=pl.String).alias("provider_message_id"))
         with self.registered("outcomes", recorded):
-            return len(
-                self.con.execute(
-                    f"""
+            return self.changed_rows(
+                f"""
                 UPDATE reminder_ledger SET
                     status = CASE WHEN o.status = 'released' THEN 'failed' ELSE o.status END,
                     message_id = coalesce(o.message_id, reminder_ledger.message_id),
@@ -268,10 +265,8 @@ class ClaimStore(SqlConnection):
                 FROM outcomes o
                 WHERE reminder_ledger.idempotency_key = o.idempotency_key AND reminder_ledger.status = ?
                   AND (CAST(? AS VARCHAR) IS NULL OR reminder_ledger.run_id = ?)
-                RETURNING reminder_ledger.idempotency_key
                 """,
-                    [sent_at, wall, sent_at, backoff_minutes, expected_status, run_id, run_id],
-                ).fetchall()
+                [sent_at, wall, sent_at, backoff_minutes, expected_status, run_id, run_id],
             )
 
     def emails_in_window(

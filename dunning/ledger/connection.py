@@ -72,6 +72,10 @@ class LedgerConnection(SqlConnection):
     def interval_of_microseconds(self, expression: str) -> str:
         return f"to_microseconds({expression})"
 
+    def changed_rows(self, sql: str, params: Sequence[object]) -> int:
+        row = self.con.execute(sql, list(params)).fetchone()  # DuckDB answers a DML statement with its row count
+        return int(row[0]) if row else 0
+
     def table_digest_sql(self, table: str, where: str = "TRUE", summary: tuple[str, str] | None = None) -> str:
         rows = f"SELECT * FROM {quote_identifier(table)} WHERE {where}"
         if summary:

@@ -204,6 +204,9 @@ class PgConnection(SqlConnection):
     def interval_of_microseconds(self, expression: str) -> str:
         return f"(({expression}) * INTERVAL '1 microsecond')"
 
+    def changed_rows(self, sql: str, params: Sequence[object]) -> int:
+        return max(self.con.execute(sql, params).rowcount, 0)
+
     def table_digest_sql(self, table: str, where: str = "TRUE", summary: tuple[str, str] | None = None) -> str:
         """From the row versions, not their text: every insert or update writes a version stamped with its
         transaction's id (`xmin`), so the count and the sum of the ids' hashes change with every committed write,

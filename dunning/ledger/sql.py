@@ -146,6 +146,12 @@ class SqlConnection:
         differently."""
         raise NotImplementedError
 
+    def changed_rows(self, sql: str, params: Sequence[object]) -> int:
+        """Run an INSERT, UPDATE or DELETE and return how many rows it changed, without RETURNING: on DuckDB an
+        UPDATE ... RETURNING rewrote every column of every matched row (0.4 s for 2,000 outcomes, 20 times the
+        UPDATE alone)."""
+        raise NotImplementedError
+
     def copy_new_rows(self, table: str, rows: pl.DataFrame) -> bool:
         """Append `rows` to `table` by the database's bulk path, all or nothing; False, with nothing written, when
         one of them is already there (a unique key: another writer was first). Only where `history_keyed`."""
