@@ -196,7 +196,7 @@ def _claim_worker(args: tuple[str, str, int, int, str]) -> dict:
     kind, target, index, count, due_path = args
     config = DunningConfig()
     due = Shard(index, count).keep(pl.read_parquet(due_path))
-    chunk, cap = config.claim_chunk_size, cycle.claim_cap(AS_OF, config)
+    chunk, cap = config.claim_chunk(), cycle.claim_cap(AS_OF, config)
     opened = open_ledger(target) if kind == "duckdb" else open_postgres_ledger(target, "bench")
     won = 0
     with opened as ledger:

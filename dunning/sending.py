@@ -436,7 +436,7 @@ def _claim_and_send(
         record(claimed, [(records, outcome) for records in claimed.groups])
 
     ahead: _Claimed | None = None
-    chunks = _chunks(due, config.claim_chunk_size)
+    chunks = _chunks(due, config.claim_chunk())
     while True:
         current = ahead or next((claim(c) for c in chunks), None)
         if current is None:

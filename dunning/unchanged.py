@@ -40,7 +40,7 @@ from pathlib import Path
 import polars as pl
 
 from dunning.clock import CycleClock
-from dunning.config import DunningConfig, Provider
+from dunning.config import DunningConfig
 from dunning.ledger.base import Ledger
 from dunning.ledger.migrations import LATEST
 from dunning.sharding import EVERYONE, Shard
@@ -88,11 +88,6 @@ class Verdict:
     reason: str  # what was checked and found the same, or what differed
 
 
-def settles_unknown(provider: Provider) -> bool:
-    """Whether a later run may settle an `unknown` outcome (a lookup or a resubmission that can answer)."""
-    return provider.kind != "smtp" or provider.resubmits_unknown
-
-
 def settled(outcomes: pl.DataFrame) -> bool:
     """Whether a run's send outcomes leave nothing for a later hour to redo with the same inputs."""
     return outcomes.is_empty() or not outcomes.get_column("status").is_in([str(s) for s in UNSETTLED]).any()
@@ -128,7 +123,7 @@ def judge(ledger: Ledger, inputs: RunInputs, clock: CycleClock, config: DunningC
     work = ledger.open_work(since, clock.as_of, config.retry.max_attempts)
     if work["claimed"]:
         return Verdict(False, f"{work['claimed']} claim(s) open: a lease to expire or an outcome to record")
-    if work["unknown"] and settles_unknown(config.provider):
+    if work["unknown"] and config.provider.settles_unknown:
         return Verdict(False, f"{work['unknown']} unknown outcome(s) the provider may settle")
     if work["retries_due"]:
         return Verdict(False, f"{work['retries_due']} failed send(s) came due for a retry since {since.isoformat()}")

@@ -70,6 +70,8 @@ alerts: {webhook_url: null}
         ("provider: {kind: fax}\n", "provider.kind"),
         ("breaker: {max_emails: 2, window: 24}\n", "breaker.window"),
         ("timezone: Mars/Olympus\n", "timezone"),
+        ("claim_chunk_size: 0\n", "claim_chunk_size"),
+        ("claim_chunk_size: lots\n", "claim_chunk_size"),
     ],
 )
 def test_unknown_keys_and_wrong_types_name_the_key(tmp_path, text, named):
@@ -88,3 +90,18 @@ def test_missing_and_unparsable_files_are_clear(tmp_path):
         load_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(write(tmp_path, "stages: [\n"))
+
+
+@pytest.mark.parametrize(
+    "text, chunk",
+    [
+        ("", 10_000),  # the file outbox can say what a crashed run's claims became
+        ("provider: {kind: resend, from: billing@example.com}\n", 10_000),
+        ("provider: {kind: smtp, from: billing@example.com}\n", 2_000),  # unknowns wait for a human
+        ("provider: {kind: smtp, from: billing@example.com, idempotency_header: Resend-Idempotency-Key}\n", 10_000),
+        ("claim_chunk_size: 500\n", 500),
+        ("claim_chunk_size: auto\nprovider: {kind: smtp, from: billing@example.com}\n", 2_000),
+    ],
+)
+def test_the_claim_chunk_is_small_where_a_crash_leaves_unknowns_for_a_human(tmp_path, text, chunk):
+    assert load_config(write(tmp_path, text) if text else None).claim_chunk() == chunk
