@@ -137,11 +137,13 @@ def _emails(snapshot_rows: list[dict], tmp_path, config: DunningConfig) -> list[
 
 
 def _benign(records: list[dict]) -> list[dict]:
-    """The same email with every value from data replaced by plain text: the template's own structure."""
+    """The same email with every value from data replaced by plain text: the template's own structure. The plain
+    invoice ids sort as the originals do, so the same invoice comes first and decides the email's locale."""
+    ranks = {r["invoice_id"]: rank for rank, r in enumerate(sorted(records, key=lambda r: r["invoice_id"]))}
     return [
         dict(
             r,
-            invoice_id=f"in{i}",
+            invoice_id=f"in{ranks[r['invoice_id']]:02d}",
             customer_name="Name" if r["customer_name"] is not None else None,
             billing_period="2026-10" if r["billing_period"] is not None else None,
             idempotency_key=f"dunning:in{i}:1:{r['stage']}",
