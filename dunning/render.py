@@ -11,6 +11,7 @@ inputs.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import quopri
 from collections.abc import Sequence
@@ -50,26 +51,30 @@ class Sender:
     reply_to: str | None = None
 
 
+def body_encoding(body: str) -> tuple[str, bytes]:
+    """(Content-Transfer-Encoding, payload) of a text body: 8bit UTF-8 (7bit when ASCII), so every amount stays
+    readable in the raw file; quoted-printable when a line is longer than SMTP allows (998 octets: a long pay
+    link, an operator's template), which wraps it losslessly."""
+    encoded = body.encode("utf-8")
+    if len(encoded) > MAX_LINE and any(len(line) > MAX_LINE for line in encoded.split(b"\n")):
+        return "quoted-printable", quopri.encodestring(encoded)
+    return "7bit" if body.isascii() else "8bit", encoded
+
+
 def text_part(body: str, subtype: str) -> Message:
-    """A UTF-8 text part sent as 8bit (7bit when ASCII): every amount stays readable in the raw file.
+    """A UTF-8 text part, encoded as `body_encoding` says.
 
     Byte for byte what `MIMEText(body, subtype, utf-8 charset without body
     encoding)` builds (a test holds the two equal); written out because
     `MIMEText` re-parses its own Content-Type parameters, which was a sixth of
-    the time to render a reminder. A body with a line longer than SMTP
-    allows (998 octets: a long pay link, an operator's template) is sent
-    quoted-printable instead, which wraps it losslessly.
+    the time to render a reminder.
     """
     part = Message()
     part["Content-Type"] = f'text/{subtype}; charset="utf-8"'
     part["MIME-Version"] = "1.0"
-    encoded = body.encode("utf-8")
-    if len(encoded) > MAX_LINE and any(len(line) > MAX_LINE for line in encoded.split(b"\n")):
-        part["Content-Transfer-Encoding"] = "quoted-printable"
-        part.set_payload(quopri.encodestring(encoded).decode("ascii"))
-        return part
-    part["Content-Transfer-Encoding"] = "7bit" if body.isascii() else "8bit"
-    part.set_payload(encoded.decode("ascii", "surrogateescape"))
+    encoding, payload = body_encoding(body)
+    part["Content-Transfer-Encoding"] = encoding
+    part.set_payload(payload.decode("ascii", "surrogateescape"))
     return part
 
 
@@ -83,7 +88,7 @@ class _WirePolicy(Compat32):
 
     def _fast(self, name: str, value: object) -> str | None:
         # printable ASCII only: a CR, LF or other control character never takes this path (nor any other:
-        # `_message` refuses such values before they reach a header)
+        # `message_of` refuses such values before they reach a header)
         if isinstance(value, str) and value.isascii() and value.isprintable() and len(name) + len(value) + 2 <= 78:
             return f"{name}: {value}{self.linesep}"
         return None
@@ -104,7 +109,7 @@ class EmailBuildError(ValueError):
     """One email cannot be built from its data; its keys end `failed` with this reason and the send goes on."""
 
 
-def _boundary(message_id: str, parts: Sequence[str]) -> str:
+def boundary_of(message_id: str, parts: Sequence[str]) -> str:
     """A boundary no body contains: a hash over the bodies themselves, so data cannot carry it in advance.
 
     Still a function of the content, so the same email always serializes to the same bytes.
@@ -118,18 +123,32 @@ def _boundary(message_id: str, parts: Sequence[str]) -> str:
     return boundary
 
 
-def _message(
-    *,
-    to: str,
-    sender: Sender,
-    subject: str,
-    message_id: str,
-    kind: EmailKind,
-    keys: Sequence[str],
-    text: str,
-    html: str,
-    when: dt.datetime,
-) -> Message:
+@dataclass(frozen=True)
+class Draft:
+    """One email before it is built: the recipient, headers and rendered bodies every kind of email is made of.
+
+    `message_of` builds the `email.message.Message`; `dunning.compose` writes
+    the same email's bytes directly, with the same checks.
+    """
+
+    to: str
+    sender: Sender
+    subject: str
+    message_id: str
+    kind: EmailKind
+    keys: Sequence[str]
+    text: str
+    html: str
+    when: dt.datetime
+
+
+@functools.lru_cache(maxsize=64)
+def date_header(when: dt.datetime) -> str:
+    """The Date header's value; cached: every email of a run has its `as_of`."""
+    return format_datetime(when.astimezone(dt.UTC))
+
+
+def message_of(draft: Draft) -> Message:
     """multipart/alternative built with the `email` package's compat32 classes.
 
     The modern `EmailMessage` API parses every header it is given and cost
@@ -140,20 +159,21 @@ def _message(
     `safe_text.address_header`) and the recipient through the one address
     rule, so data can add no header and no recipient.
     """
-    if not is_address(to):
-        raise EmailBuildError(f"recipient is not a single valid address: {to!r}"[:300])
+    sender, text, html = draft.sender, draft.text, draft.html
+    if not is_address(draft.to):
+        raise EmailBuildError(f"recipient is not a single valid address: {draft.to!r}"[:300])
     message = MIMEMultipart("alternative")
     try:
         message["From"] = address_header("From", sender.address, sender.name)  # type: ignore[assignment]
         if sender.reply_to is not None:
             message["Reply-To"] = address_header("Reply-To", sender.reply_to)  # type: ignore[assignment]
         for name, value in (
-            ("To", to),
-            ("Subject", subject),
-            ("Date", format_datetime(when.astimezone(dt.UTC))),
-            ("Message-ID", message_id),
-            ("X-Dunning-Kind", str(kind)),
-            ("X-Dunning-Keys", ",".join(keys)),
+            ("To", draft.to),
+            ("Subject", draft.subject),
+            ("Date", date_header(draft.when)),
+            ("Message-ID", draft.message_id),
+            ("X-Dunning-Kind", str(draft.kind)),
+            ("X-Dunning-Keys", ",".join(draft.keys)),
         ):
             # a Header is a documented header value (RFC 2047 when not ASCII); typeshed's MIMEMultipart takes str only
             message[name] = header_value(name, value)  # type: ignore[assignment]
@@ -161,7 +181,7 @@ def _message(
         raise EmailBuildError(str(exc)) from None
     message.attach(text_part(text, "plain"))
     message.attach(text_part(html, "html"))
-    message.set_boundary(_boundary(message_id, (text, html)))
+    message.set_boundary(boundary_of(draft.message_id, (text, html)))
     return message
 
 
@@ -190,7 +210,7 @@ def reminder_email(
 
     `locale` is the default; the rows' own `customer_locale` wins (`locales.email_locale`).
     """
-    return _invoices_email(EmailKind.REMINDER, rows, sender, message_id, as_of, locale, templates_dir)
+    return message_of(_invoices_draft(EmailKind.REMINDER, rows, sender, message_id, as_of, locale, templates_dir))
 
 
 def invoice_email(
@@ -203,13 +223,13 @@ def invoice_email(
     templates_dir: str | None = None,
 ) -> Message:
     """One invoice email covering `rows` (the invoices newly issued to one recipient, one per row)."""
-    return _invoices_email(EmailKind.INVOICE, rows, sender, message_id, as_of, locale, templates_dir)
+    return message_of(_invoices_draft(EmailKind.INVOICE, rows, sender, message_id, as_of, locale, templates_dir))
 
 
 _INVOICES_CONTEXT = {EmailKind.REMINDER: reminder_context, EmailKind.INVOICE: invoice_context}
 
 
-def _invoices_email(
+def _invoices_draft(
     kind: EmailKind,
     rows: Sequence[dict[str, Any]],
     sender: str | Sender,
@@ -217,22 +237,13 @@ def _invoices_email(
     as_of: dt.datetime,
     locale: str,
     templates_dir: str | None,
-) -> Message:
+) -> Draft:
     """An email of `kind` listing `rows` (one invoice each, one recipient), sorted by invoice id."""
     rows = sorted(rows, key=lambda r: r["invoice_id"])
     locale = email_locale(rows, locale)
     subject, text, html = _render(templates_dir, locale, kind, _INVOICES_CONTEXT[kind](rows, as_of, locale))
-    return _message(
-        to=rows[0]["customer_email"],
-        sender=_sender(sender),
-        subject=subject,
-        message_id=message_id,
-        kind=kind,
-        keys=[r["idempotency_key"] for r in rows],
-        text=text,
-        html=html,
-        when=as_of,
-    )
+    to, keys = rows[0]["customer_email"], [r["idempotency_key"] for r in rows]  # in the order the headers need them
+    return Draft(to, _sender(sender), subject, message_id, kind, keys, text, html, as_of)
 
 
 def apology_email(
@@ -251,17 +262,7 @@ def apology_email(
     locale = known_locale(flood.get("customer_locale")) or locale
     context = apology_context(flood, statement, as_of, locale)
     subject, text, html = _render(templates_dir, locale, EmailKind.APOLOGY, context)
-    return _message(
-        to=to,
-        sender=_sender(sender),
-        subject=subject,
-        message_id=message_id,
-        kind=EmailKind.APOLOGY,
-        keys=[key],
-        text=text,
-        html=html,
-        when=as_of,
-    )
+    return message_of(Draft(to, _sender(sender), subject, message_id, EmailKind.APOLOGY, [key], text, html, as_of))
 
 
 def payment_failed_email(
@@ -273,20 +274,33 @@ def payment_failed_email(
     templates_dir: str | None = None,
 ) -> Message:
     """The notice for one `invoice.payment_failed` event."""
+    return message_of(_payment_failed_draft(record, sender, as_of, locale, templates_dir))
+
+
+def _payment_failed_draft(
+    record: dict[str, Any], sender: str | Sender, as_of: dt.datetime, locale: str, templates_dir: str | None
+) -> Draft:
     locale = email_locale([record], locale)
     context = payment_failed_context(record, locale)
     subject, text, html = _render(templates_dir, locale, EmailKind.PAYMENT_FAILED, context)
-    return _message(
-        to=record["customer_email"],
-        sender=_sender(sender),
-        subject=subject,
-        message_id=record["message_id"],
-        kind=EmailKind.PAYMENT_FAILED,
-        keys=[record["idempotency_key"]],
-        text=text,
-        html=html,
-        when=as_of,
-    )
+    to, message_id, keys = record["customer_email"], record["message_id"], [record["idempotency_key"]]
+    return Draft(to, _sender(sender), subject, message_id, EmailKind.PAYMENT_FAILED, keys, text, html, as_of)
+
+
+def draft_for(
+    records: Sequence[dict[str, Any]],
+    *,
+    sender: str | Sender,
+    as_of: dt.datetime,
+    locale: str = "en_US",
+    templates_dir: str | None = None,
+) -> Draft:
+    """The email for one send group, rendered: a payment-failed notice, an invoice email or a reminder covering
+    its invoices."""
+    if records[0].get("kind") == EmailKind.PAYMENT_FAILED:
+        return _payment_failed_draft(records[0], sender, as_of, locale, templates_dir)
+    kind = EmailKind.INVOICE if records[0].get("kind") == EmailKind.INVOICE else EmailKind.REMINDER
+    return _invoices_draft(kind, records, sender, records[0]["message_id"], as_of, locale, templates_dir)
 
 
 def render_for(
@@ -297,15 +311,5 @@ def render_for(
     locale: str = "en_US",
     templates_dir: str | None = None,
 ) -> Message:
-    """The email for one send group: a payment-failed notice, an invoice email or a reminder covering its invoices."""
-    if records[0].get("kind") == EmailKind.PAYMENT_FAILED:
-        return payment_failed_email(records[0], sender=sender, as_of=as_of, locale=locale, templates_dir=templates_dir)
-    build = invoice_email if records[0].get("kind") == EmailKind.INVOICE else reminder_email
-    return build(
-        records,
-        sender=sender,
-        message_id=records[0]["message_id"],
-        as_of=as_of,
-        locale=locale,
-        templates_dir=templates_dir,
-    )
+    """The message for one send group (`draft_for`); `compose.wire_for` gives its bytes without building it."""
+    return message_of(draft_for(records, sender=sender, as_of=as_of, locale=locale, templates_dir=templates_dir))

@@ -8,7 +8,9 @@ key a relay dedupes on). `wire_bytes` serializes a message exactly as
 two equal over ordinary and hostile emails), but for the shape every email of
 ours has (multipart/alternative over text parts) it writes the parts itself
 instead of going through `email.generator`, which was close to half the time
-to render a reminder; any other shape goes through the generator.
+to render a reminder; any other shape goes through the generator. The emails
+a run renders by default never become messages at all: `dunning.compose`
+writes the same bytes from the rendered draft.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def _payload(message: Message) -> Any:
 
 
 def _fast_shape(message: Message) -> bool:
-    """multipart with text parts that hold str payloads, no preamble or epilogue: what `render._message` builds."""
+    """multipart with text parts that hold str payloads, no preamble or epilogue: what `render.message_of` builds."""
     parts = _payload(message)
     return (
         isinstance(parts, list)

@@ -11,7 +11,9 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 
+from dunning import cycle
 from dunning.config import DunningConfig
+from dunning.policy import STATE_SCHEMA, assign_cycles
 from dunning.sending import with_email_ids
 from pipelines.schedules import hourly_dunning
 from resources.dunning import DunningHome
@@ -58,6 +60,27 @@ def due_frame(
         }
     )
     return with_email_ids(frame, config or DunningConfig(group_by="invoice"))
+
+
+def send_groups(due: pl.DataFrame, config: DunningConfig) -> list[list[dict]]:
+    """The emails of `due` rows as the send step renders them: the rows, with email ids, grouped in order."""
+    grouped: dict[str, list[dict]] = {}
+    for record in with_email_ids(due, config).to_dicts():
+        grouped.setdefault(record["email_group"], []).append(record)
+    return list(grouped.values())
+
+
+def sendable_due(snapshot: Path, as_of: dt.datetime, config: DunningConfig) -> pl.DataFrame:
+    """What a first cycle on `snapshot` would send: read, validated and planned as a cycle does."""
+    loaded = cycle.load_snapshot(snapshot, config)
+    cycled = assign_cycles(loaded.valid, pl.DataFrame(schema=STATE_SCHEMA), as_of, config)
+    return cycle.sendable_due(cycle.plan_cycle(cycled, config))
+
+
+def text_snapshot_groups(rows: list[dict], path: Path, as_of: dt.datetime, config: DunningConfig) -> list[list[dict]]:
+    """`rows` written as a snapshot of text columns at `path`: the send groups of what a first cycle sends."""
+    pl.DataFrame(rows, schema={k: pl.String for k in rows[0]}).write_csv(path)
+    return send_groups(sendable_due(path, as_of, config), config)
 
 
 def reminder_row(**overrides) -> dict:

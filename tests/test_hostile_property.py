@@ -12,18 +12,14 @@ import datetime as dt
 import email
 from email import policy
 
-import polars as pl
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from dunning import cycle
 from dunning.config import DunningConfig
-from dunning.policy import STATE_SCHEMA, assign_cycles
 from dunning.render import WIRE_POLICY, EmailBuildError, render_for
 from dunning.safe_text import has_control, is_address
-from dunning.sending import with_email_ids
-from tests.helpers import parsed_html_elements
+from tests.helpers import parsed_html_elements, text_snapshot_groups
 
 AS_OF = dt.datetime(2026, 11, 20, 9, tzinfo=dt.UTC)
 OUR_HEADERS = {
@@ -117,16 +113,8 @@ snapshots = st.lists(st.one_of(sane_row, any_row), min_size=1, max_size=8).map(
 
 
 def _emails(snapshot_rows: list[dict], tmp_path, config: DunningConfig) -> list[tuple[list[dict], bytes | None]]:
-    path = tmp_path / "snapshot.csv"
-    pl.DataFrame(snapshot_rows, schema={k: pl.String for k in snapshot_rows[0]}).write_csv(path)
-    loaded = cycle.load_snapshot(path, config)
-    cycled = assign_cycles(loaded.valid, pl.DataFrame(schema=STATE_SCHEMA), AS_OF, config)
-    due = with_email_ids(cycle.sendable_due(cycle.plan_cycle(cycled, config)), config)
-    groups: dict[str, list[dict]] = {}
-    for record in due.to_dicts():
-        groups.setdefault(record["email_group"], []).append(record)
     built = []
-    for records in groups.values():
+    for records in text_snapshot_groups(snapshot_rows, tmp_path / "snapshot.csv", AS_OF, config):
         try:
             message = render_for(records, sender="billing@example.com", as_of=AS_OF)
         except EmailBuildError:  # the send step records these keys `failed`; nothing leaves

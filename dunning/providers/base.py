@@ -53,8 +53,13 @@ def idempotency_key_for(keys: Sequence[str], email_id: str) -> str:
 
 def idempotency_key_of(message: Message) -> str:
     """`idempotency_key_for` the keys and Message-ID that `message` carries in its headers."""
-    keys = [k.strip() for k in str(message["X-Dunning-Keys"] or "").split(",") if k.strip()]
-    return idempotency_key_for(keys, str(message["Message-ID"]).strip().strip("<>").partition("@")[0])
+    return idempotency_key_in(str(message["X-Dunning-Keys"] or ""), str(message["Message-ID"]))
+
+
+def idempotency_key_in(keys_header: str, message_id: str) -> str:
+    """`idempotency_key_for` the keys of an `X-Dunning-Keys` header's value and a Message-ID, as read back."""
+    keys = [k.strip() for k in keys_header.split(",") if k.strip()]
+    return idempotency_key_for(keys, message_id.strip().strip("<>").partition("@")[0])
 
 
 class HealthStop:
