@@ -2,7 +2,8 @@
 
 Rendering an email (context, templates, MIME, serialization) is pure CPU and
 was what bounded the send step, on one core. A `RenderPool` runs
-`render.render_for` (the one entry that picks the email kind) in worker
+`compose.wire_for` (the bytes of `render.render_for`'s message, the one entry
+that picks the email kind, written without building the message) in worker
 processes and returns `wire.WireEmail`s (bytes plus envelope), in the order of
 the groups; the run's own process claims, hands the bytes to the provider and
 records outcomes, as before. Nothing about claims changes: a chunk's keys are
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from dunning import templating
+from dunning.compose import wire_for
 from dunning.email_context import format_amount
 from dunning.render import Sender, render_for
 from dunning.vocabulary import EmailKind
@@ -54,30 +56,44 @@ START_METHOD = "spawn"  # never a plain fork of a process with threads
 
 @dataclass(frozen=True)
 class RenderSettings:
-    """What every email of one run is rendered with; `render` must be importable by name (a module-level function)
-    so a worker process can be given it."""
+    """What every email of one run is rendered with. `render` replaces the packaged renderer (`render.render_for`,
+    whose bytes `compose.wire_for` writes without building the message); it must be importable by name (a
+    module-level function) so a worker process can be given it."""
 
     sender: Sender
     as_of: dt.datetime
     locale: str = "en_US"
     templates_dir: str | None = None
-    render: Callable[..., Message] = render_for
+    render: Callable[..., Message] | None = None
+
+    def message(self, records: list[Record]) -> Message:
+        """One group's email as a message, for a provider that sends messages."""
+        render = self.render or render_for
+        return render(
+            records, sender=self.sender, as_of=self.as_of, locale=self.locale, templates_dir=self.templates_dir
+        )
+
+    def wire(self, records: list[Record]) -> WireEmail:
+        """One group's email as bytes: the same bytes as serializing `message(records)`."""
+        if self.render is not None:
+            return WireEmail.of(self.message(records))
+        return wire_for(
+            records, sender=self.sender, as_of=self.as_of, locale=self.locale, templates_dir=self.templates_dir
+        )
 
 
 def build(records: list[Record], settings: RenderSettings) -> Built:
     """One group's email as bytes, or `email not built: …` when its data cannot make one (a header value with a
     line break, a recipient that is not one address, a template failing on this email's data)."""
     try:
-        message = settings.render(
-            records,
-            sender=settings.sender,
-            as_of=settings.as_of,
-            locale=settings.locale,
-            templates_dir=settings.templates_dir,
-        )
-        return WireEmail.of(message)
+        return settings.wire(records)
     except BUILD_ERRORS as exc:
-        return f"email not built: {type(exc).__name__}: {exc}"[:500]
+        return not_built(exc)
+
+
+def not_built(exc: Exception) -> str:
+    """Why an email could not be built, as its keys' outcome records it."""
+    return f"email not built: {type(exc).__name__}: {exc}"[:500]
 
 
 def available_cores() -> int:

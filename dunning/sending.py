@@ -11,10 +11,10 @@ batch.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from email.message import Message
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import polars as pl
 
@@ -27,7 +27,7 @@ from dunning.ledger.payloads import PAYLOAD_SCHEMA
 from dunning.policy import email_groups
 from dunning.providers.base import EmailProvider, SendOutcome, idempotency_key_for
 from dunning.render import Sender
-from dunning.render_pool import MIN_POOL_EMAILS, Built, RenderPool, RenderSettings
+from dunning.render_pool import BUILD_ERRORS, MIN_POOL_EMAILS, Built, RenderPool, RenderSettings, not_built
 from dunning.vocabulary import LedgerStatus, SendStatus
 from dunning.wire import WireEmail
 
@@ -36,6 +36,7 @@ OUTCOME_SCHEMA = pl.Schema(
 )
 Record = dict[str, Any]  # one due row, as `DataFrame.to_dicts` gives it
 OutcomeRow = tuple[str, SendStatus, str | None, str | None]  # one OUTCOME_SCHEMA row
+Email = TypeVar("Email", Message, WireEmail)
 
 
 @dataclass
@@ -138,10 +139,19 @@ class RenderFailed(DunningError):
     """The render pool stopped (a worker process died): what it had not rendered was never handed over."""
 
 
+@dataclass(frozen=True)
+class _InProcess(Generic[Email]):
+    """How this process renders a group and hands emails over: as messages (`send_many`), or as the bytes of a
+    provider that `takes_wire` (`send_many_wire`)."""
+
+    render: Callable[[list[Record]], Email]
+    send_many: Callable[[Iterable[Email]], list[SendOutcome]]
+
+
 def _send_groups(
     provider: EmailProvider,
     groups: list[list[Record]],
-    render: Callable[[list[Record]], Message],
+    local: _InProcess[Any],
     renew: Callable[[], None] = lambda: None,
     rendered: Iterator[Built] | None = None,
 ) -> tuple[list[tuple[list[Record], SendOutcome]], str | None]:
@@ -162,33 +172,27 @@ def _send_groups(
             renew()
         batch = groups[start : start + RENEW_EVERY_GROUPS]
         if rendered is None:
-            results += _send_batch(provider, batch, render)
+            results += _send_batch(local, batch)
         else:
             results += _send_wire_batch(provider, batch, rendered, failure)
     return results, (failure[0] if failure else None)
 
 
-def _send_batch(
-    provider: EmailProvider, groups: list[list[Record]], render: Callable[[list[Record]], Message]
-) -> list[tuple[list[Record], SendOutcome]]:
+def _send_batch(local: _InProcess[Email], groups: list[list[Record]]) -> list[tuple[list[Record], SendOutcome]]:
     built_errors: dict[int, SendOutcome] = {}
     handed_over: list[int] = []
 
-    def built() -> Iterator[Message]:
+    def built() -> Iterator[Email]:
         for index, records in enumerate(groups):
             try:
-                message = render(records)
-            except (ValueError, TypeError, LookupError, OSError) as exc:  # EmailBuildError, HeaderParseError, …
-                built_errors[index] = SendOutcome(
-                    SendStatus.FAILED,
-                    records[0].get("message_id"),
-                    f"email not built: {type(exc).__name__}: {exc}"[:500],
-                )
+                email = local.render(records)
+            except BUILD_ERRORS as exc:  # EmailBuildError, a template failing on this email's data, …
+                built_errors[index] = SendOutcome(SendStatus.FAILED, records[0].get("message_id"), not_built(exc))
                 continue
             handed_over.append(index)
-            yield message
+            yield email
 
-    handed_outcomes = provider.send_many(built())  # consumes `built()`, so `handed_over` is complete after it
+    handed_outcomes = local.send_many(built())  # consumes `built()`, so `handed_over` is complete after it
     outcomes = dict(zip(handed_over, handed_outcomes, strict=True)) | built_errors
     return [(records, outcomes[index]) for index, records in enumerate(groups)]
 
@@ -281,10 +285,11 @@ def send_due(
 ) -> tuple[SendReport, pl.DataFrame]:
     """Claim and send `due` (rows with email ids); returns the report and one outcome per due key.
 
-    With `render_processes` > 1, the default rendering (`render` not given) runs in that many worker processes
-    (`dunning.render_pool`) when the provider takes bytes and the batch has at least `MIN_POOL_EMAILS` emails;
-    a custom `render` (an apology's closure) renders here. A pool that fails raises `RenderFailed` after the
-    chunk's outcomes are recorded.
+    The default rendering (`render` not given) gives a provider that takes bytes the bytes `compose` writes,
+    without building messages; with `render_processes` > 1 it runs in that many worker processes
+    (`dunning.render_pool`) when the batch has at least `MIN_POOL_EMAILS` emails. A custom `render` (an
+    apology's closure) renders messages, here. A pool that fails raises `RenderFailed` after the chunk's
+    outcomes are recorded.
 
     Outcome statuses: sent, failed, unknown (recorded in the ledger), released
     (claimed but never handed over because the provider stopped as unhealthy:
@@ -295,23 +300,19 @@ def send_due(
     settings = render_settings(config, as_of)
     total_emails = due.select(pl.col("email_group").n_unique()).item() if due.height else 0
     pool = None
-    if render is None:
-        if render_processes > 1 and provider.takes_wire and total_emails >= MIN_POOL_EMAILS:
+    local: _InProcess[Any]
+    if render is not None:
+        local = _InProcess(render, provider.send_many)
+    elif provider.takes_wire:
+        if render_processes > 1 and total_emails >= MIN_POOL_EMAILS:
             pool = RenderPool(render_processes, settings)  # its workers start while the first chunk is claimed
-
-        def render(records: list[Record]) -> Message:
-            return settings.render(
-                records,
-                sender=settings.sender,
-                as_of=as_of,
-                locale=settings.locale,
-                templates_dir=settings.templates_dir,
-            )
-
+        local = _InProcess(settings.wire, provider.send_many_wire)
+    else:
+        local = _InProcess(settings.message, provider.send_many)
     try:
         return _claim_and_send(
             ledger, provider, due, skipped, config=config, run_id=run_id, as_of=as_of, now=now, cap=cap,
-            progress=progress, render=render, pool=pool, total_emails=total_emails,
+            progress=progress, local=local, pool=pool, total_emails=total_emails,
         )  # fmt: skip
     finally:
         if pool is not None:
@@ -340,7 +341,7 @@ def _claim_and_send(
     now: Callable[[], dt.datetime],
     cap: ClaimCap | None,
     progress: Callable[[SendReport, int], None] | None,
-    render: Callable[[list[Record]], Message],
+    local: _InProcess[Any],
     pool: RenderPool | None,
     total_emails: int,
 ) -> tuple[SendReport, pl.DataFrame]:
@@ -422,7 +423,7 @@ def _claim_and_send(
 
     def deliver(claimed: _Claimed) -> str | None:
         """Hand the chunk over and record its outcomes; returns why the render pool failed, if it did."""
-        sent, failure = _send_groups(provider, claimed.groups, render, renew, claimed.rendered)
+        sent, failure = _send_groups(provider, claimed.groups, local, renew, claimed.rendered)
         record(claimed, sent)
         if progress:
             progress(report, total_emails)

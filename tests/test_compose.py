@@ -13,17 +13,22 @@ import datetime as dt
 import json
 from zoneinfo import ZoneInfo
 
+import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dunning import compose as compose_module
-from dunning import render
+from dunning import render, sending
 from dunning.compose import compose, wire_for
 from dunning.config import DunningConfig
+from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.providers.file_outbox import FileOutbox
 from dunning.render import WIRE_POLICY, Draft, Sender, message_of, render_for
 from dunning.vocabulary import EmailKind
 from dunning.wire import WireEmail
+from tests import helpers
+from tests.conftest import invoice, write_snapshot
 from tests.helpers import reminder_row, text_snapshot_groups
 from tests.test_hostile_property import HOSTILE, snapshots
 
@@ -176,3 +181,53 @@ def test_emails_from_hostile_snapshots_have_the_message_paths_bytes(snapshot_row
     for records in text_snapshot_groups(snapshot_rows, tmp_path / "snapshot.csv", AS_OF, DunningConfig()):
         for sender in (SENDERS[0], SENDERS[2]):
             assert_same_group(records, sender=sender, as_of=AS_OF)
+
+
+def _send(home, due, config: DunningConfig, render=None):
+    outbox = FileOutbox(home / "outbox")
+    with open_ledger(home / "dunning.duckdb") as ledger, outbox:
+        report, _ = sending.send_due(
+            ledger, outbox, due, due.head(0), config=config, run_id="r", as_of=AS_OF, now=lambda: AS_OF, render=render
+        )
+        statuses = ledger.frame("SELECT idempotency_key, status, last_error, message_id FROM reminder_ledger")
+    return report, statuses.sort("idempotency_key"), {p.name: p.read_bytes() for p in outbox.directory.iterdir()}
+
+
+def test_the_send_step_hands_a_provider_of_bytes_the_message_paths_bytes(tmp_path, monkeypatch):
+    """The file outbox takes bytes: the run's own process composes them, building no message; rendering messages
+    instead (as a custom `render` does) writes the same outbox, file for file, and the same ledger."""
+    names = ["Ada", "Zoë Ünïcode", "李小龍", None, 'Quote "me", please']
+    rows = [
+        invoice(
+            invoice_id=f"in_{i:04d}",
+            customer_id=f"c{i % 9}",
+            customer_email=f"c{i % 9}@example.com",
+            customer_name=names[i % len(names)],
+            amount_due=1000 + 37 * i,
+            currency=("USD", "EUR", "JPY")[i % 3],
+            due_date=(AS_OF.date() - dt.timedelta(days=3 + i % 20)).isoformat(),
+            customer_locale="de-DE" if i % 4 == 1 else None,
+            payment_url=f"https://pay.example.com/{i}?t={'x' * 1200}" if i % 6 == 0 else None,
+        )
+        for i in range(60)
+    ]
+    config = DunningConfig(claim_chunk_size=7)
+    due = helpers.sendable_due(write_snapshot(tmp_path / "snapshot.csv", rows), AS_OF, config)
+    two = pl.col("customer_id") == "c5"  # data the snapshot's rules cannot refuse, but an email can: not built
+    bad = pl.when(two).then(pl.lit("a@example.com, b@example.com")).otherwise("customer_email")
+    due = due.with_columns(bad.alias("customer_email"))
+    settings = sending.render_settings(config, AS_OF)
+    messages = _send(tmp_path / "messages", due, config, render=settings.message)
+    with monkeypatch.context() as patched:
+        patched.setattr(render, "message_of", lambda draft: pytest.fail("the default send built a message"))
+        composed = _send(tmp_path / "composed", due, config)
+    assert composed[0] == messages[0] and composed[0].failed >= 1  # the email to two addresses is not built
+    assert composed[1].equals(messages[1])
+    assert composed[2] == messages[2] and len(composed[2]) == composed[0].emails - 1 >= 8
+    assert (
+        composed[1]
+        .filter(pl.col("status") == "failed")
+        .get_column("last_error")
+        .str.starts_with("email not built: EmailBuildError: recipient is not a single valid address")
+        .all()
+    )

@@ -18,12 +18,12 @@ from dunning.errors import ConfigError
 from dunning.ledger.duckdb_ledger import open_ledger
 from dunning.policy import STATE_SCHEMA, assign_cycles
 from dunning.providers.file_outbox import FileOutbox
-from dunning.render import WIRE_POLICY, Sender, apology_email, payment_failed_email, reminder_email
+from dunning.render import WIRE_POLICY, Sender, apology_email, payment_failed_email, reminder_email, render_for
 from dunning.render_pool import RenderPool, RenderSettings, build, pool_size
-from dunning.sending import RenderFailed, send_due, with_email_ids
+from dunning.sending import RenderFailed, send_due
 from dunning.wire import WireEmail, wire_bytes
 from tests.conftest import invoice, write_snapshot
-from tests.helpers import reminder_row
+from tests.helpers import reminder_row, send_groups
 from tests.render_hooks import DIE_ON, render_or_die
 
 AS_OF = dt.datetime(2026, 11, 20, 9, tzinfo=dt.UTC)
@@ -56,13 +56,6 @@ def _due(tmp_path: Path, rows: list[dict], config: DunningConfig) -> pl.DataFram
     loaded = cycle.load_snapshot(write_snapshot(tmp_path / "snapshot.csv", rows), config)
     cycled = assign_cycles(loaded.valid, pl.DataFrame(schema=STATE_SCHEMA), AS_OF, config)
     return cycle.sendable_due(cycle.plan_cycle(cycled, config))
-
-
-def _groups(due: pl.DataFrame, config: DunningConfig) -> list[list[dict]]:
-    grouped: dict[str, list[dict]] = {}
-    for record in with_email_ids(due, config).to_dicts():
-        grouped.setdefault(record["email_group"], []).append(record)
-    return list(grouped.values())
 
 
 def _send(tmp_path: Path, name: str, due: pl.DataFrame, config: DunningConfig, processes: int):
@@ -126,7 +119,7 @@ def test_a_message_of_another_shape_goes_through_the_generator():
 
 def test_a_pool_renders_the_same_bytes_in_the_same_order(tmp_path):
     config = DunningConfig()
-    groups = _groups(_due(tmp_path, _rows(120), config), config)
+    groups = send_groups(_due(tmp_path, _rows(120), config), config)
     settings = RenderSettings(Sender("billing@example.com", "Bïlling"), AS_OF, "en_US")
     with RenderPool(2, settings) as pool:
         pooled = list(pool.render(groups))
@@ -134,6 +127,7 @@ def test_a_pool_renders_the_same_bytes_in_the_same_order(tmp_path):
     assert len(pooled) == len(groups) > 40
     assert all(isinstance(w, WireEmail) for w in pooled)
     assert pooled == local  # bytes, recipient, Message-ID and idempotency key, email by email
+    assert pooled == [WireEmail.of(render_for(g, sender=settings.sender, as_of=AS_OF)) for g in groups]
 
 
 def test_an_email_that_cannot_be_built_fails_alone_in_a_worker_too(tmp_path):
