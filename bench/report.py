@@ -138,8 +138,13 @@ def _outbox_rows(tier: dict) -> list[str]:
 
 
 def _noop_rows(report: dict) -> list[str]:
-    """The 10k no-op, and the floor under every run, part by part."""
+    """The machine's speed, the 10k no-op, and the floor under every run, part by part."""
     rows = []
+    if "calibration" in report:
+        rows.append(
+            f"| machine | one core of pure Python: `sum(range(10**8))`, CPU (median of "
+            f"{len(report['calibration']['runs_s'])}) | {report['calibration']['python_loop_s']:.2f} s | |"
+        )
     noop = report.get("noop_10k")
     if isinstance(noop, dict):
         rows.append(

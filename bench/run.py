@@ -152,6 +152,20 @@ def bench_tier(name: str, repeat: int) -> dict:
     return result
 
 
+CALIBRATION = "import time; t = time.process_time(); sum(range(10**8)); print(time.process_time() - t)"
+
+
+def calibration(repeat: int = 3) -> dict:
+    """CPU seconds of one fixed pure-Python loop on one core (median): how fast this machine runs Python, so
+    sections of RESULTS.md taken on different machines can be compared (`import pipelines.cli` in the floor
+    rows is a second such yardstick)."""
+    runs = [
+        float(subprocess.run([sys.executable, "-c", CALIBRATION], capture_output=True, text=True, check=True).stdout)
+        for _ in range(repeat)
+    ]
+    return {"python_loop_s": round(statistics.median(runs), 2), "runs_s": [round(r, 2) for r in runs]}
+
+
 def machine() -> str:
     import dagster
     import duckdb
@@ -181,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m bench.run " + " ".join(argv or sys.argv[1:]),
         "tiers": [],
     }
+    report["calibration"] = calibration()
     noop_template, _ = template_for("10k", TIERS["10k"], 1)
     report["noop_10k"] = noop_runs(noop_template, AS_OF, args.repeat)
     report["floor"] = floor(DATA / "floor", AS_OF, args.repeat)
