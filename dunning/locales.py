@@ -35,8 +35,9 @@ def known_locale(value: object) -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=1024)
 def language_of(locale: str) -> str:
-    """`de_DE` -> `de`: the directory a language's templates live in."""
+    """`de_DE` -> `de`: the directory a language's templates live in (cached: every email asks for its own)."""
     return babel.Locale.parse(locale).language
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import traceback
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,13 @@ def _is_html(name: str | None) -> bool:
     return name is None or ".html" in name
 
 
+@functools.lru_cache(maxsize=1024)
+def _dict_attribute(name: str) -> bool:
+    """Whether `dict` has an attribute `name` (a method's): fixed for a builtin type, so asked once per name. Each
+    `hasattr` that failed raised and caught an AttributeError: about a fifth of a reminder's templates' time."""
+    return hasattr(dict, name)
+
+
 class _Environment(ImmutableSandboxedEnvironment):
     """The sandbox, plus the rules every template's syntax tree must follow (checked when it is compiled)."""
 
@@ -66,9 +74,15 @@ class _Environment(ImmutableSandboxedEnvironment):
         """`invoice.remaining` on the plain dicts every context is made of: the item at once, where the sandbox
         first tries (and fails) a Python attribute; that raised and caught AttributeError was a seventh of the
         time to render an email. Anything else, or a key that is also a dict method's name, as the sandbox does."""
-        if type(obj) is dict and attribute in obj and not hasattr(dict, attribute):
+        if type(obj) is dict and attribute in obj and not _dict_attribute(attribute):
             return obj[attribute]
         return super().getattr(obj, attribute)
+
+    def make_globals(self, d: MutableMapping[str, Any] | None) -> MutableMapping[str, Any]:
+        """A template's globals as one plain dict, where Jinja's is a `ChainMap` over the environment's globals,
+        walked key by key into every render's context: about a fifth of a reminder's templates' time. The same
+        names and values: nothing changes the environment's globals once it is built (`_build`), as Jinja asks."""
+        return {**self.globals, **(d or {})}
 
     def compile(self, source: Any, name: str | None = None, filename: str | None = None, *args: Any) -> Any:
         tree = self.parse(source, name, filename) if isinstance(source, str) else source

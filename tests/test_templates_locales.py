@@ -378,3 +378,22 @@ def test_a_stripe_pull_brings_each_customers_language_and_pay_link(deployment, m
         ("in_fake00000", None),
         ("in_fake00002", "payment_url_dropped"),
     ]
+
+
+def test_templates_see_jinjas_globals_and_a_dict_methods_name_keeps_the_sandboxs_rule():
+    from jinja2.exceptions import SecurityError, UndefinedError
+
+    from dunning.templating import environment
+
+    env = environment(None)
+    globals_used = "{{ range(3)|list }} {{ namespace(a=1).a }} {% set j = joiner('/') %}{{ j() }}a{{ j() }}b"
+    assert env.from_string(globals_used).render() == "[0, 1, 2] 1 a/b"
+    context = {"d": {"items": "data", "keys": "data", "invoice_id": "in_1"}}
+    # an item whose key is a dict method's name is that method, as in the sandbox: never the data
+    assert env.from_string("{{ d.invoice_id }} {{ d.items is callable }} {{ d['items'] }}").render(context) == (
+        "in_1 True data"
+    )
+    with pytest.raises(SecurityError):
+        env.from_string("{{ d.update }}").render({"d": {"update": "data"}})
+    with pytest.raises(UndefinedError):
+        env.from_string("{{ lipsum() }}").render()
