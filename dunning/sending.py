@@ -10,6 +10,7 @@ batch.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
@@ -154,6 +155,7 @@ def _send_groups(
     local: _InProcess[Any],
     renew: Callable[[], None] = lambda: None,
     rendered: Iterator[Built] | None = None,
+    pool_delivers: bool = False,
 ) -> tuple[list[tuple[list[Record], SendOutcome]], str | None]:
     """Each group with its outcome, in batches with a lease renewal between them; and why the render pool failed,
     if it did.
@@ -163,7 +165,10 @@ def _send_groups(
     others still go. `rendered` is a render pool's output for these groups
     (`RenderPool.render`), handed over as its bytes come back; if the pool
     fails, the groups it did not render are `failed` (never handed over) and
-    no other email of the chunk goes.
+    no other email of the chunk goes. With `pool_delivers` the pool's workers
+    wrote the emails themselves and `rendered` yields their outcomes; if it
+    fails, the groups it did not report are `unknown` (a worker may have
+    written them before it died), for the next run to look up.
     """
     results: list[tuple[list[Record], SendOutcome]] = []
     failure: list[str] = []
@@ -174,7 +179,7 @@ def _send_groups(
         if rendered is None:
             results += _send_batch(local, batch)
         else:
-            results += _send_wire_batch(provider, batch, rendered, failure)
+            results += _send_wire_batch(provider, batch, rendered, failure, pool_delivers)
     return results, (failure[0] if failure else None)
 
 
@@ -198,7 +203,11 @@ def _send_batch(local: _InProcess[Email], groups: list[list[Record]]) -> list[tu
 
 
 def _send_wire_batch(
-    provider: EmailProvider, groups: list[list[Record]], rendered: Iterator[Built], failure: list[str]
+    provider: EmailProvider,
+    groups: list[list[Record]],
+    rendered: Iterator[Built],
+    failure: list[str],
+    pool_delivers: bool = False,
 ) -> list[tuple[list[Record], SendOutcome]]:
     """`_send_batch` for emails a render pool builds: `rendered` yields each group's bytes (or why it could not be
     built) in order. A failure of the pool itself is noted in `failure`; from there on nothing is handed over."""
@@ -217,12 +226,24 @@ def _send_wire_batch(
             if isinstance(built, str):
                 outcomes[index] = SendOutcome(SendStatus.FAILED, records[0].get("message_id"), built)
                 continue
+            if isinstance(built, SendOutcome):  # a worker wrote it into the outbox itself
+                outcomes[index] = built
+                continue
             handed_over.append(index)
             yield built
 
     outcomes |= dict(zip(handed_over, provider.send_many_wire(wired()), strict=True))
     for index, records in enumerate(groups):
-        if index not in outcomes:  # the pool failed before building it: never handed over, safe to retry
+        if index in outcomes:
+            continue
+        if pool_delivers:  # its worker may have written it before the pool failed: asked about, never resent blindly
+            outcomes[index] = SendOutcome(
+                SendStatus.UNKNOWN,
+                records[0].get("message_id"),
+                f"the render pool failed ({failure[0]}) before reporting it: its worker may have written it; "
+                "the next run looks in the outbox"[:500],
+            )
+        else:  # the pool failed before building it: never handed over, safe to retry
             outcomes[index] = SendOutcome(
                 SendStatus.FAILED,
                 records[0].get("message_id"),
@@ -305,7 +326,8 @@ def send_due(
         local = _InProcess(render, provider.send_many)
     elif provider.takes_wire:
         if render_processes > 1 and total_emails >= MIN_POOL_EMAILS:
-            pool = RenderPool(render_processes, settings)  # its workers start while the first chunk is claimed
+            # its workers start while the first chunk is claimed; with the file outbox they write the emails too
+            pool = RenderPool(render_processes, dataclasses.replace(settings, outbox_dir=provider.pool_outbox()))
         local = _InProcess(settings.wire, provider.send_many_wire)
     else:
         local = _InProcess(settings.message, provider.send_many)
@@ -423,19 +445,25 @@ def _claim_and_send(
 
     def deliver(claimed: _Claimed) -> str | None:
         """Hand the chunk over and record its outcomes; returns why the render pool failed, if it did."""
-        sent, failure = _send_groups(provider, claimed.groups, local, renew, claimed.rendered)
+        sent, failure = _send_groups(provider, claimed.groups, local, renew, claimed.rendered, pool_delivers)
         record(claimed, sent)
         if progress:
             progress(report, total_emails)
         return failure
 
     def release(claimed: _Claimed, why: str) -> None:
-        """A chunk claimed ahead of a stop: recorded `released`, nothing of it handed over."""
+        """A chunk claimed ahead of a stop: recorded `released`, nothing of it handed over; or, when the pool's
+        workers write the emails, `unknown` (they were writing it ahead), for the next run to look up."""
         if claimed.rendered is not None:
             claimed.rendered.close()  # its futures are cancelled
-        outcome = SendOutcome(SendStatus.RELEASED, None, f"not handed over: {why}"[:500])
+        if pool_delivers:
+            note = f"given to the render pool before the stop ({why}): the next run looks in the outbox"
+            outcome = SendOutcome(SendStatus.UNKNOWN, None, note[:500])
+        else:
+            outcome = SendOutcome(SendStatus.RELEASED, None, f"not handed over: {why}"[:500])
         record(claimed, [(records, outcome) for records in claimed.groups])
 
+    pool_delivers = pool is not None and pool.delivers
     ahead: _Claimed | None = None
     chunks = _chunks(due, config.claim_chunk())
     while True:
@@ -455,7 +483,11 @@ def _claim_and_send(
                 release(ahead, stop)
             if failure is not None:  # every outcome is recorded; the run fails with this line
                 raise RenderFailed(
-                    f"{stop}; the emails it had not built were never handed over: recorded failed (those claimed "
+                    f"{stop}; the emails it had not reported are recorded unknown (its workers write them into "
+                    "the outbox: the next run looks for each one there, and retries the missing ones); no further "
+                    "chunk was claimed"
+                    if pool_delivers
+                    else f"{stop}; the emails it had not built were never handed over: recorded failed (those claimed "
                     "ahead: released), retried by a later cycle; no further chunk was claimed"
                 )
             break

@@ -58,8 +58,15 @@ def _due(tmp_path: Path, rows: list[dict], config: DunningConfig) -> pl.DataFram
     return cycle.sendable_due(cycle.plan_cycle(cycled, config))
 
 
-def _send(tmp_path: Path, name: str, due: pl.DataFrame, config: DunningConfig, processes: int):
-    outbox = FileOutbox(tmp_path / name / "outbox")
+class HandedOverOutbox(FileOutbox):
+    """A file outbox only the run's own process writes, as it hands SMTP its bytes: the pool's workers only render."""
+
+    def pool_outbox(self) -> None:
+        return None
+
+
+def _send(tmp_path: Path, name: str, due: pl.DataFrame, config: DunningConfig, processes: int, outbox_class=FileOutbox):
+    outbox = outbox_class(tmp_path / name / "outbox")
     with open_ledger(tmp_path / name / "dunning.duckdb") as ledger, outbox:
         try:
             report, _ = send_due(
@@ -157,6 +164,7 @@ def test_the_send_step_writes_the_same_outbox_with_a_pool(tmp_path, monkeypatch)
 
 
 def test_a_render_worker_that_dies_sends_nothing_twice_and_leaves_nothing_claimed(tmp_path, monkeypatch):
+    """The run's process hands the bytes over (as to SMTP): what the pool did not render was never handed over."""
     monkeypatch.setattr(sending, "MIN_POOL_EMAILS", 1)
     original = sending.render_settings
     monkeypatch.setattr(
@@ -164,7 +172,7 @@ def test_a_render_worker_that_dies_sends_nothing_twice_and_leaves_nothing_claime
     )
     config = DunningConfig(group_by="invoice", claim_chunk_size=40)
     due = _due(tmp_path, _rows(200, die_at=70), config)  # the second chunk's worker dies; the third is claimed
-    _, error, statuses, outbox = _send(tmp_path, "home", due, config, processes=2)
+    _, error, statuses, outbox = _send(tmp_path, "home", due, config, processes=2, outbox_class=HandedOverOutbox)
 
     assert isinstance(error, RenderFailed) and "BrokenProcessPool" in str(error)
     by_status = dict(statuses.group_by("status").len().iter_rows())
@@ -187,6 +195,36 @@ def test_a_render_worker_that_dies_sends_nothing_twice_and_leaves_nothing_claime
     # after it is claimed
     assert released.height == 40 and statuses.height in (80, 120)
     assert sent.height + not_rendered.height == statuses.height - 40
+
+
+def test_a_worker_that_dies_while_writing_the_outbox_leaves_unknowns_the_next_run_settles_once(tmp_path, monkeypatch):
+    """With the file outbox the workers write the emails themselves: a dead worker may have written emails it never
+    reported, so those are `unknown`, never `failed`; the next run's lookup finds each file or not, and in the end
+    every key with a file is sent, each file once, and every key without one is a failure to retry."""
+    monkeypatch.setattr(sending, "MIN_POOL_EMAILS", 1)
+    original = sending.render_settings
+    monkeypatch.setattr(
+        sending, "render_settings", lambda c, a: dataclasses.replace(original(c, a), render=render_or_die)
+    )
+    config = DunningConfig(group_by="invoice", claim_chunk_size=40)
+    due = _due(tmp_path, _rows(200, die_at=70), config)
+    _, error, statuses, outbox = _send(tmp_path, "home", due, config, processes=2)
+    assert isinstance(error, RenderFailed) and "recorded unknown" in str(error)
+    by_status = dict(statuses.group_by("status").len().iter_rows())
+    assert set(by_status) == {"sent", "unknown"}, "nothing claimed is left, and nothing a worker had is failed"
+    written = {p.name for p in outbox.iterdir() if p.suffix == ".eml"}
+    sent = statuses.filter(pl.col("status") == "sent").get_column("message_id")
+    assert {FileOutbox(outbox).path_for(m).name for m in sent} <= written, "every key reported sent has its file"
+
+    with open_ledger(tmp_path / "home" / "dunning.duckdb") as ledger, FileOutbox(outbox) as lookup:
+        settled = sending.resolve_unknown(ledger, lookup, config.provider, AS_OF, 30)
+        after = ledger.frame("SELECT status, message_id FROM reminder_ledger WHERE status <> 'skipped'")
+    assert settled == by_status["unknown"], "the outbox answers for every unknown key"
+    assert set(after.get_column("status")) <= {"sent", "failed"}
+    files_of = {s: {FileOutbox(outbox).path_for(m).name for m in after.filter(pl.col("status") == s)["message_id"]}
+                for s in ("sent", "failed")}  # fmt: skip
+    assert files_of["sent"] == written, "exactly the written emails are sent, each once (one key per email here)"
+    assert not files_of["failed"] & written and files_of["failed"], "the rest were never written: retried later"
 
 
 def test_pool_size_follows_the_setting_and_shares_the_cores():

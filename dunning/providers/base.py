@@ -117,6 +117,12 @@ class EmailProvider(abc.ABC):
         """`send_many` for rendered emails: outcomes in order; `emails` may be a generator still rendering."""
         return [self.send_wire(e) for e in emails]
 
+    def pool_outbox(self) -> str | None:
+        """A directory the render pool's workers may write this provider's emails into themselves (the file
+        outbox: no connection, no health stop, and `lookup` finds what a dead worker wrote); None when only the
+        run's process hands emails over."""
+        return None
+
     def resubmit(self, payload: str, idempotency_key: str, message_id: str) -> SendOutcome:
         """Send the kept `payload` of an `unknown` send again under its key; only for providers whose config says
         `resubmits_unknown`."""

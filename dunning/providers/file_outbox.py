@@ -40,6 +40,9 @@ class FileOutbox(EmailProvider):
         self.directory.mkdir(parents=True, exist_ok=True)
         self._writer: ThreadPoolExecutor | None = None
 
+    def pool_outbox(self) -> str:
+        return str(self.directory)
+
     def path_for(self, message_id: str) -> Path:
         return self.directory / _file_name(message_id)
 
