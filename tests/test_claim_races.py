@@ -271,3 +271,42 @@ def test_a_failed_keys_backoff_doubles_per_attempt_on_both_databases(backend):
         ninth = ledger.frame("SELECT next_attempt_at, attempts FROM reminder_ledger").row(0)
     assert first == (AS_OF + dt.timedelta(minutes=30), 1)
     assert ninth == (AS_OF + dt.timedelta(minutes=30 * 2**8), 9)
+
+
+@pytest.mark.slow
+def test_recording_a_chunk_of_outcomes_on_postgres_never_rescans_it_per_claimed_key(postgres_dsn, monkeypatch):
+    """The statistics of a ledger taken before a run claimed anything say no row is `claimed`; a guard written as
+    a filter on the ledger then made PostgreSQL scan the chunk's outcomes once per claimed key (10,000 outcomes:
+    13 s a chunk). The guard is a join condition: the plan never joins a scan of the ledger to a rescanned chunk."""
+    with open_postgres_ledger(postgres_dsn, "$TEST_DSN") as ledger:
+        ledger.con.execute(
+            "INSERT INTO reminder_ledger (idempotency_key, kind, invoice_id, customer_id, cycle, stage, status, "
+            "amount_minor, currency, email_id, message_id, run_id, claimed_at, sent_at) "
+            "SELECT 'dunning:in_' || i || ':1:day3', 'reminder', 'in_' || i, 'c' || i, 1, 'day3', 'sent', 100, "
+            "'USD', 'e' || i, '<m' || i || '@x>', 'old', ?, ? FROM generate_series(1, 300000) AS i",
+            [AS_OF - HOUR, AS_OF - HOUR],
+        )
+        ledger.con.execute("ANALYZE reminder_ledger")  # taken while nothing is claimed, as before a run's claims
+        ledger.con.execute(
+            "UPDATE reminder_ledger SET status = 'claimed', run_id = 'r', sent_at = NULL "
+            "WHERE invoice_id LIKE 'in\\_1____'"  # 10,000 of them
+        )
+        keys = [r[0] for r in ledger.con.execute("SELECT idempotency_key FROM reminder_ledger WHERE run_id = 'r'")]
+        assert len(keys) > 5000
+        outcomes = pl.DataFrame(
+            {"idempotency_key": keys, "status": "sent", "message_id": None, "error": None},
+            schema={"idempotency_key": pl.String, "status": pl.String, "message_id": pl.String, "error": pl.String},
+        )
+        plans: list[str] = []
+
+        def explain(sql, params):
+            plans.append("\n".join(r[0] for r in ledger.con.execute("EXPLAIN " + sql, params).fetchall()))
+            return 0
+
+        monkeypatch.setattr(ledger, "changed_rows", explain)
+        ledger.record_outcomes(outcomes, AS_OF, AS_OF, 30.0, run_id="r")
+        monkeypatch.undo()
+        assert ledger.record_outcomes(outcomes, AS_OF, AS_OF, 30.0, run_id="r") == len(keys)
+    [plan] = plans
+    rescanned = "Nested Loop" in plan and "Join Filter" in plan and "Seq Scan on outcomes" in plan
+    assert not rescanned, plan

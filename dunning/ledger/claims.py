@@ -135,7 +135,9 @@ class ClaimStore(SqlConnection):
                     .with_columns(pl.lit(LedgerStatus.CLAIMED).alias("status"), *stamp)
                     .select(*LEDGER_COLUMNS, lease)
                 )
-                retries = allowed.filter(is_retry).select("idempotency_key", "amount_minor", "customer_email")
+                retries = allowed.filter(is_retry).select(  # the guard as a join condition: see record_outcomes
+                    "idempotency_key", "amount_minor", "customer_email", pl.lit("failed").alias("expected_status")
+                )
                 with self.registered("due_rows", rows), self.registered("retry_rows", retries):
                     inserted = self.insert_by_name(
                         "reminder_ledger",
@@ -164,7 +166,7 @@ class ClaimStore(SqlConnection):
             UPDATE reminder_ledger SET status = 'claimed', run_id = ?, claimed_at = ?, amount_minor = r.amount_minor,
                 customer_email = r.customer_email, lease_expires_at = ?
             FROM retry_rows r
-            WHERE reminder_ledger.idempotency_key = r.idempotency_key AND reminder_ledger.status = 'failed'
+            WHERE reminder_ledger.idempotency_key = r.idempotency_key AND reminder_ledger.status = r.expected_status
             RETURNING reminder_ledger.idempotency_key
             """,
                 [run_id, claimed_at, lease_until],
@@ -249,6 +251,13 @@ class ClaimStore(SqlConnection):
         recorded = outcomes.filter(pl.col("status").is_in(plain(PROVIDER_STATUSES)))
         if "provider_message_id" not in recorded.columns:
             recorded = recorded.with_columns(pl.lit(None, dtype=pl.String).alias("provider_message_id"))
+        # the guard travels with each row and is a join condition, not a filter on the ledger: PostgreSQL planned a
+        # filter on `status = 'claimed'` from statistics taken before the run claimed anything (about one row), so
+        # it scanned the whole chunk once per claimed key (10,000 outcomes: 13 s a chunk, 0.1 s with this)
+        recorded = recorded.with_columns(
+            pl.lit(str(expected_status), dtype=pl.String).alias("expected_status"),
+            pl.lit(run_id, dtype=pl.String).alias("expected_run"),
+        )
         with self.registered("outcomes", recorded):
             return self.changed_rows(
                 f"""
@@ -263,10 +272,11 @@ class ClaimStore(SqlConnection):
                         THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at)
                         + {self.interval_of_microseconds(BACKOFF_MICROSECONDS)} END
                 FROM outcomes o
-                WHERE reminder_ledger.idempotency_key = o.idempotency_key AND reminder_ledger.status = ?
-                  AND (CAST(? AS VARCHAR) IS NULL OR reminder_ledger.run_id = ?)
+                WHERE reminder_ledger.idempotency_key = o.idempotency_key
+                  AND reminder_ledger.status = o.expected_status
+                  AND (o.expected_run IS NULL OR reminder_ledger.run_id = o.expected_run)
                 """,
-                [sent_at, wall, sent_at, backoff_minutes, expected_status, run_id, run_id],
+                [sent_at, wall, sent_at, backoff_minutes],
             )
 
     def emails_in_window(
