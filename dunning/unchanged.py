@@ -10,7 +10,8 @@ from is as the last live run of its shard that ended (the reference) left it:
 - the business date: a stage is crossed at midnight with no new data;
 - the ledger, every table a decision reads (`RunInputStore.state_digest`):
   pause, exclusions, claims and outcomes, cycles, stored events, feature
-  state, kept payloads, the history's writes. Whatever another run, a shard,
+  state, kept payloads, the history's writes (its write log); a shard's over
+  its own invoices. Whatever another run, a shard,
   a backfill or an operator (`pause`, `exclude`, `resolve`) wrote since makes
   the run whole again;
 - the reference left nothing for a later hour (`settled`): no key throttled at
@@ -43,7 +44,8 @@ from dunning.clock import CycleClock
 from dunning.config import DunningConfig
 from dunning.ledger.base import Ledger
 from dunning.ledger.migrations import LATEST
-from dunning.sharding import EVERYONE, Shard
+from dunning.ledger.run_inputs import StateScope
+from dunning.sharding import Shard, parse_shard
 from dunning.vocabulary import SendStatus
 
 # outcomes that leave a key for a later hour without anything else changing: the run that had them is no reference
@@ -116,7 +118,8 @@ def judge(ledger: Ledger, inputs: RunInputs, clock: CycleClock, config: DunningC
     if clock.as_of < since:
         return Verdict(False, f"the clock is before the last run that did the work ({since.isoformat()})")
     # a sharded reference hashed its own invoices' rows (`end_run_inputs`): so does this comparison
-    scope = None if inputs.shard == str(EVERYONE) else reference["reference_run_id"] or reference["run_id"]
+    shard = parse_shard(inputs.shard)
+    scope = None if shard.everyone else StateScope(reference["reference_run_id"] or reference["run_id"], shard)
     state = ledger.state_digest(scope)
     if state != reference["ledger_state"]:
         return Verdict(False, f"the ledger changed since {ref} ended")
@@ -177,4 +180,4 @@ def finish(ledger: Ledger, run_id: str, outcomes: pl.DataFrame, shard: Shard, sn
     """A live run's last ledger write: the state it leaves, and whether a later hour may be compared with it; a
     shard's state over the invoices of its `snapshot` (its rows), which the other shards never write."""
     scope = None if shard.everyone else snapshot.get_column("invoice_id")
-    ledger.end_run_inputs(run_id, settled(outcomes), scope)
+    ledger.end_run_inputs(run_id, settled(outcomes), scope, shard)

@@ -240,8 +240,18 @@ def test_a_clock_before_the_last_run_runs(tmp_path):
 
 def test_history_written_by_another_run_is_a_change(tmp_path):
     home, snapshot = _reference(tmp_path)
-    with open_ledger(home / "dunning.duckdb") as ledger:  # as a backfill rewriting a past day would
-        ledger.con.execute("UPDATE invoice_history_daily SET run_id = 'backfill-run' WHERE invoice_id = 'in_1'")
+    with open_ledger(home / "dunning.duckdb") as ledger:  # as a backfill rewriting the day would, through the merge
+        day = ledger.frame("SELECT * FROM invoice_history_daily")
+        assert (
+            ledger.merge_history_day(day["business_date"][0], day) is None
+            and _judge(home, snapshot, TEN, DunningConfig()).unchanged
+        ), "the same rows merged again change nothing"
+        changed = day.with_columns(
+            run_id=pl.lit("backfill-run"),
+            remaining_minor=pl.when(pl.col("invoice_id") == "in_1").then(1).otherwise(pl.col("remaining_minor")),
+        )
+        ledger.merge_history_day(day["business_date"][0], changed)
+        assert ledger.scalar("SELECT sum(rows_changed) FROM history_writes WHERE run_id = 'backfill-run'") >= 1
     assert not _judge(home, snapshot, TEN, DunningConfig()).unchanged
 
 

@@ -17,8 +17,9 @@ import polars as pl
 from dunning.ledger.claims import ClaimCap, ClaimResult
 from dunning.ledger.exclusions import Excluded
 from dunning.ledger.operations import PauseState, RunSummary, StatusCounts
+from dunning.ledger.run_inputs import StateScope
 from dunning.ledger.sql import Executes
-from dunning.sharding import Shard
+from dunning.sharding import EVERYONE, Shard
 from dunning.vocabulary import EmailKind, ExclusionScope, LedgerStatus, RunOutcome
 
 
@@ -219,7 +220,7 @@ class Ledger(AlertStore, Protocol):
     def status_counts(self) -> StatusCounts: ...
 
     # an unchanged hour (`dunning.unchanged`, `run_inputs`)
-    def state_digest(self, scope_run: str | None = None) -> str: ...
+    def state_digest(self, scope: StateScope | None = None) -> str: ...
 
     def begin_run_inputs(
         self,
@@ -234,7 +235,9 @@ class Ledger(AlertStore, Protocol):
         wall: dt.datetime,
     ) -> None: ...
 
-    def end_run_inputs(self, run_id: str, settled: bool, scope: pl.Series | None = None) -> None: ...
+    def end_run_inputs(
+        self, run_id: str, settled: bool, scope: pl.Series | None = None, shard: Shard = EVERYONE
+    ) -> None: ...
 
     def last_ended_inputs(self, shard: str) -> dict[str, Any] | None: ...
 

@@ -76,10 +76,8 @@ class LedgerConnection(SqlConnection):
         row = self.con.execute(sql, list(params)).fetchone()  # DuckDB answers a DML statement with its row count
         return int(row[0]) if row else 0
 
-    def table_digest_sql(self, table: str, where: str = "TRUE", summary: tuple[str, str] | None = None) -> str:
+    def table_digest_sql(self, table: str, where: str = "TRUE") -> str:
         rows = f"SELECT * FROM {quote_identifier(table)} WHERE {where}"
-        if summary:
-            rows = f"SELECT {summary[0]} FROM {quote_identifier(table)} WHERE {where} GROUP BY {summary[1]}"
         return f"SELECT count(*), coalesce(bit_xor(hash(t)), 0)::VARCHAR FROM ({rows}) AS t"
 
     def database_path(self) -> str | None:

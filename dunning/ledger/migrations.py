@@ -110,6 +110,12 @@ MIGRATIONS = (
         "run scopes: the invoices of each sharded run, so a shard's unchanged hour is judged on its own rows",
         (next(s for s in DDL if "CREATE TABLE IF NOT EXISTS run_scopes (" in s),),
     ),
+    Migration(
+        11,
+        "history writes: one row per merge that changed the daily history, hashed by the hourly no-op instead of "
+        "every day's rows",
+        (next(s for s in DDL if "CREATE TABLE IF NOT EXISTS history_writes (" in s),),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

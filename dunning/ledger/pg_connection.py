@@ -207,11 +207,11 @@ class PgConnection(SqlConnection):
     def changed_rows(self, sql: str, params: Sequence[object]) -> int:
         return max(self.con.execute(sql, params).rowcount, 0)
 
-    def table_digest_sql(self, table: str, where: str = "TRUE", summary: tuple[str, str] | None = None) -> str:
+    def table_digest_sql(self, table: str, where: str = "TRUE") -> str:
         """From the row versions, not their text: every insert or update writes a version stamped with its
         transaction's id (`xmin`), so the count and the sum of the ids' hashes change with every committed write,
         and summing them skips turning each row into text (a 500k-row ledger: 90 ms, where hashing its rows' text
-        took 1.1 s, once per worker per run). `summary` is not needed."""
+        took 1.1 s, once per worker per run)."""
         versions = "coalesce(sum(hashint8extended(xmin::text::bigint, 0)), 0)::text"
         return f"SELECT count(*), {versions} FROM {quote_identifier(table)} WHERE {where}"
 

@@ -7,9 +7,9 @@ milliseconds at a million rows in DuckDB; PostgreSQL hashes its row versions'
 transaction ids instead, see `PgConnection.table_digest_sql`). Tables a run
 only writes for the record (audit, run summaries, quarantines, alerts,
 simulations) are left out: every run adds to them, and nothing is decided from
-them. In DuckDB the daily history is summarized by how many rows each run
-wrote per day, which changes with every write to it (each run writes under its
-own id) and costs a fraction of hashing its rows.
+them. The daily history is summarized by its write log (`history_writes`, one
+row per merge that changed a day), which changes with every write to it and
+stays small where the history grows by a day of rows every day.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 
 from dunning.ledger.schema import DDL
 from dunning.ledger.sql import SqlConnection
+from dunning.sharding import EVERYONE, Shard
 from dunning.vocabulary import RunOutcome
 
 # written for the record by every run and never read to decide a send; run_inputs is this module's own
@@ -35,23 +37,37 @@ RECORD_TABLES = frozenset(
         "dunning_runs",
         "event_quarantine",
         "incidents",
+        "invoice_history_daily",  # its writes are hashed from `history_writes`, not its rows
         "run_inputs",
         "run_scopes",  # which invoices bound a sharded run's state: rewritten by each of them
         "simulated_sends",
         "snapshot_quarantine",
     }
 )
-HISTORY_TABLE = "invoice_history_daily"
-# the rows each run wrote per day, not the rows themselves
-_HISTORY_SUMMARY = ("run_id, business_date, count(*) AS n", "run_id, business_date")
 # a sharded run's state: these tables' rows of the invoices its snapshot held (rows of no invoice, such as
-# apologies, are every shard's), and every other table whole
+# apologies, are every shard's), the history writes of runs that may have touched them (the shard's own, and any
+# other shard count's, the unsharded runs' among them), and every other table whole
 _IN_SCOPE = "invoice_id IN (SELECT invoice_id FROM run_scopes WHERE run_id = ?)"
 _SCOPED = {
     "reminder_ledger": f"invoice_id IS NULL OR {_IN_SCOPE}",
     "invoice_cycles": _IN_SCOPE,
-    HISTORY_TABLE: _IN_SCOPE,
+    "history_writes": "NOT (shard_count = ? AND shard_index <> ?)",
 }
+
+
+@dataclass(frozen=True)
+class StateScope:
+    """A sharded run's part of the ledger's state: the invoices its snapshot held (`run_scopes` under `run_id`)
+    and its shard."""
+
+    run_id: str
+    shard: Shard
+
+    def where(self, table: str) -> tuple[str, list[object]]:
+        if table not in _SCOPED:
+            return "TRUE", []
+        params: list[object] = [self.shard.count, self.shard.index] if table == "history_writes" else [self.run_id]
+        return _SCOPED[table], params
 
 
 def state_tables() -> list[str]:
@@ -61,14 +77,13 @@ def state_tables() -> list[str]:
 
 
 class RunInputStore(SqlConnection):
-    def state_digest(self, scope_run: str | None = None) -> str:
-        """One hash of every decision-relevant table's rows (see the module docstring); with `scope_run`, a sharded
-        run whose invoices were recorded (`end_run_inputs`), the per-invoice tables' rows of those invoices only."""
+    def state_digest(self, scope: StateScope | None = None) -> str:
+        """One hash of every decision-relevant table's rows (see the module docstring); with `scope`, a sharded
+        run whose invoices were recorded (`end_run_inputs`), only the rows its shard's decisions read."""
         parts = []
         for table in state_tables():
-            where, params = (_SCOPED[table], [scope_run]) if scope_run and table in _SCOPED else ("TRUE", [])
-            summary = _HISTORY_SUMMARY if table == HISTORY_TABLE else None
-            count, digest = self.con.execute(self.table_digest_sql(table, where, summary), params).fetchall()[0]
+            where, params = scope.where(table) if scope is not None else ("TRUE", [])
+            count, digest = self.con.execute(self.table_digest_sql(table, where), params).fetchall()[0]
             parts.append(f"{table}:{count}:{digest}")
         return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
@@ -93,12 +108,15 @@ class RunInputStore(SqlConnection):
                 [run_id, shard, as_of, business_date, snapshot_path, snapshot_sha256, config_sha256, wall],
             )
 
-    def end_run_inputs(self, run_id: str, settled: bool, scope: pl.Series | None = None) -> None:
+    def end_run_inputs(
+        self, run_id: str, settled: bool, scope: pl.Series | None = None, shard: Shard = EVERYONE
+    ) -> None:
         """The ledger's state as the run leaves it, and whether the run left nothing for a later hour to redo.
 
-        `scope`: a sharded run's invoice ids. The state is then hashed over their rows, so the other shards'
-        runs of the same hour, which write only their own customers' rows, leave this shard's state as it was;
-        the scopes of the shard's earlier ended runs go (a skipped run's reference is the shard's last)."""
+        `scope`: a sharded run's invoice ids (and `shard` its shard). The state is then hashed over their rows,
+        so the other shards' runs of the same hour, which write only their own customers' rows, leave this
+        shard's state as it was; the scopes of the shard's earlier ended runs go (a skipped run's reference is
+        the shard's last)."""
         with self.transaction() as con:
             if scope is not None:
                 rows = (
@@ -115,7 +133,7 @@ class RunInputStore(SqlConnection):
                 )
                 with self.registered("scope_rows", rows):
                     self.insert_by_name("run_scopes", "scope_rows")
-            state = self.state_digest(run_id if scope is not None else None)
+            state = self.state_digest(StateScope(run_id, shard) if scope is not None else None)
             sql = "UPDATE run_inputs SET ledger_state = ?, settled = ? WHERE run_id = ?"
             con.execute(sql, [state, settled, run_id])
 

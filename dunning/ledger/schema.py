@@ -297,4 +297,16 @@ DDL = (
         invoice_id VARCHAR NOT NULL
     )
     """,
+    # every write to invoice_history_daily, one row per merge that changed it (`dunning.ledger.history`): what the
+    # hourly no-op hashes instead of the history itself, which grows by a day of rows every day
+    """
+    CREATE TABLE IF NOT EXISTS history_writes (
+        business_date DATE NOT NULL,
+        run_id VARCHAR,
+        shard_index INTEGER NOT NULL,
+        shard_count INTEGER NOT NULL,
+        rows_changed BIGINT NOT NULL,
+        written_at TIMESTAMPTZ NOT NULL
+    )
+    """,
 )

@@ -157,11 +157,9 @@ class SqlConnection:
         one of them is already there (a unique key: another writer was first). Only where `history_keyed`."""
         raise NotImplementedError
 
-    def table_digest_sql(self, table: str, where: str = "TRUE", summary: tuple[str, str] | None = None) -> str:
+    def table_digest_sql(self, table: str, where: str = "TRUE") -> str:
         """SQL for one row: the row count of `table`'s rows meeting `where` and text that changes whenever any of
-        them changes, whatever their order (`dunning.ledger.run_inputs`). `summary`, a select list and the columns
-        it is grouped by (`("a, count(*)", "a")`), may stand in for the rows where hashing them all costs too much
-        and the summary changes with every write."""
+        them changes, whatever their order (`dunning.ledger.run_inputs`)."""
         raise NotImplementedError
 
     def database_path(self) -> str | None:
