@@ -10,7 +10,9 @@ run sees the same ledger. Measured, `repeat` times each, median kept:
   2 and 4 PostgreSQL workers (`--shard K/N`, processes started together, one
   home and one outbox each, the home holding a created Dagster instance as a
   deployment's worker home does after its first run; wall time until the last
-  one ends). Every configuration's outbox is in memory (`/dev/shm`, see
+  one ends), and the CPU the whole machine used meanwhile (workers, render
+  processes and the PostgreSQL server: divided by the cores, the least wall
+  time the work could take here). Every configuration's outbox is in memory (`/dev/shm`, see
   OUTBOX_ROOT), so the workers do not compete for the one disk they share
   here;
 - claims per second per worker: the claim step alone (`Ledger.claim` in chunks
@@ -97,6 +99,23 @@ def drop(cluster: PostgresCluster, name: str) -> None:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def machine_cpu_seconds() -> float | None:
+    """CPU seconds every process of this machine has used so far (user, nice, system, interrupts; not idle or
+    I/O wait), from /proc/stat: the workers, their render processes and the PostgreSQL server alike. None where
+    there is no /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def _used_since(cpu_before: float | None) -> float | None:
+    after = machine_cpu_seconds()
+    return None if cpu_before is None or after is None else round(after - cpu_before, 1)
+
+
 def outbox_duplicates(outboxes: list[Path]) -> tuple[int, int]:
     """(emails, keys sent more than once) across the workers' outboxes, from each file's X-Dunning-Keys."""
     parser, keys, emails = BytesHeaderParser(), Counter(), 0
@@ -133,7 +152,7 @@ def workers_run(cluster: PostgresCluster, template_db: str, snapshot: Path, work
         )
         outboxes.append(OUTBOX_ROOT / f"pg{workers}-w{k}")
     env = {**os.environ, ENV: cluster.dsn(database)}
-    started = time.perf_counter()
+    cpu_before, started = machine_cpu_seconds(), time.perf_counter()
     processes = []
     for k, home in enumerate(homes):
         args = [str(DUNNING), "--home", str(home), "run", "--snapshot", str(snapshot), "--as-of", AS_OF.isoformat(),
@@ -141,7 +160,7 @@ def workers_run(cluster: PostgresCluster, template_db: str, snapshot: Path, work
                 *(["--dry-run"] if dry_run else [])]  # fmt: skip
         processes.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     errors = [p.communicate()[1] for p in processes]
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, _used_since(cpu_before)
     if any(p.returncode != 0 for p in processes):
         raise RuntimeError(f"a worker failed: {[e[-1500:] for e in errors if e]}")
     sent, ledger_dupes = ledger_duplicates(cluster.dsn(database))
@@ -150,7 +169,7 @@ def workers_run(cluster: PostgresCluster, template_db: str, snapshot: Path, work
     shutil.rmtree(scratch, ignore_errors=True)
     for outbox in outboxes:
         shutil.rmtree(outbox, ignore_errors=True)
-    return {"wall_s": round(wall, 2), "sent_keys": sent, "emails": emails,
+    return {"wall_s": round(wall, 2), "machine_cpu_s": cpu, "sent_keys": sent, "emails": emails,
             "duplicates": ledger_dupes + outbox_dupes}  # fmt: skip
 
 
@@ -161,9 +180,9 @@ def duckdb_run(template: Path, dry_run: bool) -> dict:
     (home / "config.yaml").write_text(ONE_RENDERER + outbox_setting("duckdb"))
     args = [str(DUNNING), "--home", str(home), "run", "--snapshot", str(home / "bench-snapshot.parquet"),
             "--as-of", AS_OF.isoformat(), *(["--dry-run"] if dry_run else [])]  # fmt: skip
-    started = time.perf_counter()
+    cpu_before, started = machine_cpu_seconds(), time.perf_counter()
     done = subprocess.run(args, capture_output=True, text=True)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, _used_since(cpu_before)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     con = duckdb.connect(str(home / "dunning.duckdb"), read_only=True)
@@ -176,7 +195,8 @@ def duckdb_run(template: Path, dry_run: bool) -> dict:
     emails, outbox_dupes = outbox_duplicates([OUTBOX_ROOT / "duckdb"])
     shutil.rmtree(home, ignore_errors=True)
     shutil.rmtree(OUTBOX_ROOT / "duckdb", ignore_errors=True)
-    return {"wall_s": round(wall, 2), "sent_keys": sent, "emails": emails, "duplicates": sent - distinct + outbox_dupes}
+    return {"wall_s": round(wall, 2), "machine_cpu_s": cpu, "sent_keys": sent, "emails": emails,
+            "duplicates": sent - distinct + outbox_dupes}  # fmt: skip
 
 
 def due_keys(template: Path) -> pl.DataFrame:
