@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import duckdb
@@ -159,15 +159,22 @@ def _replace_atomically(target: Path, write: Callable[[Path], object]) -> None:
     os.replace(temporary, target)
 
 
-def publish(con: duckdb.DuckDBPyConnection, home: Path) -> dict[str, int]:
-    """Publish the history tables as Parquet and rebuild the analysts' view file. Returns rows per table."""
+def publish(
+    con: duckdb.DuckDBPyConnection, home: Path, day_fingerprints: Mapping[str, dict[str, str]] | None = None
+) -> dict[str, int]:
+    """Publish the history tables as Parquet and rebuild the analysts' view file. Returns rows per table.
+
+    `day_fingerprints` (table -> day -> fingerprint, as `day_fingerprints` gives them) are the days of a
+    partitioned table as its source counted them, when `con` holds only the rows of the days that changed
+    (`changed_days`): a PostgreSQL ledger copies those alone, not the table's whole history."""
     home = Path(os.path.abspath(home))  # the views name their files by absolute path: ATTACH works from anywhere
     directory = home / "analytics"
     directory.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
     for table in PUBLISHED_TABLES:
         if table in PARTITIONED_TABLES:
-            counts[table] = _publish_by_day(con, table, PARTITIONED_TABLES[table], directory / table)
+            given = (day_fingerprints or {}).get(table)
+            counts[table] = _publish_by_day(con, table, PARTITIONED_TABLES[table], directory / table, given)
             (directory / f"{table}.parquet").unlink(missing_ok=True)  # the single file of earlier versions
             continue
         _replace_atomically(directory / f"{table}.parquet", _copy_to(con, table))
@@ -176,7 +183,25 @@ def publish(con: duckdb.DuckDBPyConnection, home: Path) -> dict[str, int]:
     return counts
 
 
-def _publish_by_day(con: duckdb.DuckDBPyConnection, table: str, day: str, target: Path) -> int:
+def day_fingerprints(rows: Iterable[tuple[object, int, object]]) -> dict[str, str]:
+    """Day -> fingerprint from (day, row count, content) rows; a day of None is `UNDATED`."""
+    return {UNDATED if d is None else str(d): f"{count}:{content}" for d, count, content in rows}
+
+
+def changed_days(target: Path, current: Mapping[str, str]) -> list[str]:
+    """The days of `current` whose published file under `target` is missing or was published from other rows."""
+    manifest_path = target / "published.json"
+    published = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    return [
+        name
+        for name, fingerprint in current.items()
+        if published.get(name) != fingerprint or not (target / f"{name}.parquet").exists()
+    ]
+
+
+def _publish_by_day(
+    con: duckdb.DuckDBPyConnection, table: str, day: str, target: Path, current: dict[str, str] | None = None
+) -> int:
     """Rewrite only the days whose fingerprint changed; remove days that no longer exist. Returns the table's rows."""
     target.mkdir(parents=True, exist_ok=True)
     empty = target / "empty.parquet"  # zero rows with the table's columns, so the view works on an empty table
@@ -184,19 +209,13 @@ def _publish_by_day(con: duckdb.DuckDBPyConnection, table: str, day: str, target
         _replace_atomically(empty, _copy_to(con, f"(SELECT * FROM {table} LIMIT 0)"))
     manifest_path = target / "published.json"
     published = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    # the fingerprint of a day is its row count and the XOR of its rows' hashes: any insert, delete or
-    # update (a status change on an old reminder) changes it; one pass over the table, no copying
-    current = {
-        UNDATED if d is None else str(d): f"{rows}:{content}"
-        for d, rows, content in con.execute(
-            f"SELECT {day} AS day, count(*), bit_xor(hash(t)) FROM {table} t GROUP BY ALL"
-        ).fetchall()
-    }
-    changed = [
-        name
-        for name, fingerprint in current.items()
-        if published.get(name) != fingerprint or not (target / f"{name}.parquet").exists()
-    ]
+    if current is None:
+        # the fingerprint of a day is its row count and the XOR of its rows' hashes: any insert, delete or
+        # update (a status change on an old reminder) changes it; one pass over the table, no copying
+        current = day_fingerprints(
+            con.execute(f"SELECT {day} AS day, count(*), bit_xor(hash(t)) FROM {table} t GROUP BY ALL").fetchall()
+        )
+    changed = changed_days(target, current)
     if changed:
         _write_days(con, table, day, target, changed)
     for name in set(published) - set(current):

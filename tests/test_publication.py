@@ -362,3 +362,43 @@ def test_a_postgresql_ledger_publishes_exactly_what_a_duckdb_ledger_does_whateve
             con.close()
     assert [r[5] for r in seen["postgres"]["history"]] == HOSTILE_TEXTS
     assert seen["postgres"] == seen["duckdb"]
+
+
+def test_a_postgresql_ledger_copies_only_the_days_that_changed_and_publishes_them_all(
+    tmp_path, postgres_dsn, monkeypatch
+):
+    """A day's history is copied out of PostgreSQL only when its rows changed: unchanged days keep their files
+    and are not read again; a changed, a new and a removed day are published as a DuckDB ledger would."""
+    from dunning.ledger.pg_ledger import PostgresLedger, open_postgres_ledger
+
+    days = [dt.date(2026, 11, d) for d in (1, 2, 3)]
+    copied_days: list[list[dt.date] | None] = []  # per publication, the history days copied (None: none)
+    real_copy = PostgresLedger._copy_table
+
+    def recording(self, copy, table, staged, rows):
+        if table == "invoice_history_daily":
+            copied_days.append(None if rows.keeps_none else sorted(rows.params[0]))
+        return real_copy(self, copy, table, staged, rows)
+
+    monkeypatch.setattr(PostgresLedger, "_copy_table", recording)
+    with open_postgres_ledger(postgres_dsn, "$TEST_DSN") as ledger:
+        for n, day in enumerate(days):
+            ledger.merge_history_day(day, day_rows(day, f"run-{n}", 10 + n))
+        ledger.publish(tmp_path)
+        first = published_files(tmp_path)
+        ledger.publish(tmp_path)  # nothing changed: no history row is copied, no file rewritten
+        unchanged = published_files(tmp_path)
+        paid = day_rows(days[2], "run-again", 12).with_columns(amount_paid=pl.lit(40), remaining_minor=pl.lit(60))
+        ledger.merge_history_day(days[2], paid)  # a payment on day 3
+        ledger.merge_history_day(dt.date(2026, 11, 4), day_rows(dt.date(2026, 11, 4), "run-4", 5))
+        ledger.con.execute("DELETE FROM invoice_history_daily WHERE business_date = ?", [days[0]])
+        counts = ledger.publish(tmp_path)
+    second = published_files(tmp_path)
+    assert copied_days == [days, None, [days[2], dt.date(2026, 11, 4)]]
+    assert unchanged == first
+    assert counts["invoice_history_daily"] == 11 + 12 + 5
+    assert sorted(second) == ["2026-11-02.parquet", "2026-11-03.parquet", "2026-11-04.parquet"]
+    assert second["2026-11-02.parquet"] == first["2026-11-02.parquet"]
+    assert second["2026-11-03.parquet"] != first["2026-11-03.parquet"]
+    assert view_count(tmp_path, "SELECT count(*) FROM invoice_history_daily") == 28
+    assert view_count(tmp_path, "SELECT count(*) FROM invoice_history_daily WHERE amount_paid = 40") == 12
