@@ -11,9 +11,10 @@ to (`message.as_bytes(policy=WIRE_POLICY)`), byte for byte, from the draft
 itself; tests hold the two equal for every kind of email, long and non-ASCII
 headers, quoted-printable bodies and hostile snapshots.
 
-The checks are `message_of`'s, in its order, with its errors: the recipient
-by the one address rule, every header value through `safe_text.header_value`
-(the From and Reply-To through `address_header`), the bodies through
+The checks are `message_of`'s, in its order, with its errors, and the same
+code: the recipient by the one address rule (`render.checked_recipient`),
+every header value through `safe_text.header_value` (`render.checked_headers`;
+the From and Reply-To through `address_header`), the bodies through
 `render.body_encoding`, the boundary through `render.boundary_of`. Headers
 are folded by `WIRE_POLICY.fold_binary` (RFC 2047 when not ASCII, compat32
 folding when long); what is the same for every email of a run (From and
@@ -38,10 +39,11 @@ from dunning.render import (
     Sender,
     body_encoding,
     boundary_of,
-    date_header,
+    checked_headers,
+    checked_recipient,
     draft_for,
 )
-from dunning.safe_text import address_header, header_value, is_address
+from dunning.safe_text import address_header
 from dunning.wire import WireEmail
 
 _CRLF = b"\r\n"
@@ -94,19 +96,10 @@ def compose(draft: Draft) -> WireEmail:
     break or control character, a body holding its own boundary; a
     `UnicodeEncodeError` for a body that is not text.
     """
-    if not is_address(draft.to):
-        raise EmailBuildError(f"recipient is not a single valid address: {draft.to!r}"[:300])
+    checked_recipient(draft)
     try:
         sender = _sender_headers(draft.sender)
-        values = (
-            ("To", draft.to),
-            ("Subject", draft.subject),
-            ("Date", date_header(draft.when)),
-            ("Message-ID", draft.message_id),
-            ("X-Dunning-Kind", str(draft.kind)),
-            ("X-Dunning-Keys", ",".join(draft.keys)),
-        )
-        headers = [(name, header_value(name, value)) for name, value in values]
+        headers = checked_headers(draft)
     except ValueError as exc:
         raise EmailBuildError(str(exc)) from None
     text_encoding, text = body_encoding(draft.text)
@@ -133,7 +126,7 @@ def compose(draft: Draft) -> WireEmail:
             _CRLF + delimiter + b"--" + _CRLF,
         )
     )
-    return WireEmail(draft.to, draft.message_id, idempotency_key_in(values[-1][1], draft.message_id), data)
+    return WireEmail(draft.to, draft.message_id, idempotency_key_in(",".join(draft.keys), draft.message_id), data)
 
 
 def wire_for(

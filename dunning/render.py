@@ -16,6 +16,7 @@ import hashlib
 import quopri
 from collections.abc import Sequence
 from dataclasses import dataclass
+from email.header import Header
 from email.message import Message
 from email.mime.multipart import MIMEMultipart
 from email.policy import Compat32
@@ -148,6 +149,27 @@ def date_header(when: dt.datetime) -> str:
     return format_datetime(when.astimezone(dt.UTC))
 
 
+def checked_recipient(draft: Draft) -> str:
+    """The draft's recipient, through the one address rule: `EmailBuildError` when it is not one address."""
+    if not is_address(draft.to):
+        raise EmailBuildError(f"recipient is not a single valid address: {draft.to!r}"[:300])
+    return draft.to
+
+
+def checked_headers(draft: Draft) -> list[tuple[str, str | Header]]:
+    """The headers after From and Reply-To, in order, each value through `safe_text.header_value` (ValueError
+    naming the header it refuses): what `message_of` sets and `dunning.compose` folds."""
+    values = (
+        ("To", draft.to),
+        ("Subject", draft.subject),
+        ("Date", date_header(draft.when)),
+        ("Message-ID", draft.message_id),
+        ("X-Dunning-Kind", str(draft.kind)),
+        ("X-Dunning-Keys", ",".join(draft.keys)),
+    )
+    return [(name, header_value(name, value)) for name, value in values]
+
+
 def message_of(draft: Draft) -> Message:
     """multipart/alternative built with the `email` package's compat32 classes.
 
@@ -160,23 +182,15 @@ def message_of(draft: Draft) -> Message:
     rule, so data can add no header and no recipient.
     """
     sender, text, html = draft.sender, draft.text, draft.html
-    if not is_address(draft.to):
-        raise EmailBuildError(f"recipient is not a single valid address: {draft.to!r}"[:300])
+    checked_recipient(draft)
     message = MIMEMultipart("alternative")
     try:
         message["From"] = address_header("From", sender.address, sender.name)  # type: ignore[assignment]
         if sender.reply_to is not None:
             message["Reply-To"] = address_header("Reply-To", sender.reply_to)  # type: ignore[assignment]
-        for name, value in (
-            ("To", draft.to),
-            ("Subject", draft.subject),
-            ("Date", date_header(draft.when)),
-            ("Message-ID", draft.message_id),
-            ("X-Dunning-Kind", str(draft.kind)),
-            ("X-Dunning-Keys", ",".join(draft.keys)),
-        ):
+        for name, value in checked_headers(draft):
             # a Header is a documented header value (RFC 2047 when not ASCII); typeshed's MIMEMultipart takes str only
-            message[name] = header_value(name, value)  # type: ignore[assignment]
+            message[name] = value  # type: ignore[assignment]
     except ValueError as exc:
         raise EmailBuildError(str(exc)) from None
     message.attach(text_part(text, "plain"))
