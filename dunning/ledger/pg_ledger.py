@@ -26,7 +26,7 @@ import duckdb
 from dunning.analytics import PARTITIONED_TABLES, PUBLISHED_TABLES, UNDATED, changed_days, day_fingerprints, publish
 from dunning.ledger.connection import LedgerConnection
 from dunning.ledger.duckdb_ledger import LedgerTables
-from dunning.ledger.pg_connection import PgConnection, connect_pg
+from dunning.ledger.pg_connection import ROW_VERSIONS_DIGEST, PgConnection, connect_pg
 from dunning.ledger.pg_schema import migrate_pg
 from dunning.ledger.sql import quote_identifier, sql_string
 
@@ -56,11 +56,10 @@ class PostgresLedger(LedgerTables, PgConnection):
             copy.close()
 
     def _day_fingerprints(self, table: str, day: str) -> dict[str, str]:
-        """Per day of `table`: its row count and a sum over its row versions (`table_digest_sql`: every insert
-        or update writes a version stamped with its transaction), so any change to a day changes its
-        fingerprint; marked `pg`, so a home that moves from a DuckDB ledger republishes every day once."""
-        versions = "'pg' || coalesce(sum(hashint8extended(xmin::text::bigint, 0)), 0)::text"
-        sql = f"SELECT {day} AS day, count(*), {versions} FROM {quote_identifier(table)} GROUP BY 1"
+        """Per day of `table`: its row count and `ROW_VERSIONS_DIGEST` (as `table_digest_sql`), so any change to a
+        day changes its fingerprint; marked `pg`, so a home that moves from a DuckDB ledger republishes every day
+        once."""
+        sql = f"SELECT {day} AS day, count(*), 'pg' || {ROW_VERSIONS_DIGEST} FROM {quote_identifier(table)} GROUP BY 1"
         return day_fingerprints(self.con.execute(sql).fetchall())
 
     def _copy_table(self, copy: duckdb.DuckDBPyConnection, table: str, staged: Path, rows: RowFilter) -> None:
