@@ -41,12 +41,7 @@ class HistoryStore(SqlConnection):
         removed; an unchanged invoice keeps its row (and the run that wrote it). The hourly runs of a day
         rewrite what changed, not a million rows."""
         values = [c for c in rows.columns if c not in ("business_date", "run_id", "as_of", "invoice_id")]
-        owned = None
-        if not shard.everyone:
-            day = self.frame(
-                "SELECT DISTINCT customer_id FROM invoice_history_daily WHERE business_date = ?", [business_date]
-            )
-            owned = shard.owned_ids(day).to_frame("customer_id")
+        owned = None if shard.everyone else self._owned_customers(HISTORY, "business_date = ?", [business_date], shard)
         first = self.history_keyed and self._first_write_of_day(business_date, owned)
         with self.transaction():
             if first and self.copy_new_rows(HISTORY, rows.sort("invoice_id")):  # in invoice order, as upserts lock
@@ -54,6 +49,11 @@ class HistoryStore(SqlConnection):
                 return
             changed = self._merge(business_date, rows, owned, values)
             self._log_write(business_date, rows, shard, changed)
+
+    def _owned_customers(self, table: str, where: str, params: list[object], shard: Shard) -> pl.DataFrame:
+        """The customers of `table`'s rows meeting `where` that `shard` owns (one `customer_id` column)."""
+        day = self.frame(f"SELECT DISTINCT customer_id FROM {quote_identifier(table)} WHERE {where}", params)
+        return shard.owned_ids(day).to_frame("customer_id")
 
     def _log_write(self, business_date: dt.date, rows: pl.DataFrame, shard: Shard, changed: int) -> None:
         """One row in `history_writes` for a merge that changed the day (the no-op's digest reads these)."""
@@ -155,8 +155,7 @@ class HistoryStore(SqlConnection):
             if shard.everyone:
                 con.execute(f"DELETE FROM {table} WHERE {where}", params)
             else:
-                day = self.frame(f"SELECT DISTINCT customer_id FROM {table} WHERE {where}", params)
-                with self.registered("shard_customers", shard.owned_ids(day).to_frame("customer_id")):
+                with self.registered("shard_customers", self._owned_customers(table, where, params, shard)):
                     mine = "customer_id IN (SELECT customer_id FROM shard_customers)"
                     con.execute(f"DELETE FROM {table} WHERE {where} AND {mine}", params)
             self.insert_by_name(table, "partition_rows")
