@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.trash import discard
+
 PYTHON = sys.executable
 DUNNING = Path(sys.executable).parent / "dunning"
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,14 +56,14 @@ def _summary(runs: list[dict]) -> dict:
 def noop_runs(template: Path, as_of: dt.datetime, repeat: int) -> dict:
     """`repeat` live runs, an hour apart, of a home whose last run had the same snapshot: each one skipped."""
     home = template.with_name(template.name + "-noop")
-    shutil.rmtree(home, ignore_errors=True)
+    discard(home)
     shutil.copytree(template, home, symlinks=True)
     snapshot = template / "bench-snapshot.parquet"
     try:
         first = timed(_run(home, snapshot, as_of))
         runs = [timed(_run(home, snapshot, as_of + dt.timedelta(hours=h + 1))) for h in range(repeat)]
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        discard(home)
     skipped = sum("nothing changed since run" in r["stdout"] for r in runs)
     return {**_summary(runs), "skipped": skipped, "first_cycle_s": first["wall_s"], "first_cycle_cpu_s": first["cpu_s"]}
 
@@ -87,7 +89,7 @@ def floor(directory: Path, as_of: dt.datetime, repeat: int) -> dict:
     """What a run costs before its own work, each part measured alone (median of `repeat`)."""
     from dunning.demo import generate_snapshot, write_snapshot
 
-    shutil.rmtree(directory, ignore_errors=True)
+    discard(directory)
     home = directory / "home"
     home.mkdir(parents=True)
     snapshot = write_snapshot(generate_snapshot(1, as_of=as_of.date()), directory / "one.parquet")
@@ -114,4 +116,4 @@ def floor(directory: Path, as_of: dt.datetime, repeat: int) -> dict:
     try:
         return {name: _summary([timed(command) for _ in range(repeat)]) for name, command in parts.items()}
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        discard(directory)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import platform
 import shutil
 import statistics
@@ -25,6 +24,7 @@ from pathlib import Path
 from bench.history import prepare_home
 from bench.noop import floor, noop_runs
 from bench.steps import floor_query, naive_poller, publication_with_daily_history, smtp_rate, step_timings
+from bench.trash import discard, empty
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "bench" / "data"
@@ -58,7 +58,7 @@ def interleaved_cycle_runs(templates: list[Path], repeat: int, dry_run: bool) ->
     for _ in range(repeat):
         for i, template in enumerate(templates):
             home = template.with_name(template.name + "-run")
-            shutil.rmtree(home, ignore_errors=True)
+            discard(home)
             shutil.copytree(template, home, symlinks=True)  # the analysts' file's WAL guard is a dangling link
             args = [
                 "--home",
@@ -73,10 +73,7 @@ def interleaved_cycle_runs(templates: list[Path], repeat: int, dry_run: bool) ->
             walls[i].append(wall)
             cpus[i].append(cpu)
             rss[i].append(peak)
-            # delete this run's outbox now, not just before the next timed run: tens of thousands of deletions
-            # slowed file creation on the benchmark machine's disk for the seconds after them
-            shutil.rmtree(home, ignore_errors=True)
-            os.sync()
+            discard(home)  # deleted when the bench ends: deleting it here slowed the next run's files (bench/trash.py)
     return [
         {
             "median_s": statistics.median(w),
@@ -96,7 +93,7 @@ def template_for(name: str, n: int, factor: int) -> tuple[Path, dict]:
     if marker.exists():
         current_schema(template)
         return template, json.loads(marker.read_text())
-    shutil.rmtree(template, ignore_errors=True)
+    discard(template)
     sizes = prepare_home(template, n, AS_OF, history_factor=factor)
     current_schema(template)
     marker.write_text(json.dumps(sizes))
@@ -200,9 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     report["noop_10k"] = noop_runs(noop_template, AS_OF, args.repeat)
     report["floor"] = floor(DATA / "floor", AS_OF, args.repeat)
     report["smtp"] = smtp_rate(DATA / "smtp", AS_OF, emails=3000)
-    for tier in args.tiers.split(","):
-        report["tiers"].append(bench_tier(tier.strip(), args.repeat))
-        print(json.dumps(report["tiers"][-1], default=str)[:2000], flush=True)
+    try:
+        for tier in args.tiers.split(","):
+            report["tiers"].append(bench_tier(tier.strip(), args.repeat))
+            print(json.dumps(report["tiers"][-1], default=str)[:2000], flush=True)
+    finally:
+        empty(DATA, TMPFS)
     from bench.report import append_markdown, save
 
     save(report, Path(args.out), started, DATA / "last.json", append_markdown)

@@ -21,6 +21,7 @@ import duckdb
 import polars as pl
 
 from bench.disk_probe import create_files
+from bench.trash import discard
 
 FLOOR_SQL = """
 WITH s AS (SELECT invoice_id, due_date, amount_due, amount_paid, status FROM read_parquet(?)),
@@ -42,7 +43,7 @@ def _peak_mb() -> int:
 
 def _scratch(template: Path, name: str) -> Path:
     home = template.with_name(f"{template.name}-{name}")
-    shutil.rmtree(home, ignore_errors=True)
+    discard(home)
     shutil.copytree(template, home, symlinks=True)  # the analysts' file's WAL guard is a dangling link
     return home
 
@@ -53,7 +54,7 @@ def disk_floor(directory: Path, files: int, size: int) -> float:
     try:
         return round(create_files(directory, files, b"x" * size, prefix="floor-"))
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        discard(directory)
 
 
 def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, send: bool = True) -> dict:
@@ -150,9 +151,9 @@ def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, 
         floor_rate = disk_floor(
             outbox.with_name("disk-floor"), report.emails, email_bytes
         )  # right after, on the same disk
-        shutil.rmtree(outbox, ignore_errors=True)
+        discard(outbox)
         result |= {"outbox": str(outbox), "disk_files_per_s": floor_rate, "email_bytes": email_bytes}
-    shutil.rmtree(home, ignore_errors=True)
+    discard(home)
     return result
 
 
@@ -239,7 +240,7 @@ def naive_poller(template: Path, as_of: dt.datetime, cap_seconds: float) -> dict
     finally:
         con.close()
     elapsed = time.perf_counter() - started
-    shutil.rmtree(home, ignore_errors=True)
+    discard(home)
     rate = processed / elapsed
     return {
         "processed": processed,
@@ -288,7 +289,7 @@ def publication_with_daily_history(template: Path, as_of: dt.datetime, days: int
         started = time.perf_counter()
         ledger.con.execute(f"COPY invoice_history_daily TO '{home / 'whole.parquet'}' (FORMAT parquet)")
         whole_table = time.perf_counter() - started
-    shutil.rmtree(home, ignore_errors=True)
+    discard(home)
     return {
         "days": days + 1,
         "history_rows": rows,
@@ -317,7 +318,7 @@ def smtp_rate(directory: Path, as_of: dt.datetime, emails: int) -> dict:
             Count.received += 1
             return "250 OK"
 
-    shutil.rmtree(directory, ignore_errors=True)
+    discard(directory)
     directory.mkdir(parents=True)
     snapshot = generate_snapshot(emails * 4, as_of=as_of.date(), invoices_per_customer=1.0)
     config = DunningConfig(group_by="invoice", breaker={"max_emails": 10})

@@ -43,6 +43,7 @@ import polars as pl
 import psycopg
 
 from bench.run import AS_OF, DATA, DUNNING, ROOT, TIERS, machine, template_for, warm_instance
+from bench.trash import discard, empty
 from dunning import cycle, steps
 from dunning.clock import CycleClock, RunMode
 from dunning.config import DunningConfig
@@ -65,7 +66,7 @@ INSTANCE = DATA / "worker-instance"  # a home holding only a created Dagster ins
 
 def outbox_setting(name: str) -> str:
     directory = OUTBOX_ROOT / name
-    shutil.rmtree(directory, ignore_errors=True)
+    discard(directory)
     return f"provider: {{kind: file, outbox_dir: {directory}}}\n"
 
 
@@ -140,7 +141,7 @@ def workers_run(cluster: PostgresCluster, template_db: str, snapshot: Path, work
     """`workers` shard processes on a fresh clone of the template: wall time until the last ends, duplicates."""
     database = clone(cluster, template_db)
     scratch = DATA / f"workers-{workers}"
-    shutil.rmtree(scratch, ignore_errors=True)
+    discard(scratch)
     homes = [scratch / f"w{k}" for k in range(workers)]
     configs, outboxes = [scratch / f"w{k}.yaml" for k in range(workers)], []
     scratch.mkdir(parents=True)
@@ -166,16 +167,16 @@ def workers_run(cluster: PostgresCluster, template_db: str, snapshot: Path, work
     sent, ledger_dupes = ledger_duplicates(cluster.dsn(database))
     emails, outbox_dupes = outbox_duplicates(outboxes)
     drop(cluster, database)
-    shutil.rmtree(scratch, ignore_errors=True)
+    discard(scratch)
     for outbox in outboxes:
-        shutil.rmtree(outbox, ignore_errors=True)
+        discard(outbox)
     return {"wall_s": round(wall, 2), "machine_cpu_s": cpu, "sent_keys": sent, "emails": emails,
             "duplicates": ledger_dupes + outbox_dupes}  # fmt: skip
 
 
 def duckdb_run(template: Path, dry_run: bool) -> dict:
     home = DATA / "workers-duckdb"
-    shutil.rmtree(home, ignore_errors=True)
+    discard(home)
     shutil.copytree(template, home, symlinks=True)  # the analysts' file's WAL guard is a dangling link
     (home / "config.yaml").write_text(ONE_RENDERER + outbox_setting("duckdb"))
     args = [str(DUNNING), "--home", str(home), "run", "--snapshot", str(home / "bench-snapshot.parquet"),
@@ -193,8 +194,8 @@ def duckdb_run(template: Path, dry_run: bool) -> dict:
     finally:
         con.close()
     emails, outbox_dupes = outbox_duplicates([OUTBOX_ROOT / "duckdb"])
-    shutil.rmtree(home, ignore_errors=True)
-    shutil.rmtree(OUTBOX_ROOT / "duckdb", ignore_errors=True)
+    discard(home)
+    discard(OUTBOX_ROOT / "duckdb")
     return {"wall_s": round(wall, 2), "machine_cpu_s": cpu, "sent_keys": sent, "emails": emails,
             "duplicates": sent - distinct + outbox_dupes}  # fmt: skip
 
@@ -229,10 +230,10 @@ def _claim_worker(args: tuple[str, str, int, int, str]) -> dict:
 
 def claim_rates(cluster: PostgresCluster, template_db: str, template: Path, due_path: Path) -> dict:
     home = DATA / "claims-duckdb"
-    shutil.rmtree(home, ignore_errors=True)
+    discard(home)
     shutil.copytree(template, home, symlinks=True)  # the analysts' file's WAL guard is a dangling link
     rates = {"duckdb_1": [_claim_worker(("duckdb", str(home / "dunning.duckdb"), 0, 1, str(due_path)))]}
-    shutil.rmtree(home, ignore_errors=True)
+    discard(home)
     for workers in (1, 2, 4):
         database = clone(cluster, template_db)
         jobs = [("postgres", cluster.dsn(database), k, workers, str(due_path)) for k in range(workers)]
@@ -292,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(report["tiers"][-1], default=str)[:3000], flush=True)
     finally:
         cluster.stop()
+        empty(DATA, OUTBOX_ROOT)
     from bench.report import save
     from bench.workers_report import append_markdown
 
