@@ -27,7 +27,6 @@ from typing import Any
 
 import polars as pl
 
-from dunning import stripe_api
 from dunning.config import Source
 from dunning.errors import BillingSourceFailed
 from dunning.events import EVENTS_SCHEMA
@@ -75,6 +74,8 @@ def _list_body(invoices: Iterable[dict[str, Any]]) -> Iterator[str]:
 def pull_invoices(settings: Source, home: Path, wall: dt.datetime, environ: Mapping[str, str] = os.environ) -> Path:
     """Every invoice of the account into a new pulled snapshot file; returns its path. BillingSourceFailed (exit 7)
     when the API fails, ConfigError (exit 2) when the key's variable is unset."""
+    from dunning import stripe_api  # here: the SDK is a tenth of a second of every run's start otherwise
+
     key = stripe_api.api_key(settings, environ)
     directory = snapshots_dir(home)
     directory.mkdir(parents=True, exist_ok=True)
@@ -130,6 +131,8 @@ def poll_events(
 ) -> PolledEvents:
     """The payment-failed events newer than `cursor` and created within `events_lookback_days` before `as_of`, kept
     in a new events file."""
+    from dunning import stripe_api  # here: the SDK is a tenth of a second of every run's start otherwise
+
     key = stripe_api.api_key(settings, environ)
     since = as_of - dt.timedelta(days=settings.events_lookback_days)
     with stripe_api.api_errors(settings, "polling payment-failed events"):
@@ -151,6 +154,8 @@ def poll_events(
 
 def newest_event(settings: Source, as_of: dt.datetime, environ: Mapping[str, str] = os.environ) -> str | None:
     """The newest payment-failed event id within the lookback (the sensor's question, one small request)."""
+    from dunning import stripe_api  # here: the SDK is a tenth of a second of every run's start otherwise
+
     key = stripe_api.api_key(settings, environ)
     since = as_of - dt.timedelta(days=settings.events_lookback_days)
     with stripe_api.api_errors(settings, "asking for new payment-failed events"):

@@ -50,7 +50,7 @@ from email.message import Message
 from pathlib import Path
 from typing import Any
 
-from dunning import templating
+from dunning import heap, templating
 from dunning.compose import wire_for
 from dunning.email_context import format_amount
 from dunning.providers.base import SendOutcome
@@ -148,6 +148,7 @@ def _start_worker(settings: RenderSettings) -> None:
             with contextlib.suppress(Exception):
                 templating.template(settings.templates_dir, settings.locale, f"{kind}.{part}.j2")
     format_amount(0, "USD", settings.locale)
+    heap.settle()  # what the worker loaded stays: its collections walk only what rendering allocates
 
 
 def _ready() -> int:

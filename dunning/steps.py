@@ -26,7 +26,7 @@ from email.message import Message
 
 import polars as pl
 
-from dunning import cycle, invoice_emails
+from dunning import cycle, heap, invoice_emails
 from dunning.clock import CycleClock, RunMode
 from dunning.config import DunningConfig
 from dunning.errors import InvalidRowsHalt
@@ -150,6 +150,7 @@ def send_step(
     if pause.paused:
         return SendStepResult(None, held_outcomes(due, SendStatus.PAUSED), pause)
     ledger.record_skipped(cycle.skipped_rows(plan).filter(pl.col("kind") == EmailKind.INVOICE), run_id, clock.as_of)
+    heap.settle()  # the run's modules and frames are loaded: the send loop's collections need not walk them
     with open_provider() as provider:  # built only when something may be sent (not while paused)
         owners = ledger.claim_owners(run_id)
         stale = ledger.expire_stale_claims(run_id, now(), list(dead_runs(owners)))

@@ -249,6 +249,26 @@ def test_the_installed_command_reports_a_missing_snapshot_without_traceback(tmp_
     assert result.stderr.strip() == f"dunning: snapshot file not found: {tmp_path / 'missing.csv'}"
 
 
+def test_the_installed_command_flushes_its_output_before_it_ends_the_process(tmp_path):
+    """`dunning` ends with `os._exit` (no interpreter teardown): what it printed must still reach a pipe whole."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    command = shutil.which("dunning", path=str(Path(sys.executable).parent))
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # output held until flushed
+    result = subprocess.run([command, "--home", str(tmp_path / "h"), "status", "--json"], capture_output=True,
+                            text=True, env=buffered)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["paused"] is False, "the whole JSON document arrived through the pipe"
+    refused = subprocess.run([command, "--home", str(tmp_path / "h"), "include", "--customer", "nobody"],
+                             capture_output=True, text=True, env=buffered)  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr.startswith("dunning: "), refused.stderr
+
+
 @pytest.mark.slow
 def test_old_run_frames_are_pruned_after_each_run(deployment):
     import os
