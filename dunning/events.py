@@ -30,7 +30,7 @@ import polars as pl
 
 from dunning.keys import email_id, event_key, message_id
 from dunning.policy import sendable_expr
-from dunning.safe_text import has_control
+from dunning.safe_text import collection_paused, has_control
 from dunning.stripe import read_events
 from dunning.vocabulary import PLAN_ROLE_DTYPE, EmailKind, PlanRole
 
@@ -185,7 +185,8 @@ def rejection_reasons(event: Any) -> list[str]:
 
 def _payload(event: Any) -> str | None:
     try:
-        return json.dumps(event, sort_keys=True, default=str)
+        with collection_paused():
+            return json.dumps(event, sort_keys=True, default=str)
     except (RecursionError, TypeError, ValueError):  # nested deeper than the encoder goes, or keys of mixed types
         return None
 

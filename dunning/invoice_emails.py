@@ -29,7 +29,6 @@ reminder, and it counts toward the breaker like any email.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -38,6 +37,7 @@ import polars as pl
 from dunning.config import DunningConfig
 from dunning.keys import invoice_key_expr
 from dunning.policy import sendable_expr
+from dunning.safe_text import parse_json
 from dunning.vocabulary import PLAN_ROLE_DTYPE, EmailKind, PlanRole
 
 FEATURE = "invoice_emails"
@@ -118,7 +118,7 @@ def invoice_lines(value: object) -> list[dict[str, Any]] | None:
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_LINES_TEXT:
         return None
     try:
-        lines = json.loads(value)
+        lines = parse_json(value)
     except (ValueError, RecursionError):
         return None
     if not isinstance(lines, list) or not 0 < len(lines) <= MAX_LINES:

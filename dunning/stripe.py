@@ -19,6 +19,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from dunning.errors import SnapshotError
+from dunning.safe_text import collection_paused, parse_json
 
 SNAPSHOT_FIELDS = (
     "invoice_id",
@@ -75,7 +76,11 @@ def _lines(lines: Any) -> str | None:
     if not isinstance(data, list) or not data:
         return None
     keep = ("description", "amount", "quantity")
-    return json.dumps([{k: item.get(k) for k in keep} for item in data if isinstance(item, dict)])
+    try:
+        with collection_paused():
+            return json.dumps([{k: item.get(k) for k in keep} for item in data if isinstance(item, dict)])
+    except RecursionError:  # a value nested deeper than the encoder goes: the email shows no lines
+        return None
 
 
 def invoice_row(invoice: dict[str, Any], zone: ZoneInfo) -> dict[str, Any]:
@@ -128,9 +133,11 @@ def invoices_from_json(payload: Any, source: str) -> list[dict[str, Any]]:
 
 def load_stripe_invoices(path: Path, zone: ZoneInfo) -> list[dict[str, Any]]:
     try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
+        payload = parse_json(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SnapshotError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise SnapshotError(f"{path}: JSON nested too deeply to read") from None
     return [invoice_row(inv, zone) for inv in invoices_from_json(payload, str(path))]
 
 
@@ -152,11 +159,11 @@ def read_events(path: Path) -> list[dict[str, Any]]:
         raise SnapshotError(f"{path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
     try:
         try:
-            payload = json.loads(text)
+            payload = parse_json(text)
             events: Iterable[Any] = payload if isinstance(payload, list) else [payload]
         except json.JSONDecodeError:
             try:
-                events = [json.loads(line) for line in text.splitlines() if line.strip()]
+                events = [parse_json(line) for line in text.splitlines() if line.strip()]
             except json.JSONDecodeError as exc:
                 raise SnapshotError(f"{path}: neither JSON nor JSON Lines ({exc})") from None
     except RecursionError:

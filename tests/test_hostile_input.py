@@ -348,3 +348,60 @@ def test_a_relative_outbox_dir_is_under_the_home(deployment, tmp_path, monkeypat
     monkeypatch.chdir(elsewhere)
     assert deployment.run([invoice()], "2026-11-05T09:00:00Z", "--config", str(config))[0] == 0
     assert len(list(Path(deployment.home / "mail").glob("*.eml"))) == 1 and not (elsewhere / "mail").exists()
+
+
+class _FinalizedInACycle:
+    """Garbage whose finalizer needs a few frames of its own: it fails if it runs at the recursion limit."""
+
+    def __del__(self):
+        def down(n):
+            return down(n - 1) if n else 0
+
+        down(30)
+
+
+def _deep_parse_reports(parse) -> int:
+    """How many "Exception ignored" reports parsing 200,000-deep JSON produces, over a range of collection
+    thresholds (which decide where in the parse a collection of pending cyclic garbage starts)."""
+    import gc
+
+    reports = []
+    hook, threshold = sys.unraisablehook, gc.get_threshold()
+    sys.unraisablehook = reports.append
+    try:
+        for young in range(1500, 1800, 25):
+            gc.collect()  # nothing pending: the parse's allocations decide when the next collection starts
+            gc.disable()
+            for _ in range(300):
+                a, b = _FinalizedInACycle(), _FinalizedInACycle()
+                a.other, b.other = b, a
+            del a, b
+            gc.set_threshold(young)
+            gc.enable()
+            with pytest.raises(RecursionError):
+                parse("[" * 200_000 + "]" * 200_000)
+        gc.collect()
+    finally:
+        gc.set_threshold(*threshold)
+        sys.unraisablehook = hook
+    return len(reports)
+
+
+@pytest.mark.slow
+def test_deep_json_is_parsed_without_finalizers_failing_at_the_recursion_limit():
+    import json
+
+    from dunning.safe_text import parse_json
+
+    if _deep_parse_reports(json.loads) == 0:
+        pytest.skip("this interpreter never starts a collection deep in the parser: nothing to guard against")
+    assert _deep_parse_reports(parse_json) == 0, "no traceback block reaches stderr for a file we were given"
+
+
+def test_a_stripe_snapshot_nested_too_deeply_is_a_clear_error(deployment, tmp_path):
+    path = tmp_path / "invoices.json"
+    path.write_text('{"object": "list", "data": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    code, _, err = deployment.cli("run", "--snapshot", str(path), "--as-of", "2026-11-05T09:00:00Z")
+    assert code == 2, err
+    assert err.strip() == f"dunning: {path}: JSON nested too deeply to read"
+    assert deployment.outbox() == []
