@@ -7,9 +7,11 @@ claims of the send step waited on that process. `settle` moves every object
 alive now to the permanent generation, which the collector never walks
 again (`gc.freeze`), and raises the allocations between young collections
 from CPython's 700. In the 1M cycle: 1.8 s → 0.6 s (`bench/RESULTS.md`,
-2026-12-01T15:00). Reference counting still frees almost everything at
-once; only garbage in cycles waits longer, and objects frozen while alive
-are never collected, which a process that ends with its run can afford.
+2026-12-01T14:00–14:35). Reference counting still frees almost everything at
+once; only garbage in cycles waits longer. What is frozen is never
+collected, including a cycle that was already garbage when `settle` ran:
+a process that ends with its run (the command, Dagster's run worker, a
+render worker) can afford that, which is why only they call it.
 """
 
 from __future__ import annotations

@@ -506,7 +506,7 @@ def entry() -> None:
 
     Everything a command writes is committed and closed inside `main` (ledgers, Dagster's storage, the render
     workers); what the teardown would add is freeing every object and module one by one: 0.7 s after a
-    1M-invoice cycle (`bench/RESULTS.md`, 2026-12-01T15:00). Output is flushed and logging shut down first."""
+    1M-invoice cycle (`bench/RESULTS.md`, 2026-12-01T14:00–14:35). Output is flushed and logging shut down first."""
     code = main()
     with contextlib.suppress(OSError):  # a reader that left (`| head`): main already answered for stdout
         sys.stdout.flush()
