@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+from dunning.providers.file_outbox import NEW_FILE  # the outbox's own flags: the same system calls
 
 
 def create_files(directory: Path, count: int, data: bytes, prefix: str) -> float:

@@ -18,8 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+from dunning.providers.file_outbox import NEW_FILE  # the outbox's own flags: the same system calls
+
 DATA = b"x" * 3500
-NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 
 
 def names(count: int) -> list[str]:
