@@ -144,7 +144,10 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     above everything on record in the cycle; stages between what is on record
     and the target are recorded as skipped, never sent later.
     """
-    # Cost, at 1M and 10M invoices: the target is one horizontal max over the (few) configured stages,
+    # Every comparison has its column on the left: polars (2.1, and 1.x before it) compares a literal on the left
+    # with a scalar column (an all-null state column of invoices without history is kept as one) as a one-row
+    # result, which a filter of 16,384 rows or more refuses (`filter predicate length of 2`); see
+    # tests/test_plan_shapes.py. Cost, at 1M and 10M invoices: the target is one horizontal max over the (few) configured stages,
     # computed on the few columns it needs for in-cycle invoices only; the wide frame is gathered once, for
     # the invoices that have a target; the due key is a join on the target's days, and only invoices that
     # jump a stage are crossed with the stages to spell out their skipped keys. (Crossing every in-cycle
@@ -154,15 +157,13 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
         (
             s.days_overdue,
             (pl.col("days_overdue") >= s.days_overdue)
-            & (pl.lit(s.days_overdue) > above_record)
+            & (above_record < s.days_overdue)
             & (pl.col("remaining_minor") >= s.min_remaining_ratio * pl.col("amount_due")),
         )
         for s in config.stages
     ]
     target = pl.max_horizontal([pl.when(rule).then(pl.lit(days, dtype=pl.Int32)) for days, rule in reached])
-    jumps = pl.any_horizontal(
-        [(pl.lit(days) > above_record) & (pl.lit(days) < pl.col("target_days")) for days, _ in reached]
-    )
+    jumps = pl.any_horizontal([(above_record < days) & (pl.col("target_days") > days) for days, _ in reached])
     stages = stages_frame(config).drop("min_remaining_ratio")
     targets = (
         cycled.select(
