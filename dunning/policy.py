@@ -147,7 +147,8 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     # Every comparison has its column on the left: polars (2.1, and 1.x before it) compares a literal on the left
     # with a scalar column (an all-null state column of invoices without history is kept as one) as a one-row
     # result, which a filter of 16,384 rows or more refuses (`filter predicate length of 2`); see
-    # tests/test_plan_shapes.py. Cost, at 1M and 10M invoices: the target is one horizontal max over the (few) configured stages,
+    # tests/test_plan_shapes.py.
+    # Cost, at 1M and 10M invoices: the target is one horizontal max over the (few) configured stages,
     # computed on the few columns it needs for in-cycle invoices only; the wide frame is gathered once, for
     # the invoices that have a target; the due key is a join on the target's days, and only invoices that
     # jump a stage are crossed with the stages to spell out their skipped keys. (Crossing every in-cycle
