@@ -135,7 +135,7 @@ def send_batch(
         return dg.Output(
             step.outcomes, metadata={"paused": True, "pause_reason": step.pause.reason or "", "held": due.height}
         )
-    report, outcomes, stale, resolved = step.report, step.outcomes, step.stale_claims_expired, step.unknown_resolved
+    report, outcomes, stale, resolved = step.report, step.outcomes, step.stale_claims_expired, step.unknown_settled
     if report.provider_stopped:
         with dunning_home.ledger() as ledger:
             alert_id = raise_alert(
@@ -168,6 +168,8 @@ def send_batch(
             "released": report.released,
             "provider_stopped": report.provider_stopped or "",
             "stale_claims_marked_unknown": stale,
-            "unknown_resolved_by_lookup": resolved,
+            "unknown_settled_by_lookup": resolved.by_lookup,
+            "unknown_settled_by_resubmission": resolved.by_resubmission,
+            "unknown_held_from_resubmission": dg.MetadataValue.json(resolved.held),
         },
     )

@@ -32,7 +32,9 @@ Count = Annotated[int, Field(strict=True)]
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Flag = Annotated[bool, Field(strict=True)]
 MinorAmount = Annotated[int, Field(strict=True, ge=0, le=10**15)]  # an amount in minor units of its currency
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"  # the name of an environment variable, never a secret itself
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+# how long Resend (its API and its SMTP relay's Resend-Idempotency-Key) answers a repeated key with the first result
+PROVIDER_KEY_MEMORY_HOURS = 24.0  # the name of an environment variable, never a secret itself
 
 
 def http_url(value: str | None, key: str) -> str | None:
@@ -107,7 +109,8 @@ class Provider(_Strict):
     # SMTP relays that honour the same contract through a header (Resend: Resend-Idempotency-Key, EmailEngine:
     # X-EE-Idempotency-Key): when set, the key travels in it and `unknown` sends are resubmitted like HTTP ones
     idempotency_header: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$")
-    # how long (wall clock, from the first attempt) the provider answers a repeated key with the first result
+    # how long (wall clock, from the first attempt) an `unknown` send may be resubmitted under its key: within what
+    # the provider remembers (at most `PROVIDER_KEY_MEMORY_HOURS` for a provider that resubmits), with an hour spare
     idempotency_window_hours: Number = Field(default=23.0, gt=0, le=24 * 30)
 
     @field_validator("from_address")
@@ -162,6 +165,16 @@ class Provider(_Strict):
                 "provider.username_env/password_env: credentials would be sent unencrypted; "
                 "set provider.starttls: true or provider.tls: implicit, "
                 "or provider.allow_insecure_auth: true to accept that"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _window_within_the_providers_memory(self) -> Provider:
+        if self.resubmits_unknown and self.idempotency_window_hours > PROVIDER_KEY_MEMORY_HOURS:
+            raise ValueError(
+                f"provider.idempotency_window_hours: at most {PROVIDER_KEY_MEMORY_HOURS:g} (Resend, and relays with an "
+                f"idempotency header, remember a key {PROVIDER_KEY_MEMORY_HOURS:g} h; a resubmission after that "
+                "would be a second email)"
             )
         return self
 

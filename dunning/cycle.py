@@ -87,8 +87,10 @@ def plan_cycle(
     notices: pl.DataFrame | None = None,
     exclusions: pl.DataFrame | None = None,
     invoices: pl.DataFrame | None = None,
+    settle: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
-    """Every key this cycle must record: `role` due, retry (a failed send whose backoff is over) or skipped.
+    """Every key this cycle must record: `role` due, retry (a failed send whose backoff is over) or skipped; and
+    the `unknown` keys of earlier runs to settle (`settle`, `dunning.resubmission.settle_rows`: its own `hold`).
 
     `notices` are payment-failed notices from billing events (kind `payment_failed`), sent and gated like reminders.
     `hold` says why a due or retry key is kept from the send before anything is claimed (`dunning.exclusions`:
@@ -109,9 +111,12 @@ def plan_cycle(
     parts.append(planned.filter(pl.col("role") == PlanRole.SKIPPED))
     plan = pl.concat([_aligned(p, due.schema) for p in parts], how="vertical")
     sent_role = pl.col("role").is_in(SEND_ROLES)
-    return plan.with_columns(
+    plan = plan.with_columns(
         pl.when(sent_role).then(hold_expr(cycled, exclusions, config)).otherwise(None).alias("hold")
     )
+    if settle is None or settle.is_empty():
+        return plan
+    return pl.concat([plan, _aligned(settle, plan.schema)], how="vertical")
 
 
 SEND_ROLES = tuple(plain([PlanRole.DUE, PlanRole.RETRY]))
@@ -129,6 +134,11 @@ def sendable_due(plan: pl.DataFrame) -> pl.DataFrame:
 
 def skipped_rows(plan: pl.DataFrame) -> pl.DataFrame:
     return plan.filter(pl.col("role") == PlanRole.SKIPPED)
+
+
+def settle_rows_of(plan: pl.DataFrame) -> pl.DataFrame:
+    """The plan's `unknown` keys of earlier runs to settle, with why the present forbids resubmitting them."""
+    return plan.filter(pl.col("role") == PlanRole.SETTLE).select("idempotency_key", "hold")
 
 
 def recent_emails(ledger: Ledger, as_of: dt.datetime, config: DunningConfig) -> pl.DataFrame:

@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 import polars as pl
 
-from dunning.config import DunningConfig, Provider
+from dunning.config import DunningConfig
 from dunning.errors import DunningError
 from dunning.keys import email_id_of_joined
 from dunning.ledger.base import Ledger
@@ -29,7 +29,7 @@ from dunning.policy import email_groups
 from dunning.providers.base import EmailProvider, SendOutcome, idempotency_key_for
 from dunning.render import Sender
 from dunning.render_pool import BUILD_ERRORS, MIN_POOL_EMAILS, Built, RenderPool, RenderSettings, not_built
-from dunning.vocabulary import LedgerStatus, SendStatus
+from dunning.vocabulary import SendStatus
 from dunning.wire import WireEmail
 
 OUTCOME_SCHEMA = pl.Schema(
@@ -252,43 +252,6 @@ def _send_wire_batch(
     return [(records, outcomes[index]) for index, records in enumerate(groups)]
 
 
-def resolve_unknown(
-    ledger: Ledger, provider: EmailProvider, settings: Provider, wall: dt.datetime, backoff_minutes: float
-) -> int:
-    """Settle `unknown` keys where the provider can; record its definite answers, leave the rest held.
-
-    With a provider whose idempotency contract allows it (`settings.resubmits_unknown`), an email whose exact
-    request was kept is resubmitted under the same key while `wall` is within `idempotency_window_hours` of its
-    first attempt: the provider answers with the first result instead of sending again. Otherwise the provider
-    is asked (`lookup`). A definite "not delivered" becomes `failed`, retried after the backoff like any failure;
-    an email still unknown past the window is held for a human, as with SMTP.
-    """
-    pending = ledger.unknown_sends()
-    window = dt.timedelta(hours=settings.idempotency_window_hours)
-    answers: list[tuple[str, SendStatus, str | None, str | None, str | None]] = []
-    settled: list[str] = []
-    for email, rows in pending.group_by("email_id", maintain_order=True):
-        first = rows.row(0, named=True)
-        keys = rows.get_column("idempotency_key").to_list()
-        payload, first_attempt = first["payload"], first["first_attempt_wall_at"]
-        same_provider = first["provider"] == provider.name  # a request kept for SMTP is no request to Resend
-        if settings.resubmits_unknown and payload is not None and same_provider and wall - first_attempt < window:
-            outcome = provider.resubmit(payload, first["provider_key"], first["message_id"])
-            status, pid = outcome.status, outcome.provider_message_id
-            note = f"resubmitted under its idempotency key: {status}" + (f" ({outcome.error})" if outcome.error else "")
-        else:
-            status = provider.lookup(first["message_id"], first["provider_message_id"]) or SendStatus.UNKNOWN
-            pid, note = None, f"resolved by provider lookup: {status}"
-        if status in (SendStatus.SENT, SendStatus.FAILED):
-            answers += [(k, status, first["message_id"], note[:500], pid) for k in keys]
-            settled.append(str(email[0]))
-    if answers:
-        frame = pl.DataFrame(answers, schema=OUTCOME_SCHEMA | {"provider_message_id": pl.String}, orient="row")
-        ledger.record_outcomes(frame, None, wall, backoff_minutes, expected_status=LedgerStatus.UNKNOWN)
-        ledger.drop_payloads(settled)
-    return len(answers)
-
-
 def send_due(
     ledger: Ledger,
     provider: EmailProvider,
@@ -417,6 +380,7 @@ def _claim_and_send(
     def record(claimed: _Claimed, sent: list[tuple[list[Record], SendOutcome]]) -> None:
         rows = claimed.rows
         provider_ids: dict[str, str] = {}
+        retry_after: dict[str, float] = {}
         payloads: list[tuple[str, str, str, str, dt.datetime]] = []
         for records, outcome in sent:
             if outcome.status != SendStatus.RELEASED:  # a released email was never handed over
@@ -428,6 +392,8 @@ def _claim_and_send(
             )
             if outcome.provider_message_id:
                 provider_ids.update((r["idempotency_key"], outcome.provider_message_id) for r in records)
+            if outcome.retry_after_seconds is not None:
+                retry_after.update((r["idempotency_key"], outcome.retry_after_seconds) for r in records)
             if outcome.payload is not None:  # an unknown send a later cycle may resubmit, exactly as it left
                 email = records[0]["email_id"]
                 key = idempotency_key_for([r["idempotency_key"] for r in records], email)
@@ -437,7 +403,9 @@ def _claim_and_send(
         ledger.record_outcomes(
             chunk_outcomes.with_columns(
                 pl.col("idempotency_key").replace_strict(provider_ids, default=None, return_dtype=pl.String)
-                .alias("provider_message_id")
+                .alias("provider_message_id"),
+                pl.col("idempotency_key").replace_strict(retry_after, default=None, return_dtype=pl.Float64)
+                .alias("retry_after_seconds"),
             ),
             as_of, now(), config.retry.backoff_minutes, run_id=run_id,
         )  # fmt: skip

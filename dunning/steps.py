@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.message import Message
 
 import polars as pl
@@ -36,7 +36,8 @@ from dunning.ledger.base import Ledger
 from dunning.ledger.operations import PauseState
 from dunning.policy import assign_cycles, business_date, stages_frame
 from dunning.providers.base import EmailProvider
-from dunning.sending import Record, SendReport, held_outcomes, resolve_unknown, send_due
+from dunning.resubmission import Settled, resolve_unknown, settle_rows
+from dunning.sending import Record, SendReport, held_outcomes, send_due
 from dunning.sharding import EVERYONE, Shard
 from dunning.vocabulary import EmailKind, SendStatus
 
@@ -93,16 +94,18 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
 
     `cycled` is already the shard's; retries follow it (they join on its invoices), notices only for its customers.
     Exclusions in force on the cycle's business date hold their keys in every mode (a backfill uses today's)."""
-    failed, notices = None, None
+    failed, notices, settle = None, None, None
+    exclusions = in_force(ledger.open_exclusions(), business_date(clock.as_of, config))
     if clock.reads_live_state:
         failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts)
         events = shard.keep(events) if events is not None else None
         if events is not None and events.height:
             recorded = ledger.recorded_keys(event_keys(events))
             notices = notice_rows(events, cycled, recorded, config.provider.message_domain)
-    exclusions = in_force(ledger.open_exclusions(), business_date(clock.as_of, config))
+        # this run's unknown keys (its shard's customers), each with why the present forbids resubmitting it
+        settle = settle_rows(shard.keep(ledger.unknown_sends()), cycled, exclusions, config)
     invoices = plan_invoices(ledger, cycled, config, clock) if clock.reads_live_state else None
-    return cycle.plan_cycle(cycled, config, failed, notices, exclusions, invoices)
+    return cycle.plan_cycle(cycled, config, failed, notices, exclusions, invoices, settle)
 
 
 def plan_invoices(
@@ -132,7 +135,7 @@ class SendStepResult:
     outcomes: pl.DataFrame
     pause: PauseState
     stale_claims_expired: int = 0
-    unknown_resolved: int = 0
+    unknown_settled: Settled = field(default_factory=Settled)
 
 
 def send_step(
@@ -154,7 +157,10 @@ def send_step(
     with open_provider() as provider:  # built only when something may be sent (not while paused)
         owners = ledger.claim_owners(run_id)
         stale = ledger.expire_stale_claims(run_id, now(), list(dead_runs(owners)))
-        resolved = resolve_unknown(ledger, provider, config.provider, now(), config.retry.backoff_minutes)
+        resolved = resolve_unknown(
+            ledger, provider, config.provider, now(), config.retry.backoff_minutes,
+            cycle.settle_rows_of(plan), config.alerts, run_id,
+        )  # fmt: skip
         report, outcomes = send_due(
             ledger, provider, due, cycle.skipped_rows(plan), config=config, run_id=run_id, as_of=clock.as_of,
             now=now, cap=cycle.claim_cap(clock.as_of, config), progress=progress, render=render,

@@ -66,6 +66,9 @@ class PlanRole(StrEnum):
     DUE = "due"  # send now
     RETRY = "retry"  # a failed send whose backoff is over
     SKIPPED = "skipped"  # record as skipped, never send
+    # an `unknown` outcome of an earlier run, to settle by lookup or by resubmitting its kept request
+    # (`dunning.resubmission`); `hold` says why the present forbids resubmitting it
+    SETTLE = "settle"
 
 
 # the plan's `role` column: a value outside the set fails where it is made, not as a silent miss in a filter
@@ -144,6 +147,11 @@ class HoldReason(StrEnum):
     # decided by the plan, before any send (`dunning.exclusions`): never claimed, so nothing is on record for them
     EXCLUDED = "excluded"  # the customer or invoice is excluded (`dunning exclude`, or auto_advance false)
     BELOW_MINIMUM = "below_minimum"  # the invoice's remaining balance is under `min_remaining_minor`
+    # why an `unknown` send's kept request is not resubmitted now (`dunning.resubmission`): it stays `unknown`
+    NOT_OWED = "not_owed"  # an invoice it covers is paid, void or settled since
+    AMOUNT_CHANGED = "amount_changed"  # an invoice it covers owes another amount than the email states
+    NOT_IN_SNAPSHOT = "not_in_snapshot"  # an invoice it covers is not in this run's snapshot
+    PAST_IDEMPOTENCY_WINDOW = "past_idempotency_window"  # the provider may have forgotten its key: a human decides
 
 
 class ExclusionScope(StrEnum):

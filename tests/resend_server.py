@@ -8,7 +8,8 @@ while the first is still in flight gets `409 concurrent_idempotent_requests`
 (Resend's documented errors). `GET /emails/{id}` answers the email with its
 `last_event`. A script of answers by request number lets a test make one
 request hang past the client's timeout after it was accepted (the case that
-makes an SMTP send `unknown` for good), or answer 401, 422, 429 or 500.
+makes an SMTP send `unknown` for good), accept a request and then answer 502 or an unreadable 200, or answer
+401, 422, 429 (with `Retry-After`) or 500. `forget()` drops every key, as Resend does after 24 hours.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ KEY = "re_test_key_for_the_fake_server"
 class FakeResend:
     script: dict[int, str] = field(default_factory=dict)  # request number (from 1) -> "hang" | "401" | "422" | ...
     hang_seconds: float = 2.0
+    retry_after: int | None = None  # seconds a scripted 429 asks the client to wait
     requests: list[dict[str, Any]] = field(default_factory=list)  # every POST /emails: headers and body
     delivered: list[dict[str, Any]] = field(default_factory=list)  # what a recipient would get: once per key
     answers: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)  # key -> (body, first answer)
@@ -66,19 +68,34 @@ class FakeResend:
         return str(path)
 
     @staticmethod
-    def answer(handler: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
+    def answer(
+        handler: BaseHTTPRequestHandler,
+        status: int,
+        body: dict[str, Any] | bytes,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
         try:
             handler.send_response(status)
-            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Type", content_type)
             handler.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                handler.send_header(name, value)
             handler.end_headers()
             handler.wfile.write(data)
         except OSError:  # the client gave up waiting (the hang case)
             pass
 
-    def error(self, handler: BaseHTTPRequestHandler, status: int, name: str, message: str) -> None:
-        self.answer(handler, status, {"statusCode": status, "name": name, "message": message})
+    def error(
+        self, handler: BaseHTTPRequestHandler, status: int, name: str, message: str, headers: dict | None = None
+    ) -> None:
+        self.answer(handler, status, {"statusCode": status, "name": name, "message": message}, headers=headers)
+
+    def forget(self) -> None:
+        """Every key forgotten, as Resend does 24 hours after a key's first request."""
+        with self.lock:
+            self.answers.clear()
 
     def post(self, handler: BaseHTTPRequestHandler) -> None:
         body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0)).decode()
@@ -92,7 +109,8 @@ class FakeResend:
             return self.error(handler, 401, "missing_api_key", "API key is invalid")
         if scripted in ("422", "429", "500"):
             names = {"422": "validation_error", "429": "rate_limit_exceeded", "500": "internal_server_error"}
-            return self.error(handler, int(scripted), names[scripted], f"scripted {scripted}")
+            headers = {"Retry-After": str(self.retry_after)} if scripted == "429" and self.retry_after else None
+            return self.error(handler, int(scripted), names[scripted], f"scripted {scripted}", headers)
         if scripted == "409-concurrent":
             return self.error(handler, 409, "concurrent_idempotent_requests", "the first request is in flight")
         with self.lock:
@@ -108,6 +126,10 @@ class FakeResend:
             self.delivered.append({"id": email_id, "key": key, **json.loads(body)})
         if scripted == "hang":  # accepted, but the answer never reaches the client in time
             self.release.wait(self.hang_seconds)
+        if scripted == "500-after-accept":  # accepted, then a gateway answers 5xx
+            return self.error(handler, 502, "internal_server_error", "bad gateway after the email was accepted")
+        if scripted == "200-garbage":  # accepted, answered 200 with a body that is not JSON (a proxy's page)
+            return self.answer(handler, 200, b"<html>ok</html>", content_type="text/html")
         self.answer(handler, 200, {"id": email_id})
 
     def get(self, handler: BaseHTTPRequestHandler) -> None:

@@ -12,7 +12,8 @@ from dunning.errors import LedgerBusy
 from dunning.ledger.duckdb_ledger import open_ledger
 from dunning.providers.file_outbox import FileOutbox
 from dunning.render import reminder_email
-from dunning.sending import resolve_unknown, send_due, with_email_ids
+from dunning.resubmission import resolve_unknown
+from dunning.sending import send_due, with_email_ids
 from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture: each test below runs on both databases
 
 AS_OF = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
@@ -92,7 +93,7 @@ def test_a_claim_without_outcome_becomes_unknown_and_lookup_resolves_it(tmp_path
         assert ledger.expire_stale_claims("next-run", AS_OF) == 2
         statuses = dict(ledger.con.execute("SELECT idempotency_key, status FROM reminder_ledger").fetchall())
         assert set(statuses.values()) == {"unknown"}
-        assert resolve_unknown(ledger, outbox, DunningConfig().provider, AS_OF, backoff_minutes=30) == 2
+        assert resolve_unknown(ledger, outbox, DunningConfig().provider, AS_OF, backoff_minutes=30).by_lookup == 2
         statuses = dict(ledger.con.execute("SELECT idempotency_key, status FROM reminder_ledger").fetchall())
         assert statuses == {"dunning:in_0:1:day3": "sent", "dunning:in_1:1:day3": "failed"}
 

@@ -20,6 +20,7 @@ from dunning.policy import STATE_SCHEMA, assign_cycles
 from dunning.providers.file_outbox import FileOutbox
 from dunning.render import WIRE_POLICY, Sender, apology_email, payment_failed_email, reminder_email, render_for
 from dunning.render_pool import RenderPool, RenderSettings, build, pool_size
+from dunning.resubmission import resolve_unknown
 from dunning.sending import RenderFailed, send_due
 from dunning.wire import WireEmail, wire_bytes
 from tests.conftest import invoice, write_snapshot
@@ -217,7 +218,7 @@ def test_a_worker_that_dies_while_writing_the_outbox_leaves_unknowns_the_next_ru
     assert {FileOutbox(outbox).path_for(m).name for m in sent} <= written, "every key reported sent has its file"
 
     with open_ledger(tmp_path / "home" / "dunning.duckdb") as ledger, FileOutbox(outbox) as lookup:
-        settled = sending.resolve_unknown(ledger, lookup, config.provider, AS_OF, 30)
+        settled = resolve_unknown(ledger, lookup, config.provider, AS_OF, 30).by_lookup
         after = ledger.frame("SELECT status, message_id FROM reminder_ledger WHERE status <> 'skipped'")
     assert settled == by_status["unknown"], "the outbox answers for every unknown key"
     assert set(after.get_column("status")) <= {"sent", "failed"}

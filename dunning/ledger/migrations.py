@@ -116,6 +116,11 @@ MIGRATIONS = (
         "every day's rows",
         (next(s for s in DDL if "CREATE TABLE IF NOT EXISTS history_writes (" in s),),
     ),
+    Migration(
+        12,
+        "resubmission: why a kept request of an unknown send is not resubmitted now (the present forbids it)",
+        ("ALTER TABLE provider_payloads ADD COLUMN IF NOT EXISTS held_reason VARCHAR",),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -22,7 +22,7 @@ PAYLOAD_SCHEMA = pl.Schema(
         "payload": pl.String(),
         "first_attempt_wall_at": pl.Datetime("us", "UTC"),
     }
-)
+)  # `held_reason` starts null: a kept request may be resubmitted
 
 
 class PayloadStore(SqlConnection):
@@ -43,13 +43,41 @@ class PayloadStore(SqlConnection):
             )
 
     def unknown_sends(self) -> pl.DataFrame:
-        """Every `unknown` key with what may settle it: its message ids and, when kept, its email's payload."""
+        """Every `unknown` key with what may settle it: its message ids and, when kept, its email's payload; and
+        what the present is checked against before a resubmission (`dunning.resubmission`)."""
         return self.frame(
             """
             SELECT l.idempotency_key, l.email_id, l.message_id, l.provider_message_id,
-                   p.idempotency_key AS provider_key, p.provider, p.payload, p.first_attempt_wall_at
+                   l.kind, l.invoice_id, l.customer_id, l.amount_minor, l.last_error,
+                   p.idempotency_key AS provider_key, p.provider, p.payload, p.first_attempt_wall_at, p.held_reason
             FROM reminder_ledger l LEFT JOIN provider_payloads p ON p.email_id = l.email_id
             WHERE l.status = 'unknown' AND l.message_id IS NOT NULL
             ORDER BY l.email_id, l.idempotency_key
             """
         )
+
+    def hold_unknown(self, held: pl.DataFrame) -> int:
+        """Note why each email's kept request is not resubmitted now (`email_id`, `held_reason`, `note`; a null
+        reason: it may be again). Only what changed is written, so an hour that holds the same emails for the same
+        reasons leaves the ledger as it was (the hourly no-op compares its state). The key's `outcome_wall_at` stays:
+        it is how long the outcome has waited for a human (`dunning.liveness`)."""
+        if held.is_empty():
+            return 0
+        rows = held.select("email_id", "held_reason", "note").unique("email_id", keep="first")
+        with self.transaction() as con, self.registered("held_emails", rows):
+            changed = con.execute(
+                """
+                UPDATE provider_payloads SET held_reason = h.held_reason FROM held_emails h
+                WHERE provider_payloads.email_id = h.email_id
+                  AND provider_payloads.held_reason IS DISTINCT FROM h.held_reason
+                RETURNING provider_payloads.email_id
+                """
+            ).fetchall()
+            con.execute(
+                """
+                UPDATE reminder_ledger SET last_error = h.note FROM held_emails h
+                WHERE reminder_ledger.email_id = h.email_id AND reminder_ledger.status = 'unknown'
+                  AND h.note IS NOT NULL AND reminder_ledger.last_error IS DISTINCT FROM h.note
+                """
+            )
+        return len(changed)

@@ -241,7 +241,8 @@ DDL = (
         idempotency_key VARCHAR NOT NULL,
         provider VARCHAR NOT NULL,
         payload VARCHAR NOT NULL,
-        first_attempt_wall_at TIMESTAMPTZ NOT NULL
+        first_attempt_wall_at TIMESTAMPTZ NOT NULL,
+        held_reason VARCHAR
     )
     """,
     """

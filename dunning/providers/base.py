@@ -41,6 +41,7 @@ class SendOutcome:
     transport_error: bool = False
     provider_message_id: str | None = None  # the provider's own id of the accepted message, when it gives one
     payload: str | None = None  # the exact request of an `unknown` send, to resubmit under the same key
+    retry_after_seconds: float | None = None  # a `failed` send the provider asked us not to retry sooner (429)
 
 
 def idempotency_key_for(keys: Sequence[str], email_id: str) -> str:

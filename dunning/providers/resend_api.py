@@ -11,11 +11,16 @@ Every ending is classified by what Resend can have received:
 - a connection that was never made (refused, DNS, connect timeout): `failed`;
 - a timeout or a dropped connection after the request left: `unknown`;
 - 200 with an id: `sent`, the id stored as `provider_message_id`;
-- 400/422 (validation): `failed` with the reason, not retried blindly but after the backoff like any failure;
+- 400/422 (validation): `failed` with the reason, re-planned after the backoff like any failure;
 - 401/403 (our key): the provider stops (`stopped_reason`, exit 6, one alert) and hands nothing more over;
-- 429 and 5xx: `failed`, retried after the backoff, and counted toward the health stop;
-- 409 `invalid_idempotent_request` (same key, other content): `failed` with the reason;
-- 409 `concurrent_idempotent_requests` (the first request is still being processed): `unknown`, resubmitted next cycle.
+- 429: `failed` (refused before sending), retried no sooner than its `Retry-After`, counted toward the health stop;
+- 5xx, and a 2xx whose body cannot be read: `unknown` (the request reached Resend, which may have accepted it),
+  counted toward the health stop;
+- 409 (`invalid_idempotent_request`: the key was accepted before with another body;
+  `concurrent_idempotent_requests`: the first request is still being processed): `unknown`, never re-planned.
+
+Only an answer that proves the email was not accepted is `failed`: a `failed` key is re-planned from the current
+snapshot, possibly as another email under another key, which is safe only because nothing went out.
 
 The SDK keeps its key, address and HTTP client in module globals; one
 provider per process sets them (the key is read from the environment variable
@@ -27,12 +32,13 @@ error mapping.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from collections.abc import Mapping
 from email.header import decode_header, make_header
 from email.message import Message
-from email.utils import getaddresses, quote
+from email.utils import getaddresses, parsedate_to_datetime, quote
 from typing import Any, cast
 
 import requests
@@ -45,6 +51,14 @@ from dunning.errors import ConfigError
 from dunning.providers.base import EmailProvider, HealthStop, SendOutcome, idempotency_key_of
 from dunning.vocabulary import LookupStatus, ProviderStatus, SendStatus
 
+# raised while the request is prepared, before a connection is made: nothing left this machine
+NEVER_LEFT = (
+    requests.exceptions.InvalidHeader,
+    requests.exceptions.InvalidURL,
+    requests.exceptions.MissingSchema,
+    requests.exceptions.InvalidSchema,
+    requests.exceptions.URLRequired,
+)
 TRANSPORT_STATUS = 599  # not an HTTP status: our client's answer when the request failed on the way
 NOT_SENT, MAYBE_SENT = "transport_not_sent", "transport_maybe_sent"
 PASSED_HEADERS = ("Message-ID", "X-Dunning-Kind", "X-Dunning-Keys")
@@ -78,7 +92,7 @@ class _Transport(HTTPClient):
                 files=files,
                 timeout=self.timeout_seconds,
             )
-        except (requests.ConnectTimeout, requests.exceptions.InvalidURL) as exc:
+        except (requests.ConnectTimeout, *NEVER_LEFT) as exc:
             return _transport_answer(NOT_SENT, exc)
         except requests.ConnectionError as exc:
             # refused or unresolvable: the request never left; anything else (reset, aborted) may have been read
@@ -95,6 +109,27 @@ class _Transport(HTTPClient):
 def _transport_answer(kind: str, exc: BaseException) -> tuple[bytes, int, Mapping[str, str]]:
     body = {"name": kind, "message": f"{type(exc).__name__}: {str(exc)[:300]}", "statusCode": TRANSPORT_STATUS}
     return json.dumps(body).encode(), TRANSPORT_STATUS, {"content-type": "application/json"}
+
+
+MAX_RETRY_AFTER_SECONDS = 24 * 3600  # a longer Retry-After is read as a day: attempts still run out as configured
+
+
+def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
+    """A `Retry-After` header's delay (seconds, or an HTTP date), capped at a day; None when absent or unreadable."""
+    value = next((v for k, v in (headers or {}).items() if k.lower() == "retry-after"), None)
+    if value is None:
+        return None
+    text = str(value).strip()
+    if text.isdigit():
+        return float(min(int(text), MAX_RETRY_AFTER_SECONDS))
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    delay = (when - dt.datetime.now(dt.UTC)).total_seconds()
+    return float(min(max(delay, 0.0), MAX_RETRY_AFTER_SECONDS))
 
 
 def _decoded(value: object) -> str:
@@ -170,18 +205,29 @@ class ResendProvider(EmailProvider):
         return outcome
 
     def _classify(self, exc: resend.exceptions.ResendError, payload: str, message_id: str) -> SendOutcome:
+        """`failed` only where the answer proves Resend did not accept the email; anything that may have been
+        accepted is `unknown`, kept to resubmit under the same key (`dunning.resubmission`)."""
         code = int(exc.code) if str(exc.code).isdigit() else 500
         kind = str(exc.error_type)
         reason = f"resend {code} {kind}: {exc.message}"[:500]
         status: ProviderStatus
+        retry_after = None
         if code == TRANSPORT_STATUS:
             status = SendStatus.UNKNOWN if kind == MAYBE_SENT else SendStatus.FAILED
-        elif code == 409 and kind == "concurrent_idempotent_requests":
-            status = SendStatus.UNKNOWN  # the first request under this key is still in flight
+        elif code == 409:
+            # the key is known to Resend: in flight (concurrent) or accepted before with another body (invalid);
+            # either way an email may have gone under it, so it is never re-planned as a new one
+            status = SendStatus.UNKNOWN
         elif code in (401, 403):
             self.stopped_reason = f"provider resend refused our credentials ({code} {kind})"
             status = SendStatus.FAILED
-        else:
+        elif code == 429:  # refused before anything was sent; retried no sooner than Resend asks
+            status, retry_after = SendStatus.FAILED, retry_after_seconds(getattr(exc, "headers", None))
+        elif code >= 500:
+            # a 5xx, or a 2xx whose body could not be read (the SDK reports both as 5xx): the request reached
+            # Resend, which may have accepted it
+            status = SendStatus.UNKNOWN
+        else:  # 400, 404, 422: refused as it stands
             status = SendStatus.FAILED
         transport = code == TRANSPORT_STATUS or code == 429 or code >= 500 or code in (401, 403)
         return SendOutcome(
@@ -190,6 +236,7 @@ class ResendProvider(EmailProvider):
             reason,
             transport_error=transport,
             payload=payload if status == SendStatus.UNKNOWN else None,
+            retry_after_seconds=retry_after,
         )
 
     def _count(self, outcome: SendOutcome) -> None:
