@@ -10,6 +10,7 @@ from dunning import cycle, steps
 from dunning.alerts import Alert, raise_alert
 from dunning.clock import RunMode, utc_now
 from dunning.errors import DunningError
+from dunning.handover import JOURNAL_DIR
 from dunning.progress import report_send_progress
 from dunning.render_pool import pool_size
 from dunning.sending import held_outcomes
@@ -127,6 +128,7 @@ def send_batch(
                 now=utc_now,
                 progress=progress,
                 render_processes=pool_size(config.render_processes, local_cycle_runs(context.instance)),
+                journal_dir=str(dunning_home.root / JOURNAL_DIR),
             )
     except DunningError as error:
         raise fail(error) from None

@@ -37,6 +37,11 @@ class LedgerBusy(DunningError):
     exit_code = 4
 
 
+class LedgerLost(LedgerBusy):
+    """The ledger failed in the middle of a send: nothing more was handed over; what was is on record as claimed,
+    for the next run to settle."""
+
+
 class GuardNotLive(DunningError):
     exit_code = 5
 

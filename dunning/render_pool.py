@@ -23,6 +23,10 @@ hear about `unknown`, never `failed`, and the next run asks the outbox
 stop or idempotency payloads (SMTP, Resend) are only ever handed bytes by the
 run's process.
 
+Workers die with the run (`_die_with_parent`) and, writing the outbox, pass
+the run's hand-over gate (`dunning.handover`): nothing is written after the
+run's claim lease ends, and each email is journaled first.
+
 Workers are spawned (fresh interpreters that import this module only): the
 run's process has threads (Dagster, DuckDB, the outbox writer), and forking it
 as it is would be unsafe; spawned workers are the run's own children, so the
@@ -39,10 +43,14 @@ than starting the workers.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime as dt
 import multiprocessing
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
@@ -53,6 +61,7 @@ from typing import Any
 from dunning import heap, templating
 from dunning.compose import wire_for
 from dunning.email_context import format_amount
+from dunning.handover import Deadline, HandOverGate
 from dunning.providers.base import SendOutcome
 from dunning.providers.file_outbox import FileOutbox
 from dunning.render import Sender, render_for
@@ -135,13 +144,41 @@ def pool_size(setting: int | str, local_runs: int = 1, cores: int | None = None)
 
 _SETTINGS: RenderSettings | None = None  # in a worker process: set once when it starts
 _OUTBOX: FileOutbox | None = None  # in a worker process, with `outbox_dir`: where it writes its emails
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when the thread that started it dies
+PARENT_POLL_SECONDS = 0.25
 
 
-def _start_worker(settings: RenderSettings) -> None:
-    """A worker's start: keep the settings, and compile what every email needs before the first one arrives."""
+def _die_with_parent(parent_pid: int) -> None:
+    """A worker never outlives the run: the kernel kills it when its parent dies (Linux `PR_SET_PDEATHSIG`), and
+    a watcher thread ends it if it finds itself re-parented (elsewhere, or if the parent died before the signal
+    was set). Without this, a SIGKILLed run's workers were re-parented and went on writing the outbox."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _start_worker(
+    settings: RenderSettings, parent_pid: int | None = None, deadline: Any = None, journal: str | None = None
+) -> None:
+    """A worker's start: die with the run, keep the settings, and compile what every email needs before the first
+    one arrives. With the file outbox it writes emails itself, through the run's hand-over gate: each journaled,
+    and none after the run's claim lease (`deadline`, shared with the run) ends."""
     global _SETTINGS, _OUTBOX
+    if parent_pid is not None:
+        _die_with_parent(parent_pid)
     _SETTINGS = settings
     _OUTBOX = FileOutbox(settings.outbox_dir) if settings.outbox_dir else None
+    if _OUTBOX is not None and deadline is not None:
+        _OUTBOX.gate = HandOverGate(Deadline(deadline), journal)
     for kind in EmailKind:
         for part in ("subject", "txt", "html"):
             # only a warm-up: an email that needs a template that fails reports the problem itself
@@ -199,15 +236,18 @@ def _main_module_hidden() -> Iterator[None]:
 class RenderPool:
     """`processes` worker processes rendering with `settings`; a context manager (workers end on exit)."""
 
-    def __init__(self, processes: int, settings: RenderSettings):
+    def __init__(
+        self, processes: int, settings: RenderSettings, deadline: Deadline | None = None, journal: str | None = None
+    ):
         self.processes = processes
         self.delivers = settings.outbox_dir is not None  # its workers write the emails: it yields outcomes
+        shared = deadline.shared if deadline is not None else None
         with _main_module_hidden():
             self._executor = ProcessPoolExecutor(
                 max_workers=processes,
                 mp_context=multiprocessing.get_context(START_METHOD),
                 initializer=_start_worker,
-                initargs=(settings,),
+                initargs=(settings, os.getpid(), shared, journal),
             )
             # one task per worker now, so every worker starts (and warms up) while the run claims its first chunk
             self._warming = [self._executor.submit(_ready) for _ in range(processes)]

@@ -20,7 +20,8 @@ from typing import Any, Generic, TypeVar
 import polars as pl
 
 from dunning.config import DunningConfig
-from dunning.errors import DunningError
+from dunning.errors import DunningError, LedgerLost
+from dunning.handover import Deadline, HandOverGate, open_journal, read_journal, remove_journal
 from dunning.keys import email_id_of_joined
 from dunning.ledger.base import Ledger
 from dunning.ledger.claims import ClaimCap
@@ -29,6 +30,7 @@ from dunning.policy import email_groups
 from dunning.providers.base import EmailProvider, SendOutcome, idempotency_key_for
 from dunning.render import Sender
 from dunning.render_pool import BUILD_ERRORS, MIN_POOL_EMAILS, Built, RenderPool, RenderSettings, not_built
+from dunning.storage_faults import storage_fault_of
 from dunning.vocabulary import SendStatus
 from dunning.wire import WireEmail
 
@@ -266,8 +268,13 @@ def send_due(
     progress: Callable[[SendReport, int], None] | None = None,
     render: Callable[[list[Record]], Message] | None = None,
     render_processes: int = 1,
+    journal_dir: str | None = None,
 ) -> tuple[SendReport, pl.DataFrame]:
     """Claim and send `due` (rows with email ids); returns the report and one outcome per due key.
+
+    Every hand-over passes the run's gate (`dunning.handover`): it is journaled in `journal_dir` (when given)
+    first, and refused once this run's claim lease has ended. At the first error of the ledger itself nothing
+    more is handed over, and `LedgerLost` (exit 4) says how many keys may have gone.
 
     The default rendering (`render` not given) gives a provider that takes bytes the bytes `compose` writes,
     without building messages; with `render_processes` > 1 it runs in that many worker processes
@@ -283,6 +290,9 @@ def send_due(
     """
     settings = render_settings(config, as_of)
     total_emails = due.select(pl.col("email_group").n_unique()).item() if due.height else 0
+    deadline = Deadline()
+    journal = str(open_journal(journal_dir, run_id)) if journal_dir is not None and due.height else None
+    provider.gate = HandOverGate(deadline, journal)
     pool = None
     local: _InProcess[Any]
     if render is not None:
@@ -290,18 +300,47 @@ def send_due(
     elif provider.takes_wire:
         if render_processes > 1 and total_emails >= MIN_POOL_EMAILS:
             # its workers start while the first chunk is claimed; with the file outbox they write the emails too
-            pool = RenderPool(render_processes, dataclasses.replace(settings, outbox_dir=provider.pool_outbox()))
+            outbox = dataclasses.replace(settings, outbox_dir=provider.pool_outbox())
+            pool = RenderPool(render_processes, outbox, deadline, journal)
         local = _InProcess(settings.wire, provider.send_many_wire)
     else:
         local = _InProcess(settings.message, provider.send_many)
+    outstanding: dict[str, int] = {}  # claimed emails whose outcome is not recorded yet: Message-ID -> keys
     try:
-        return _claim_and_send(
+        result = _claim_and_send(
             ledger, provider, due, skipped, config=config, run_id=run_id, as_of=as_of, now=now, cap=cap,
-            progress=progress, local=local, pool=pool, total_emails=total_emails,
+            progress=progress, local=local, pool=pool, total_emails=total_emails, deadline=deadline,
+            outstanding=outstanding,
         )  # fmt: skip
+    except BaseException as error:
+        deadline.stop()  # nothing more leaves, from this process or a render worker
+        if isinstance(error, ledger.database_errors) and storage_fault_of(error) is None:
+            raise LedgerLost(_lost_ledger(ledger, error, outstanding, journal_dir, run_id)) from error
+        raise
     finally:
         if pool is not None:
             pool.close()
+        provider.gate.close()
+        provider.gate = None
+    if journal_dir is not None:
+        remove_journal(journal_dir, run_id)  # every outcome is recorded
+    return result
+
+
+def _lost_ledger(
+    ledger: Ledger, error: BaseException, outstanding: dict[str, int], journal_dir: str | None, run_id: str
+) -> str:
+    """The one line for a ledger that failed mid-send: which, why, and what became of the claimed keys."""
+    handed = read_journal(journal_dir, run_id) if journal_dir is not None else None
+    maybe = sum(n for message_id, n in outstanding.items() if handed is None or message_id in handed)
+    never = sum(outstanding.values()) - maybe
+    why = (str(error).strip().splitlines() or [""])[0][:200]
+    return (
+        f"{ledger.label} failed while sending ({type(error).__name__}: {why}); nothing more was handed over. "
+        f"{maybe} key(s) may have gone and are now unknown (recorded claimed: the next run marks them unknown and "
+        f"settles them), {never} never handed over (the next run releases them and retries them). Once the ledger "
+        "is back, `dunning run` again settles them; `dunning status` lists any left for a human (`dunning resolve`)"
+    )
 
 
 @dataclass
@@ -329,8 +368,13 @@ def _claim_and_send(
     local: _InProcess[Any],
     pool: RenderPool | None,
     total_emails: int,
+    deadline: Deadline,
+    outstanding: dict[str, int],
 ) -> tuple[SendReport, pl.DataFrame]:
     """Chunk by chunk: claim (one transaction), hand over, record (one UPDATE).
+
+    `deadline` follows the leases this run holds (the earliest of the chunks claimed since the last renewal);
+    `outstanding` the emails claimed and not yet recorded.
 
     With a render pool the next chunk is claimed, and given to the workers,
     before this one is handed over, so the workers render while this process
@@ -347,13 +391,17 @@ def _claim_and_send(
     def renew() -> None:  # only when a third of the lease has passed: a renewal is one UPDATE of the chunk's keys
         if now() - renewed_at[0] >= lease / 3:
             renewed_at[0] = now()
-            ledger.renew_leases(run_id, renewed_at[0] + lease)
+            if ledger.renew_leases(run_id, renewed_at[0] + lease) or not outstanding:
+                deadline.until(renewed_at[0] + lease, lease, renewed_at[0])
+            else:  # another run expired our claims: it settles them; we hand nothing more over
+                deadline.stop()
 
     def claim(chunk: pl.DataFrame) -> _Claimed:
         chunk = with_email_ids(chunk, config)
         chunk_skipped = skipped.filter(pl.col("invoice_id").is_in(chunk.select("invoice_id").to_series().implode()))
         renewed_at[0] = now()
         claim = ledger.claim(chunk, chunk_skipped, run_id, as_of, cap, lease_until=renewed_at[0] + lease)
+        deadline.cap(renewed_at[0] + lease, lease, renewed_at[0])
         won = claim.won
         report.claimed += len(won)
         report.count(SendStatus.THROTTLED, len(claim.throttled))
@@ -375,6 +423,7 @@ def _claim_and_send(
         for record in chunk.filter(pl.col("idempotency_key").is_in(list(won))).to_dicts():
             grouped.setdefault(record["email_group"], []).append(record)
         groups = list(grouped.values())
+        outstanding.update((g[0]["message_id"], len(g)) for g in groups)
         return _Claimed(rows, groups, pool.render(groups) if pool is not None and groups else None)
 
     def record(claimed: _Claimed, sent: list[tuple[list[Record], SendOutcome]]) -> None:
@@ -410,6 +459,8 @@ def _claim_and_send(
             as_of, now(), config.retry.backoff_minutes, run_id=run_id,
         )  # fmt: skip
         outcomes.append(chunk_outcomes)
+        for records, _ in sent:
+            outstanding.pop(records[0]["message_id"], None)
 
     def deliver(claimed: _Claimed) -> str | None:
         """Hand the chunk over and record its outcomes; returns why the render pool failed, if it did."""

@@ -32,6 +32,7 @@ from dunning.config import DunningConfig
 from dunning.errors import InvalidRowsHalt
 from dunning.events import event_keys, notice_rows
 from dunning.exclusions import in_force
+from dunning.handover import read_journal
 from dunning.ledger.base import Ledger
 from dunning.ledger.operations import PauseState
 from dunning.policy import assign_cycles, business_date, stages_frame
@@ -102,8 +103,9 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
         if events is not None and events.height:
             recorded = ledger.recorded_keys(event_keys(events))
             notices = notice_rows(events, cycled, recorded, config.provider.message_domain)
-        # this run's unknown keys (its shard's customers), each with why the present forbids resubmitting it
-        settle = settle_rows(shard.keep(ledger.unknown_sends()), cycled, exclusions, config)
+        # this run's unknown keys (its shard's customers), each with why the present forbids resubmitting it; and the
+        # claimed ones, which a dead run's may become in the send step
+        settle = settle_rows(shard.keep(ledger.unknown_sends(include_claimed=True)), cycled, exclusions, config)
     invoices = plan_invoices(ledger, cycled, config, clock) if clock.reads_live_state else None
     return cycle.plan_cycle(cycled, config, failed, notices, exclusions, invoices, settle)
 
@@ -143,11 +145,12 @@ def send_step(
     clock: CycleClock, *,
     run_id: str, dead_runs: Callable[[Sequence[str]], Sequence[str]], now: Callable[[], dt.datetime],
     progress: Callable[[SendReport, int], None] | None = None, render: Callable[[list[Record]], Message] | None = None,
-    render_processes: int = 1,
+    render_processes: int = 1, journal_dir: str | None = None,
 ) -> SendStepResult:  # fmt: skip
     """Step 4, for a live run. `open_provider` is called only when not paused; `dead_runs` says which of the
     runs holding claims are known to have ended; `render_processes` > 1 renders in worker processes
-    (`dunning.render_pool`)."""
+    (`dunning.render_pool`); `journal_dir` keeps this run's hand-over journal and is where the journals of dead runs
+    are read (`dunning.handover`)."""
     due = cycle.sendable_due(plan)
     pause = ledger.pause_state()
     if pause.paused:
@@ -156,7 +159,8 @@ def send_step(
     heap.settle()  # the run's modules and frames are loaded: the send loop's collections need not walk them
     with open_provider() as provider:  # built only when something may be sent (not while paused)
         owners = ledger.claim_owners(run_id)
-        stale = ledger.expire_stale_claims(run_id, now(), list(dead_runs(owners)))
+        journals = (lambda owner: read_journal(journal_dir, owner)) if journal_dir is not None else None
+        stale = ledger.expire_stale_claims(run_id, now(), list(dead_runs(owners)), journals)
         resolved = resolve_unknown(
             ledger, provider, config.provider, now(), config.retry.backoff_minutes,
             cycle.settle_rows_of(plan), config.alerts, run_id,
@@ -164,7 +168,7 @@ def send_step(
         report, outcomes = send_due(
             ledger, provider, due, cycle.skipped_rows(plan), config=config, run_id=run_id, as_of=clock.as_of,
             now=now, cap=cycle.claim_cap(clock.as_of, config), progress=progress, render=render,
-            render_processes=render_processes,
+            render_processes=render_processes, journal_dir=journal_dir,
         )  # fmt: skip
         ledger.commit_cursor(run_id, now())  # this run's polled events have their notices claimed: poll on from them
     return SendStepResult(report, outcomes, pause, stale, resolved)

@@ -17,10 +17,14 @@ from is as the last live run of its shard that ended (the reference) left it:
 - the reference left nothing for a later hour (`settled`): no key throttled at
   the cap, held by the breaker, lost to another run or released by a provider
   that stopped, and it was not halted;
-- time alone has made nothing due since the last run that did the work: no
-  failed key's backoff ended, no claim is open (its lease expiring is a
-  change), no `unknown` outcome waits that the provider may still settle (a
-  plain SMTP server cannot be asked: those wait for a human either way);
+- time alone has made nothing due that the last run that did the work did not
+  plan: no failed key's retry is due whose backoff ended after its clock, or
+  that became `failed` while it ran (a lookup or a dead run's released claims
+  in its send step, after its plan); no claim is open (its lease expiring is
+  a change); no `unknown` outcome waits that this provider may still settle (a
+  lookup that can answer, a kept request within the provider's memory that the
+  present did not hold; a plain SMTP server cannot be asked: those wait for a
+  human either way);
 - the clock has not gone back;
 - and nothing new comes with the run itself: no events file, no pull from a
   billing source.
@@ -41,10 +45,10 @@ from pathlib import Path
 import polars as pl
 
 from dunning.clock import CycleClock
-from dunning.config import DunningConfig
+from dunning.config import DunningConfig, Provider
 from dunning.ledger.base import Ledger
 from dunning.ledger.migrations import LATEST
-from dunning.ledger.run_inputs import StateScope
+from dunning.ledger.run_inputs import StateScope, UnknownSettling
 from dunning.sharding import Shard, parse_shard
 from dunning.vocabulary import SendStatus
 
@@ -95,7 +99,25 @@ def settled(outcomes: pl.DataFrame) -> bool:
     return outcomes.is_empty() or not outcomes.get_column("status").is_in([str(s) for s in UNSETTLED]).any()
 
 
-def judge(ledger: Ledger, inputs: RunInputs, clock: CycleClock, config: DunningConfig) -> Verdict:
+def unknown_settling(provider: Provider, wall: dt.datetime) -> UnknownSettling:
+    """Which `unknown` keys a run with `provider` could settle now (`dunning.resubmission`): the file outbox looks
+    each one up; Resend looks up those it gave an id to; a provider that resubmits, those whose kept request it
+    still remembers and the present did not hold; a plain SMTP server none (they wait for a human)."""
+    window_start = wall - dt.timedelta(hours=provider.idempotency_window_hours)
+    resubmits = provider.kind if provider.resubmits_unknown else None
+    if provider.kind == "file":
+        return UnknownSettling(every_unknown=True)
+    return UnknownSettling(
+        every_unknown=False,
+        by_provider_id=provider.kind == "resend",
+        resubmits_for=resubmits,
+        remembered_since=window_start,
+    )
+
+
+def judge(
+    ledger: Ledger, inputs: RunInputs, clock: CycleClock, config: DunningConfig, wall: dt.datetime | None = None
+) -> Verdict:
     """Whether this live run would do exactly what the shard's last ended live run did: nothing new."""
     reference = ledger.last_ended_inputs(inputs.shard)
     if reference is None:
@@ -123,13 +145,20 @@ def judge(ledger: Ledger, inputs: RunInputs, clock: CycleClock, config: DunningC
     state = ledger.state_digest(scope)
     if state != reference["ledger_state"]:
         return Verdict(False, f"the ledger changed since {ref} ended")
-    work = ledger.open_work(since, clock.as_of, config.retry.max_attempts)
+    wall = wall or dt.datetime.now(dt.UTC)
+    work = ledger.open_work(
+        since,
+        clock.as_of,
+        config.retry.max_attempts,
+        reference_began=reference.get("since_wall"),
+        settles=unknown_settling(config.provider, wall),
+    )
     if work["claimed"]:
         return Verdict(False, f"{work['claimed']} claim(s) open: a lease to expire or an outcome to record")
-    if work["unknown"] and config.provider.settles_unknown:
+    if work["unknown"]:
         return Verdict(False, f"{work['unknown']} unknown outcome(s) the provider may settle")
     if work["retries_due"]:
-        return Verdict(False, f"{work['retries_due']} failed send(s) came due for a retry since {since.isoformat()}")
+        return Verdict(False, f"{work['retries_due']} failed send(s) came due for a retry that {ref} did not plan")
     return Verdict(
         True,
         f"nothing changed since {ref} (as of {reference['as_of'].isoformat()}): skipped. Checked: the snapshot "
@@ -150,7 +179,7 @@ def start(
 ) -> Verdict:
     """A live run's first step: skipped as unchanged (recorded), or its inputs recorded for later runs to compare
     with. `may_skip` is False when the run brings data of its own (an events file, a pull)."""
-    verdict = judge(ledger, inputs, clock, config) if may_skip else Verdict(False, "the run brings new data")
+    verdict = judge(ledger, inputs, clock, config, wall) if may_skip else Verdict(False, "the run brings new data")
     if verdict.unchanged:
         reference = ledger.last_ended_inputs(inputs.shard)
         assert reference is not None

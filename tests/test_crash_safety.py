@@ -78,6 +78,21 @@ def restart_and_check(home, snapshot, tmp_path, expected_keys, delivered_before)
     return statuses, handler
 
 
+def rerun_later(home, snapshot, tmp_path, as_of="2026-11-05T12:00:00Z"):
+    """A later run against a healthy server, after the backoff: what it delivers."""
+    handler = ScriptedHandler()
+    with SmtpServer(handler) as server:
+        config = smtp_config(tmp_path / "later.yaml", server.port)
+        result = subprocess.run(
+            [DUNNING, "--home", str(home), "run", "--snapshot", str(snapshot), "--as-of", as_of, "--config", config],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 0, result.stderr
+    return handler
+
+
 @pytest.mark.slow
 def test_killed_after_claim_before_send(tmp_path):
     listener = socket.socket()
@@ -94,9 +109,12 @@ def test_killed_after_claim_before_send(tmp_path):
         process.wait()
     finally:
         listener.close()
-    statuses, handler = restart_and_check(home, snapshot, tmp_path, [f"dunning:in_{i}:1:day3" for i in range(3)], [])
-    assert set(statuses.values()) == {"unknown"} and handler.received == []
+    keys = [f"dunning:in_{i}:1:day3" for i in range(3)]
+    statuses, handler = restart_and_check(home, snapshot, tmp_path, keys, [])
+    # its journal names no email: none reached the final dot, so none can have gone (never a human's question)
+    assert set(statuses.values()) == {"failed"} and handler.received == []
     connection.close()
+    assert sorted(rerun_later(home, snapshot, tmp_path).keys()) == sorted(keys), "a later run sends each once"
 
 
 @pytest.mark.slow
@@ -129,7 +147,12 @@ def test_killed_in_the_middle_of_a_chunk(tmp_path):
         delivered = handler.keys()
     assert len(delivered) == 3
     statuses, after = restart_and_check(home, snapshot, tmp_path, keys, delivered)
-    assert after.received == [], "the rest of the killed chunk is held as unknown too (SMTP cannot be asked)"
+    assert after.received == []
+    never = sorted(set(keys) - set(delivered))
+    assert sorted(k for k, v in statuses.items() if v == "failed") == never, (
+        "only what was handed over is unknown; the journal releases the rest of the chunk"
+    )
+    assert sorted(rerun_later(home, snapshot, tmp_path).keys()) == never, "each released key goes once, none other"
 
 
 @pytest.mark.slow
@@ -148,3 +171,71 @@ def test_two_runs_started_together_send_each_email_exactly_once(tmp_path):
     assert len(statuses) == 300 and set(statuses.values()) == {"sent"}
     sent_counts = sorted(int(out.split("sent: ")[1].split(" ")[0]) for out, _ in results)
     assert sum(sent_counts) == 300, "between them, every key once"
+
+
+def files_in(outbox: Path) -> dict[str, tuple[int, int]]:
+    """Each email file with its inode and modification time: a rewrite changes them."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in outbox.glob("*.eml")}
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_killed_mid_batch_its_render_workers_die_with_it_and_write_nothing_after(tmp_path):
+    """SIGKILL of the run while its render pool writes the outbox: within 2 s no worker is left, and no email
+    appears afterwards (orphans used to write on, and a rerun's retry wrote the same emails again)."""
+    snapshot = write_snapshot(tmp_path / "s.csv", customers(6000))
+    home = tmp_path / "home"
+    config = tmp_path / "pool.yaml"
+    config.write_text("render_processes: 2\nclaim_chunk_size: 1000\n")
+    outbox = home / "outbox"
+    process = start_run(home, snapshot, config)
+    try:
+        wait_for(lambda: outbox.is_dir() and len(list(outbox.glob("*.eml"))) >= 200, timeout=120)
+        workers = children_of(process.pid)
+        assert len(workers) >= 2, "the render workers are the run's children"
+        process.kill()
+        process.wait()
+        killed_at = time.monotonic()
+        wait_for(lambda: not any(alive(w) for w in workers), timeout=2.0)
+        assert time.monotonic() - killed_at <= 2.0
+        written = files_in(outbox)
+        time.sleep(1.0)
+        assert files_in(outbox) == written, "nothing written after the kill"
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert 200 <= len(written) < 6000
+    for as_of in ("2026-11-05T10:00:00Z", "2026-11-05T12:00:00Z"):  # the rerun, then a run after the backoff
+        rerun = subprocess.run(
+            [DUNNING, "--home", str(home), "run", "--snapshot", str(snapshot), "--as-of", as_of, "--config",
+             str(config)],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert rerun.returncode == 0, rerun.stderr
+        statuses = ledger(home)
+        assert not {"claimed", "unknown"} & set(statuses.values()), "the outbox answered for each unknown"
+        now = files_in(outbox)
+        assert {name: now[name] for name in written} == written, "no email of the killed run was written again"
+        assert len(now) == sum(v == "sent" for v in statuses.values()), "one file per key sent"
+    assert set(statuses.values()) == {"sent"} and len(statuses) == 6000

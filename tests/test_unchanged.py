@@ -197,19 +197,32 @@ def test_an_open_claim_is_a_change_its_lease_may_expire(tmp_path):
     assert not verdict.unchanged and "1 claim(s) open" in verdict.reason
 
 
-@pytest.mark.parametrize(
-    "provider, skipped",
-    [
-        ("{kind: file}", False),  # the outbox answers a lookup
-        ("{kind: resend}", False),  # resubmitted under its idempotency key, or looked up
-        ("{kind: smtp, idempotency_header: Resend-Idempotency-Key}", False),
-        ("{kind: smtp}", True),  # a plain SMTP server cannot be asked: it waits for a human either way
-    ],
+KEPT = (
+    "INSERT INTO provider_payloads SELECT email_id, idempotency_key, '{provider}', '{{}}', "
+    "now() - INTERVAL {age} HOUR, {held} FROM reminder_ledger WHERE invoice_id = 'in_0'"
 )
-def test_an_unknown_outcome_is_a_change_when_the_provider_may_settle_it(tmp_path, provider, skipped):
+
+
+@pytest.mark.parametrize(
+    "provider, kept, skipped",
+    [
+        ("{kind: file}", None, False),  # the outbox answers a lookup
+        ("{kind: resend}", "UPDATE reminder_ledger SET provider_message_id = 're_1' WHERE invoice_id = 'in_0'", False),
+        ("{kind: resend}", KEPT.format(provider="resend", age=1, held="NULL"), False),  # resubmitted under its key
+        ("{kind: resend}", KEPT.format(provider="resend", age=1, held="'not_owed'"), True),  # the present held it
+        ("{kind: resend}", KEPT.format(provider="resend", age=30, held="NULL"), True),  # past Resend's memory
+        ("{kind: resend}", None, True),  # no id, no request kept: a human's
+        ("{kind: smtp, idempotency_header: Resend-Idempotency-Key}", KEPT.format(provider="smtp", age=1, held="NULL"),
+         False),
+        ("{kind: smtp}", None, True),  # a plain SMTP server cannot be asked: it waits for a human either way
+    ],
+)  # fmt: skip
+def test_an_unknown_outcome_is_a_change_when_the_provider_may_settle_it(tmp_path, provider, kept, skipped):
     home, snapshot = _reference(tmp_path)
     with open_ledger(home / "dunning.duckdb") as ledger:
         ledger.con.execute("UPDATE reminder_ledger SET status = 'unknown' WHERE invoice_id = 'in_0'")
+        if kept:
+            ledger.con.execute(kept)
     _end_again(home, _last_run_id(home))
     config = parse_config({"provider": yaml.safe_load(provider)})
     # the reference was made with the default config: record it as made with this one, so only the unknown differs
@@ -219,6 +232,27 @@ def test_an_unknown_outcome_is_a_change_when_the_provider_may_settle_it(tmp_path
     assert verdict.unchanged is skipped, verdict.reason
     if not skipped:
         assert "unknown outcome(s) the provider may settle" in verdict.reason
+
+
+@pytest.mark.parametrize("failed_while_it_ran, skipped", [(True, False), (False, True)])
+def test_a_retry_due_that_the_reference_never_planned_is_work(tmp_path, failed_while_it_ran, skipped):
+    """After a crash, the rerun's send step released the dead run's never-sent claims as failed (or a lookup
+    answered failed), after its plan was made: their retry was already due, yet hour after hour was skipped as
+    unchanged. A key that was failed and due before the reference began was in its plan: not new work."""
+    home, snapshot = _reference(tmp_path)
+    with open_ledger(home / "dunning.duckdb") as ledger:
+        began = ledger.last_ended_inputs("0/1")["since_wall"]
+        when = began + dt.timedelta(seconds=1) if failed_while_it_ran else began - dt.timedelta(hours=1)
+        ledger.con.execute(
+            "UPDATE reminder_ledger SET status = 'failed', next_attempt_at = NULL, outcome_wall_at = ? "
+            "WHERE invoice_id = 'in_0'",
+            [when],
+        )
+    _end_again(home, _last_run_id(home))
+    verdict = _judge(home, snapshot, TEN, DunningConfig())
+    assert verdict.unchanged is skipped, verdict.reason
+    if not skipped:
+        assert "1 failed send(s) came due for a retry" in verdict.reason
 
 
 def test_a_run_that_left_keys_for_later_is_no_reference(tmp_path):

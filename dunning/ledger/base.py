@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,7 +17,7 @@ import polars as pl
 from dunning.ledger.claims import ClaimCap, ClaimResult
 from dunning.ledger.exclusions import Excluded
 from dunning.ledger.operations import PauseState, RunSummary, StatusCounts
-from dunning.ledger.run_inputs import StateScope
+from dunning.ledger.run_inputs import StateScope, UnknownSettling
 from dunning.ledger.sql import Executes
 from dunning.sharding import EVERYONE, Shard
 from dunning.vocabulary import EmailKind, ExclusionScope, LedgerStatus, RunOutcome
@@ -44,6 +44,9 @@ class AlertStore(Protocol):
 
 
 class Ledger(AlertStore, Protocol):
+    label: str  # what names it in a message (`sql.SqlConnection.label`)
+    database_errors: tuple[type[BaseException], ...]
+
     # the connection: transactions that nest, a rolled-back simulation, a query as a polars frame
     def transaction(self) -> contextlib.AbstractContextManager[Executes]: ...
 
@@ -81,7 +84,13 @@ class Ledger(AlertStore, Protocol):
 
     def claim_owners(self, run_id: str) -> list[str]: ...
 
-    def expire_stale_claims(self, run_id: str, now: dt.datetime, dead_runs: Sequence[str] = ()) -> int: ...
+    def expire_stale_claims(
+        self,
+        run_id: str,
+        now: dt.datetime,
+        dead_runs: Sequence[str] = (),
+        handed_over: Callable[[str], set[str] | None] | None = None,
+    ) -> int: ...
 
     def renew_leases(self, run_id: str, lease_until: dt.datetime) -> int: ...
 
@@ -106,7 +115,7 @@ class Ledger(AlertStore, Protocol):
         run_id: str | None = None,
     ) -> int: ...
 
-    def unknown_sends(self) -> pl.DataFrame: ...
+    def unknown_sends(self, include_claimed: bool = False) -> pl.DataFrame: ...
 
     def keep_payloads(self, payloads: pl.DataFrame) -> None: ...
 
@@ -243,7 +252,15 @@ class Ledger(AlertStore, Protocol):
 
     def last_ended_inputs(self, shard: str) -> dict[str, Any] | None: ...
 
-    def open_work(self, since: dt.datetime, until: dt.datetime, max_attempts: int) -> dict[str, int]: ...
+    def open_work(
+        self,
+        since: dt.datetime,
+        until: dt.datetime,
+        max_attempts: int,
+        *,
+        reference_began: dt.datetime | None = None,
+        settles: UnknownSettling | None = None,
+    ) -> dict[str, int]: ...
 
     def unchanged_run(self, run_id: str) -> dict[str, Any] | None: ...
 

@@ -19,7 +19,7 @@ than the one that took the locks, so it sees what the previous holder committed.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -77,25 +77,63 @@ class ClaimStore(SqlConnection):
             ).fetchall()
         ]
 
-    def expire_stale_claims(self, run_id: str, now: dt.datetime, dead_runs: Sequence[str] = ()) -> int:
+    def expire_stale_claims(
+        self,
+        run_id: str,
+        now: dt.datetime,
+        dead_runs: Sequence[str] = (),
+        handed_over: Callable[[str], set[str] | None] | None = None,
+    ) -> int:
         """Claims whose owner is gone become `unknown`, never unsent; a live run's claims are left alone.
 
         A claim is stale when its lease (wall clock) ran out, when its run is
         known dead (`dead_runs`, e.g. failed in the Dagster instance), or when
-        it has no lease at all (written by a release before leases).
+        it has no lease at all (written by a release before leases). With
+        `handed_over` (a run's hand-over journal, `dunning.handover`: the
+        Message-IDs it may have handed over, or None when its journal cannot
+        be trusted), a claim whose email is not in its run's journal was never
+        handed over: it becomes `failed` without counting an attempt, retried
+        like any failure. Returns how many claims were expired.
         """
         with self.registered("dead_runs", pl.DataFrame({"run_id": list(dead_runs)}, schema={"run_id": pl.String})):
-            rows = self.con.execute(
+            stale = self.frame(
+                """
+                SELECT run_id, idempotency_key, message_id FROM reminder_ledger
+                WHERE status = 'claimed' AND run_id IS DISTINCT FROM ?
+                  AND (lease_expires_at IS NULL OR lease_expires_at <= ? OR run_id IN (SELECT run_id FROM dead_runs))
+                """,
+                [run_id, now],
+            )
+        if stale.is_empty():
+            return 0
+        never: list[str] = []
+        if handed_over is not None:
+            for (owner,), rows in stale.group_by("run_id"):
+                journal = handed_over(str(owner)) if owner is not None else None
+                if journal is not None:
+                    never += (
+                        rows.filter(~pl.col("message_id").is_in(list(journal))).get_column("idempotency_key").to_list()
+                    )
+        released = pl.DataFrame({"idempotency_key": never}, schema={"idempotency_key": pl.String})
+        keys = stale.select("idempotency_key")
+        with self.transaction() as con, self.registered("stale_keys", keys), self.registered("never_sent", released):
+            con.execute(
+                """
+                UPDATE reminder_ledger SET status = 'failed', outcome_wall_at = ?, next_attempt_at = NULL,
+                    last_error = 'never handed over: its run ended after the claim, before the hand-over (journal)'
+                WHERE status = 'claimed' AND idempotency_key IN (SELECT idempotency_key FROM never_sent)
+                """,
+                [now],
+            )
+            con.execute(
                 """
                 UPDATE reminder_ledger SET status = 'unknown',
                     last_error = 'no outcome recorded (run ended after claim)', outcome_wall_at = ?
-                WHERE status = 'claimed' AND run_id IS DISTINCT FROM ?
-                  AND (lease_expires_at IS NULL OR lease_expires_at <= ? OR run_id IN (SELECT run_id FROM dead_runs))
-                RETURNING idempotency_key
+                WHERE status = 'claimed' AND idempotency_key IN (SELECT idempotency_key FROM stale_keys)
                 """,
-                [now, run_id, now],
-            ).fetchall()
-        return len(rows)
+                [now],
+            )
+        return stale.height
 
     def renew_leases(self, run_id: str, lease_until: dt.datetime) -> int:
         """Extend this run's claims while it is still sending them."""

@@ -44,6 +44,7 @@ class LedgerConnection(SqlConnection):
     """The ledger's connection on a DuckDB file."""
 
     lost_claim_errors = (duckdb.TransactionException, duckdb.ConstraintException)
+    database_errors: tuple[type[BaseException], ...] = (duckdb.Error,)
     con: duckdb.DuckDBPyConnection
 
     def __init__(self, con: duckdb.DuckDBPyConnection):

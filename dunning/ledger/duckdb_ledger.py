@@ -30,7 +30,9 @@ def open_ledger(path: str | Path, timeout_seconds: float = 120.0) -> Iterator[Du
     con = connect(path, timeout_seconds)
     try:
         LedgerConnection.prepare(con, str(path))
-        yield DuckDBLedger(con)
+        ledger = DuckDBLedger(con)
+        ledger.label = f"ledger {path}"
+        yield ledger
     finally:
         con.close()
 

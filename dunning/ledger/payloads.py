@@ -42,16 +42,19 @@ class PayloadStore(SqlConnection):
                 "DELETE FROM provider_payloads WHERE email_id IN (SELECT email_id FROM settled_emails)", []
             )
 
-    def unknown_sends(self) -> pl.DataFrame:
+    def unknown_sends(self, include_claimed: bool = False) -> pl.DataFrame:
         """Every `unknown` key with what may settle it: its message ids and, when kept, its email's payload; and
-        what the present is checked against before a resubmission (`dunning.resubmission`)."""
+        what the present is checked against before a resubmission (`dunning.resubmission`). With
+        `include_claimed`, claimed keys too: those of a dead run become `unknown` in the send step, after the plan
+        has judged the present for them."""
+        statuses = "('unknown', 'claimed')" if include_claimed else "('unknown')"
         return self.frame(
-            """
+            f"""
             SELECT l.idempotency_key, l.email_id, l.message_id, l.provider_message_id,
                    l.kind, l.invoice_id, l.customer_id, l.amount_minor, l.last_error,
                    p.idempotency_key AS provider_key, p.provider, p.payload, p.first_attempt_wall_at, p.held_reason
             FROM reminder_ledger l LEFT JOIN provider_payloads p ON p.email_id = l.email_id
-            WHERE l.status = 'unknown' AND l.message_id IS NOT NULL
+            WHERE l.status IN {statuses} AND l.message_id IS NOT NULL
             ORDER BY l.email_id, l.idempotency_key
             """
         )

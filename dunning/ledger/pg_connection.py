@@ -151,6 +151,7 @@ class PgConnection(SqlConnection):
 
     # a deadlock or serialization failure aborts the claim's transaction: another writer won, the chunk is lost
     lost_claim_errors = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
+    database_errors: tuple[type[BaseException], ...] = (psycopg.Error,)
     history_keyed = True
     con: PgExecutor
 

@@ -114,6 +114,7 @@ def open_postgres_ledger(dsn: str, source: str, timeout_seconds: float = 120.0) 
     raw = connect_pg(dsn, timeout_seconds, source)
     try:
         ledger = PostgresLedger(raw)
+        ledger.label = f"the PostgreSQL ledger named by {source}"
         migrate_pg(ledger.con, source, timeout_seconds)
         yield ledger
     finally:

@@ -56,6 +56,18 @@ _SCOPED = {
 
 
 @dataclass(frozen=True)
+class UnknownSettling:
+    """Which `unknown` keys a run could settle with this provider: every one (a lookup that always answers, the
+    file outbox), those with the provider's own id (a lookup by id), and those whose kept request it may still
+    resubmit (`resubmits_for`: its name; kept since `remembered_since`, and not held by the present)."""
+
+    every_unknown: bool = True
+    by_provider_id: bool = False
+    resubmits_for: str | None = None
+    remembered_since: dt.datetime = dt.datetime.max.replace(tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True)
 class StateScope:
     """A sharded run's part of the ledger's state: the invoices its snapshot held (`run_scopes` under `run_id`)
     and its shard."""
@@ -139,10 +151,12 @@ class RunInputStore(SqlConnection):
 
     def last_ended_inputs(self, shard: str) -> dict[str, Any] | None:
         """The inputs of the shard's last live run that ended, with `since`: the clock of the last run that did the
-        work (itself, or the run an unchanged run was skipped against), and that run's snapshot row count."""
+        work (itself, or the run an unchanged run was skipped against), `since_wall`: when that run began (wall
+        clock), and that run's snapshot row count."""
         rows = self.frame(
             """
-            SELECT i.*, coalesce(r.as_of, i.as_of) AS since, d.snapshot_rows
+            SELECT i.*, coalesce(r.as_of, i.as_of) AS since,
+                   coalesce(r.recorded_wall_at, i.recorded_wall_at) AS since_wall, d.snapshot_rows
             FROM run_inputs i
             LEFT JOIN run_inputs r ON r.run_id = i.reference_run_id
             LEFT JOIN dunning_runs d ON d.run_id = coalesce(i.reference_run_id, i.run_id)
@@ -164,18 +178,43 @@ class RunInputStore(SqlConnection):
         ).to_dicts()
         return rows[0] if rows else None
 
-    def open_work(self, since: dt.datetime, until: dt.datetime, max_attempts: int) -> dict[str, int]:
-        """What time alone can turn into work: claims still open (a crashed run's, to expire), `unknown` outcomes
-        (a provider may settle them), and failed keys whose backoff ended in (`since`, `until`]."""
+    def open_work(
+        self,
+        since: dt.datetime,
+        until: dt.datetime,
+        max_attempts: int,
+        *,
+        reference_began: dt.datetime | None = None,
+        settles: UnknownSettling | None = None,
+    ) -> dict[str, int]:
+        """What time alone can turn into work: claims still open (a crashed run's, to expire), `unknown` outcomes a
+        run may settle (`settles`: all of them when not given), and failed keys whose retry is due by `until` and
+        that the reference run's plan did not see due: their backoff ended after its clock (`since`), or they
+        became `failed` while it ran or after (`reference_began`, wall clock: a lookup or a dead run's release in
+        its send step, after its plan was made)."""
+        settles = settles or UnknownSettling()
         row = self.con.execute(
             """
-            SELECT count(*) FILTER (WHERE status = 'claimed'),
-                   count(*) FILTER (WHERE status = 'unknown'),
-                   count(*) FILTER (WHERE status = 'failed' AND attempts < ? AND next_attempt_at > ?
-                                     AND next_attempt_at <= ?)
-            FROM reminder_ledger WHERE status IN ('claimed', 'unknown', 'failed')
+            SELECT count(*) FILTER (WHERE l.status = 'claimed'),
+                   count(*) FILTER (WHERE l.status = 'unknown' AND (
+                       ? OR (? AND l.provider_message_id IS NOT NULL)
+                       OR (p.provider = ? AND p.held_reason IS NULL AND p.first_attempt_wall_at > ?))),
+                   count(*) FILTER (WHERE l.status = 'failed' AND l.attempts < ?
+                       AND coalesce(l.next_attempt_at, l.claimed_at) <= ?
+                       AND (l.next_attempt_at > ? OR l.outcome_wall_at >= ?))
+            FROM reminder_ledger l LEFT JOIN provider_payloads p ON p.email_id = l.email_id
+            WHERE l.status IN ('claimed', 'unknown', 'failed')
             """,
-            [max_attempts, since, until],
+            [
+                settles.every_unknown,
+                settles.by_provider_id,
+                settles.resubmits_for or "",
+                settles.remembered_since,
+                max_attempts,
+                until,
+                since,
+                reference_began or until,
+            ],
         ).fetchall()[0]
         return {"claimed": int(row[0] or 0), "unknown": int(row[1] or 0), "retries_due": int(row[2] or 0)}
 

@@ -55,6 +55,10 @@ class SqlConnection:
 
     # errors that mean "another writer won this claim": the chunk is lost, nothing of it is sent
     lost_claim_errors: tuple[type[BaseException], ...] = ()
+    # any error of the database itself (a server gone, a file that cannot be written): the send stops at the first
+    database_errors: tuple[type[BaseException], ...] = ()
+    # what names this ledger in a message: its file, or the environment variable its DSN came from
+    label = "the ledger"
     # whether invoice_history_daily has its unique (business_date, invoice_id) index: on PostgreSQL, where runs of
     # one shard may merge the same day at once, the day is upserted on it (DuckDB has one writer process, and an
     # index over every day's rows would cost it more than the merge's hash joins)

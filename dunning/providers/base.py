@@ -30,7 +30,10 @@ from typing import TYPE_CHECKING
 from dunning.vocabulary import LookupStatus, ProviderStatus
 
 if TYPE_CHECKING:
+    from dunning.handover import HandOverGate
     from dunning.wire import WireEmail
+
+LEASE_ENDED = "not handed over: the run's claim lease ended (a later run retries it)"
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,12 @@ class EmailProvider(abc.ABC):
     name = "provider"
     stopped_reason: str | None = None  # set once the provider stops handing messages over (health stop)
     takes_wire = False
+    gate: HandOverGate | None = None  # asked right before each hand-over (`dunning.handover`); None: always go
+
+    def may_hand_over(self, message_id: str) -> bool:
+        """Journal the email, then say whether it may still go (the run's claim lease); every provider asks right
+        before the point from which its peer may accept the email."""
+        return self.gate is None or self.gate.may_hand_over(message_id)
 
     @abc.abstractmethod
     def send(self, message: Message) -> SendOutcome: ...

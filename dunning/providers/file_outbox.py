@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from email.message import Message
 from pathlib import Path
 
-from dunning.providers.base import EmailProvider, SendOutcome
+from dunning.providers.base import LEASE_ENDED, EmailProvider, SendOutcome
 from dunning.vocabulary import LookupStatus, SendStatus
 from dunning.wire import WireEmail, wire_bytes
 
@@ -62,6 +62,8 @@ class FileOutbox(EmailProvider):
         """The file's bytes under a temporary name, then renamed into place. Plain `os` calls, not `Path.write_bytes`:
         its buffered file object makes more system calls and pathlib's own work, and together they were half
         of an email's cost in the outbox (`bench/RESULTS.md`, 2026-12-01, writes on disk)."""
+        if not self.may_hand_over(message_id):
+            return SendOutcome(SendStatus.RELEASED, message_id, LEASE_ENDED)
         target = os.path.join(self._directory, _file_name(message_id))
         temporary = target + ".partial"
         try:

@@ -48,7 +48,7 @@ from resend.http_client import HTTPClient
 
 from dunning.config import Provider
 from dunning.errors import ConfigError
-from dunning.providers.base import EmailProvider, HealthStop, SendOutcome, idempotency_key_of
+from dunning.providers.base import LEASE_ENDED, EmailProvider, HealthStop, SendOutcome, idempotency_key_of
 from dunning.vocabulary import LookupStatus, ProviderStatus, SendStatus
 
 # raised while the request is prepared, before a connection is made: nothing left this machine
@@ -185,12 +185,16 @@ class ResendProvider(EmailProvider):
         message_id = str(message["Message-ID"])
         if self.stopped_reason is not None:
             return SendOutcome(SendStatus.RELEASED, message_id, f"not handed over: {self.stopped_reason}"[:500])
+        if not self.may_hand_over(message_id):
+            return SendOutcome(SendStatus.RELEASED, message_id, LEASE_ENDED)
         payload = json.dumps(request_params(message), sort_keys=True, ensure_ascii=True)
         return self._submit(payload, idempotency_key_of(message), message_id)
 
     def resubmit(self, payload: str, idempotency_key: str, message_id: str) -> SendOutcome:
         if self.stopped_reason is not None:
             return SendOutcome(SendStatus.UNKNOWN, message_id, f"not resubmitted: {self.stopped_reason}"[:500])
+        if not self.may_hand_over(message_id):
+            return SendOutcome(SendStatus.UNKNOWN, message_id, f"not resubmitted: {LEASE_ENDED}")
         return self._submit(payload, idempotency_key, message_id)
 
     def _submit(self, payload: str, idempotency_key: str, message_id: str) -> SendOutcome:

@@ -5,7 +5,9 @@ know what the server can have received: anything that goes wrong before the
 server's `354` to DATA, or before the final `CRLF.CRLF` has left in full, is a
 definite `failed` (an unterminated message is discarded); an explicit 4xx/5xx
 reply is `failed` too; only a timeout or a dropped connection after the final
-dot is `unknown`, because the server may have accepted it. Each worker thread of a
+dot is `unknown`, because the server may have accepted it. The run's hand-over gate
+(`dunning.handover`: journal, then the claim lease) is asked right before the final
+data leaves. Each worker thread of a
 small bounded pool keeps one connection open across messages and reopens it
 after any error. After `max_consecutive_errors` transport errors in a row the
 provider stops handing messages over (`released`): a dead server is not fed
@@ -42,7 +44,7 @@ from typing import Any
 
 from dunning.config import Provider
 from dunning.errors import ConfigError
-from dunning.providers.base import EmailProvider, HealthStop, SendOutcome
+from dunning.providers.base import LEASE_ENDED, EmailProvider, HealthStop, SendOutcome
 from dunning.vocabulary import ProviderStatus, SendStatus
 from dunning.wire import WireEmail
 
@@ -97,7 +99,9 @@ class _Connection:
                 self.client.quit()
             self.drop()
 
-    def send_bytes(self, to: str, message_id: str, data: bytes) -> SendOutcome:
+    def send_bytes(
+        self, to: str, message_id: str, data: bytes, may_hand_over: Callable[[str], bool] = lambda _: True
+    ) -> SendOutcome:
         try:
             client = self.open()
             code, reply = client.mail(self.settings.from_address)
@@ -116,9 +120,11 @@ class _Connection:
             )
         except (smtplib.SMTPException, OSError) as exc:  # connect, TLS, login, timeout, dropped connection
             return self._lost(message_id, SendStatus.FAILED, "rejected before data", exc)
-        return self._data(client, message_id, data)
+        return self._data(client, message_id, data, may_hand_over)
 
-    def _data(self, client: smtplib.SMTP, message_id: str, data: bytes) -> SendOutcome:
+    def _data(
+        self, client: smtplib.SMTP, message_id: str, data: bytes, may_hand_over: Callable[[str], bool]
+    ) -> SendOutcome:
         """DATA in three steps, so each failure is classified by what the server can have received.
 
         Until the server's `354` nothing of the message has left; until the
@@ -133,6 +139,9 @@ class _Connection:
             return self._lost(message_id, SendStatus.FAILED, "no 354 to DATA, nothing handed over", exc)
         if code != 354:
             return self._refused(message_id, code, reply, "DATA refused")
+        if not may_hand_over(message_id):  # journaled; past the lease nothing is sent: an unterminated DATA is void
+            self.drop()
+            return SendOutcome(SendStatus.RELEASED, message_id, LEASE_ENDED)
         try:
             client.send(_dot_terminated(data))  # sendall: raises unless every byte, the final dot included, left
         except (smtplib.SMTPException, OSError) as exc:
@@ -243,10 +252,10 @@ class SmtpProvider(EmailProvider):
             return SendOutcome(SendStatus.RELEASED, email.message_id, f"not handed over: {self.stopped_reason}"[:500])
         header = self.settings.idempotency_header
         if header is None:
-            outcome = self._connection().send_bytes(email.to, email.message_id, email.data)
+            outcome = self._connection().send_bytes(email.to, email.message_id, email.data, self.may_hand_over)
         else:  # a relay with an idempotency contract: the key travels in its header, the bytes are kept if unknown
             data = email.with_header(header, email.idempotency_key)
-            outcome = self._connection().send_bytes(email.to, email.message_id, data)
+            outcome = self._connection().send_bytes(email.to, email.message_id, data, self.may_hand_over)
             if outcome.status == SendStatus.UNKNOWN:
                 outcome = dataclasses.replace(outcome, payload=base64.b64encode(data).decode("ascii"))
         self._count(outcome)
@@ -258,7 +267,9 @@ class SmtpProvider(EmailProvider):
             return SendOutcome(SendStatus.UNKNOWN, message_id, f"not resubmitted: {self.stopped_reason}"[:500])
         data = base64.b64decode(payload)
         to = BytesHeaderParser().parsebytes(data)["To"]
-        outcome = self._connection().send_bytes(str(to), message_id, data)
+        outcome = self._connection().send_bytes(str(to), message_id, data, self.may_hand_over)
+        if outcome.status == SendStatus.RELEASED:  # a resubmission that did not go stays what it was
+            outcome = dataclasses.replace(outcome, status=SendStatus.UNKNOWN)
         if outcome.status == SendStatus.UNKNOWN:
             outcome = dataclasses.replace(outcome, payload=payload)
         self._count(outcome)
