@@ -389,7 +389,9 @@ def _claim_and_send(
     renewed_at = [now()]
 
     def renew() -> None:  # only when a third of the lease has passed: a renewal is one UPDATE of the chunk's keys
-        if now() - renewed_at[0] >= lease / 3:
+        if now() - renewed_at[0] < lease / 3:
+            ledger.scalar("SELECT 1")  # the ledger still answers: a lost one stops the hand-over within a batch
+        else:
             renewed_at[0] = now()
             if ledger.renew_leases(run_id, renewed_at[0] + lease) or not outstanding:
                 deadline.until(renewed_at[0] + lease, lease, renewed_at[0])

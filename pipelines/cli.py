@@ -23,7 +23,7 @@ import dagster as dg
 from dunning import exclusions, heap
 from dunning.clock import parse_as_of, utc_now
 from dunning.config import DunningConfig, LedgerSettings, load_config, load_ledger_settings
-from dunning.errors import DunningError, GuardNotLive, StorageError, UserInputError
+from dunning.errors import DunningError, GuardNotLive, LedgerBusy, StorageError, UserInputError
 from dunning.guard import prove_guard
 from dunning.ledger.factory import open_ledger_for
 from dunning.safe_text import for_terminal
@@ -201,13 +201,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config, tags=tags, raise_on_error=False
         )
     prune_run_frames(home)
-    with open_ledger_for(config, home) as ledger:
-        text, code = report.run_report(result, ledger, as_of=as_of, dry_run=bool(args.dry_run))
+    if not result.success and not _halted_by_a_check(result):
+        text, code = report.failed_run_report(result)  # the ledger may be what failed: not opened again
+    else:
+        with open_ledger_for(config, home) as ledger:
+            text, code = report.run_report(result, ledger, as_of=as_of, dry_run=bool(args.dry_run))
+    if code not in (0, 3) and not args.dry_run:  # a breaker halt is on record in the ledger itself
+        report.record_failure(home, result.run_id, text, code)
     if code == 0:
         say(text)
     else:
         say(text, file=sys.stderr)
     return code
+
+
+def _halted_by_a_check(result: dg.ExecuteJobResult) -> bool:
+    return any(not e.passed for e in result.get_asset_check_evaluations())
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
@@ -383,8 +392,18 @@ def cmd_include(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     home = _home(args)
-    with open_ledger_for(_ledger_settings(args, home), home) as ledger:
-        status = report.status(ledger, home=home)
+    try:
+        with open_ledger_for(_ledger_settings(args, home), home) as ledger:
+            status = report.status(ledger, home=home)
+    except LedgerBusy as error:  # the ledger cannot be reached: what is known without it, then its error
+        failure = report.last_failure(home, None)
+        if args.json:
+            say(json.dumps({"paused": None, "ledger_error": str(error), "last_failure": failure}, default=str))
+        elif failure:
+            say(f"last failed run: {failure['run_id'][:8]} at {failure['at']} (exit {failure['exit_code']}): "
+                f"{failure['message']}")  # fmt: skip
+        say(f"dunning: {error}", file=sys.stderr)
+        return error.exit_code
     say(json.dumps(status, default=str, indent=2) if args.json else report.status_text(status))
     return 0
 

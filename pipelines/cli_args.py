@@ -66,6 +66,9 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     pause = commands.add_parser("pause", help="stop all sends (scheduled runs skip, manual runs hold everything)")
     pause.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     pause.add_argument("--reason", help="why, for the record and `dunning status`")
+    pause.add_argument(
+        "--config", help="YAML config whose `ledger:` section names the ledger (default: HOME/config.yaml if present)"
+    )
     pause.set_defaults(handler=handlers["pause"])
 
     resume = commands.add_parser("resume", help="prove the guard is live, then lift the pause")
@@ -96,6 +99,9 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
         "--not-sent", dest="sent", action="store_false", help="it did not arrive: retry it like a failure"
     )
     resolve.add_argument("--note", help="what you checked, for the record")
+    resolve.add_argument(
+        "--config", help="YAML config whose `ledger:` section names the ledger (default: HOME/config.yaml if present)"
+    )
     resolve.set_defaults(handler=handlers["resolve"])
 
     for name, verb in (("exclude", "hold a customer or one invoice out of dunning"), ("include", "end an exclusion")):
@@ -104,6 +110,10 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
         target = sub.add_mutually_exclusive_group(required=True)
         target.add_argument("--customer", metavar="ID", help="a customer id, as in the snapshot")
         target.add_argument("--invoice", metavar="ID", help="an invoice id, as in the snapshot")
+        sub.add_argument(
+            "--config",
+            help="YAML config whose `ledger:` section names the ledger (default: HOME/config.yaml if present)",
+        )
         if name == "exclude":
             sub.add_argument("--reason", help="why, for the record, `dunning status` and the analysts")
             sub.add_argument(
@@ -117,5 +127,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     status = commands.add_parser("status", help="pause state, last run, counts, open alerts")
     status.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument(
+        "--config", help="YAML config whose `ledger:` section names the ledger (default: HOME/config.yaml if present)"
+    )
     status.set_defaults(handler=handlers["status"])
     return parser

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 import os
 from pathlib import Path
 
@@ -121,6 +123,50 @@ def first_failure(result: dg.ExecuteJobResult) -> str:
 
 def _failed_checks(result: dg.ExecuteJobResult) -> list[dg.AssetCheckEvaluation]:
     return [e for e in result.get_asset_check_evaluations() if not e.passed]
+
+
+FAILURE_FILE = "last_failure.json"  # under the home: the last live run that failed, for `dunning status`
+
+
+def failed_run_report(result: dg.ExecuteJobResult) -> tuple[str, int]:
+    """A run that failed in a step (not halted by a check): its first failure's line and exit code, read from the
+    run's events alone (the ledger may be what failed)."""
+    failures = _failures(result)
+    cls, message = failures[0] if failures else ("Error", "run failed")
+    return f"dunning: {message}", EXIT_BY_ERROR_CLASS.get(cls, 1)
+
+
+def record_failure(home: Path, run_id: str, text: str, code: int) -> None:
+    """Keep the failed run's line beside the ledger (a file, written whole), so `dunning status` shows the failed
+    run and why even when the failure was the ledger's; never fatal."""
+    payload = {
+        "run_id": run_id,
+        "at": utc_now().isoformat(),
+        "exit_code": code,
+        "message": text.removeprefix("dunning: "),
+    }
+    target = home / FAILURE_FILE
+    temporary = target.with_name(target.name + ".partial")
+    with contextlib.suppress(OSError):
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle)
+        os.replace(temporary, target)
+
+
+def last_failure(home: Path | None, after: dt.datetime | None) -> dict | None:
+    """The last recorded failed run, when it is newer than `after` (the last live run on record), else None."""
+    if home is None:
+        return None
+    try:
+        failure = json.loads((home / FAILURE_FILE).read_text(encoding="utf-8"))
+        at = dt.datetime.fromisoformat(str(failure["at"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if after is not None and at <= after:
+        return None
+    return {"run_id": str(failure.get("run_id", ""))[:64], "at": at, "exit_code": failure.get("exit_code"),
+            "message": str(failure.get("message", ""))[:1000]}  # fmt: skip
 
 
 def run_report(result: dg.ExecuteJobResult, ledger: Ledger, *, as_of: dt.datetime, dry_run: bool) -> tuple[str, int]:
@@ -310,6 +356,7 @@ def status(
             else None
         ),
         "now": live.now,
+        "last_failure": last_failure(home, last["finished_wall_at"] if last else None),
         "config_error": config_error,
         "exclusions": _exclusions_in_force(ledger, live.now.astimezone(config.zone).date()),
     }
@@ -340,6 +387,12 @@ def status_text(s: dict) -> str:
             lines.append(f"last completed live run: {completed['run_id'][:8]} {_finished(completed, now)}")
     else:
         lines.append("last live run: never")
+    failure = s.get("last_failure")
+    if failure:
+        lines.append(
+            f"LAST RUN FAILED: {str(failure['run_id'])[:8]} at {liveness.wall(failure['at'])} "
+            f"(exit {failure['exit_code']}): {failure['message']}"
+        )
     if s["stale_runs"]:
         lines.append(
             f"WARNING: no live run has completed for {s['hours_since_last_live_run']:.1f} h "

@@ -83,8 +83,20 @@ class PostgresCluster:
             log = (self.root / "server.log").read_text() if (self.root / "server.log").exists() else ""
             raise RuntimeError(f"pg_ctl start failed: {started.stderr.strip()} {log[-2000:]}")
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """The server stopped at once, as a crash would (`-m immediate`: no shutdown checkpoint); data kept."""
         self._run("pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "stop")
+
+    def resume(self) -> None:
+        """The halted server started again on its data (it recovers from its WAL)."""
+        options = f"-k {self.root} -p {self.port} -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=on"
+        started = self._run("pg_ctl", "-w", "-D", str(self.data_dir), "-l", str(self.root / "server.log"), "-o",
+                            options, "start")  # fmt: skip
+        if started.returncode != 0:
+            raise RuntimeError(f"pg_ctl start failed: {started.stderr.strip()}")
+
+    def stop(self) -> None:
+        self.halt()
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -2,7 +2,8 @@
 
 `script` maps the n-th DATA exchange (1-based) to a behaviour: "ok" (default),
 "554"/"451" (reject the data), or "slow" (keep the message, answer only after
-`slow_seconds`, longer than the client's timeout). Every message the server
+`slow_seconds`, longer than the client's timeout); `delay_seconds` slows every
+answer, so a test can act in the middle of a batch. Every message the server
 kept is in `received`, so a test can count deliveries per key.
 """
 
@@ -24,9 +25,10 @@ def free_port() -> int:
 
 
 class ScriptedHandler:
-    def __init__(self, script: dict[int, str] | None = None, slow_seconds: float = 3.0):
+    def __init__(self, script: dict[int, str] | None = None, slow_seconds: float = 3.0, delay_seconds: float = 0.0):
         self.script = dict(script or {})
         self.slow_seconds = slow_seconds
+        self.delay_seconds = delay_seconds  # before every answer: a slow relay, so a test can act mid-batch
         self.received: list[email.message.EmailMessage] = []
         self.attempts = 0
         self._lock = threading.Lock()
@@ -44,6 +46,8 @@ class ScriptedHandler:
             self.received.append(message)
         if behaviour == "slow":
             await asyncio.sleep(self.slow_seconds)
+        elif self.delay_seconds:
+            await asyncio.sleep(self.delay_seconds)
         return "250 OK"
 
     def keys(self) -> list[str]:
