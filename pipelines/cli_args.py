@@ -14,6 +14,9 @@ SHARD_HELP = (
 )
 
 
+LEDGER_CONFIG_HELP = "YAML config whose `ledger:` section names the ledger (default: HOME/config.yaml if present)"
+
+
 def _one_line_errors(parser: argparse.ArgumentParser) -> None:
     """Bad arguments end as one line on stderr (exit 2), not argparse's usage block; what the operator typed is
     shown escaped."""
@@ -67,7 +70,7 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     pause.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     pause.add_argument("--reason", help="why, for the record and `dunning status`")
     pause.add_argument(
-        "--config", help="YAML config whose `ledger:` section names the ledger (default: HOME/config.yaml if present)"
+        "--config", help=LEDGER_CONFIG_HELP
     )
     pause.set_defaults(handler=handlers["pause"])
 
@@ -100,7 +103,7 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     )
     resolve.add_argument("--note", help="what you checked, for the record")
     resolve.add_argument(
-        "--config", help="YAML config whose `ledger:` section names the ledger (default: HOME/config.yaml if present)"
+        "--config", help=LEDGER_CONFIG_HELP
     )
     resolve.set_defaults(handler=handlers["resolve"])
 
@@ -112,7 +115,7 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
         target.add_argument("--invoice", metavar="ID", help="an invoice id, as in the snapshot")
         sub.add_argument(
             "--config",
-            help="YAML config whose `ledger:` section names the ledger (default: HOME/config.yaml if present)",
+            help=LEDGER_CONFIG_HELP,
         )
         if name == "exclude":
             sub.add_argument("--reason", help="why, for the record, `dunning status` and the analysts")
@@ -128,7 +131,7 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     status.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument(
-        "--config", help="YAML config whose `ledger:` section names the ledger (default: HOME/config.yaml if present)"
+        "--config", help=LEDGER_CONFIG_HELP
     )
     status.set_defaults(handler=handlers["status"])
     return parser
