@@ -166,7 +166,9 @@ def resolve_unknown(
     if answers:
         schema = {"idempotency_key": pl.String, "status": pl.String, "message_id": pl.String, "error": pl.String}
         frame = pl.DataFrame(answers, schema=schema | {"provider_message_id": pl.String}, orient="row")
-        ledger.record_outcomes(frame, None, wall, backoff_minutes, expected_status=LedgerStatus.UNKNOWN)
+        ledger.record_outcomes(
+            frame, None, wall, backoff_minutes, expected_status=LedgerStatus.UNKNOWN, settled_by=run_id
+        )
         ledger.drop_payloads(settled_emails)
     if held:
         ledger.hold_unknown(pl.DataFrame(held, schema=["email_id", "held_reason", "note"], orient="row"))

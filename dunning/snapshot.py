@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo
 
 import polars as pl
 
+from dunning.csv_lines import LINE_PROBLEM, read_by_line
 from dunning.errors import SnapshotError
 from dunning.stripe import SNAPSHOT_FIELDS, load_stripe_invoices
 
@@ -86,11 +87,23 @@ def read_snapshot(path: str | Path, zone: ZoneInfo) -> pl.DataFrame:
         raise SnapshotError(f"snapshot file not found: {path}")
     if not path.is_file():
         raise SnapshotError(f"snapshot path is not a file: {path}")
-    frame = _scan_file(path, zone)
     try:
-        schema = frame.collect_schema()
+        return _typed(_scan_file(path, zone), path).collect()
+    except pl.exceptions.ComputeError as exc:
+        if path.suffix.lower() not in (".csv", ".txt"):
+            raise _unreadable(path, exc) from None
     except (OSError, pl.exceptions.PolarsError, ValueError) as exc:
         raise _unreadable(path, exc) from None
+    # polars refused a line: read it record by record, each broken line kept with its problem (`csv_lines`)
+    try:
+        return _typed(read_by_line(path).lazy(), path, keep=(LINE_PROBLEM,)).collect()
+    except (OSError, pl.exceptions.PolarsError, ValueError) as exc:
+        raise _unreadable(path, exc) from None
+
+
+def _typed(frame: pl.LazyFrame, path: Path, keep: tuple[str, ...] = ()) -> pl.LazyFrame:
+    """The snapshot's columns typed, in order, with `source_row`; `keep`: extra columns carried as they are."""
+    schema = frame.collect_schema()
     missing = [c for c in REQUIRED_COLUMNS if c not in schema]
     if missing:
         raise SnapshotError(f"snapshot {path} lacks required column(s): {', '.join(missing)}")
@@ -116,8 +129,5 @@ def read_snapshot(path: str | Path, zone: ZoneInfo) -> pl.DataFrame:
         pl.col("currency").str.to_uppercase(),
         pl.col("status").str.to_lowercase(),
         pl.int_range(1, pl.len() + 1, dtype=pl.Int64).alias("source_row"),
-    ).select("source_row", *REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *raw_columns)
-    try:
-        return typed.collect()
-    except (OSError, pl.exceptions.PolarsError, ValueError) as exc:
-        raise _unreadable(path, exc) from None
+    ).select("source_row", *REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *raw_columns, *keep)
+    return typed

@@ -15,6 +15,7 @@ import babel.numbers
 import pandera.polars as pa
 import polars as pl
 
+from dunning.csv_lines import LINE_PROBLEM
 from dunning.safe_text import CONTROL_CLASS
 
 STATUSES = ("draft", "open", "paid", "void", "uncollectible")
@@ -53,7 +54,7 @@ RULES = {
     **{(c, "no_control_characters"): f"{c} contains a line break or control character" for c in TEXT_COLUMNS},
     **{(c, "within_length_limit"): f"{c} is longer than {n} characters" for c, n in MAX_LENGTH.items()},
     ("SnapshotRows", "paid_not_above_due"): "amount_paid is greater than amount_due",
-    ("SnapshotRows", "unique_invoice_id"): "invoice_id is duplicated",
+    ("SnapshotRows", "unique_invoice_id"): "invoice_id is duplicated with different values",
 }
 
 
@@ -116,8 +117,43 @@ def _rule(column: str, check: str) -> str:
     return RULES.get((column, check), f"{column}: {check}")
 
 
+DUPLICATED = "invoice_id is duplicated with different values"
+REPEATED = "invoice_id is repeated: an identical earlier row was kept, this copy is not"
+
+
+def split_repeats(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(`frame` with rows repeated exactly kept once, at the first; the later copies). Every column but
+    `source_row` alike is an export that listed an invoice twice: its invoice is dunned once, and the copy is
+    quarantined to say so. Rows of one invoice id that differ all stay, for the duplicate rule to reject."""
+    if _all_distinct(frame.get_column("invoice_id")):
+        return frame, frame.head(0)
+    alike = [c for c in frame.columns if c != "source_row"]
+    first = frame.select(pl.struct(alike).is_first_distinct()).to_series()
+    return frame.filter(first), frame.filter(~first)
+
+
 def validate_snapshot(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Split `frame` into (valid rows, rejected rows with a `rule` column listing every broken rule)."""
+    """Split `frame` into (valid rows, rejected rows with a `rule` column listing every broken rule).
+
+    Lines the reader could not take (`csv_lines.LINE_PROBLEM`) are rejected with their problem; an invoice listed
+    twice alike is kept once (the copy rejected, `REPEATED`); ids listed with different values are all rejected
+    (`DUPLICATED`)."""
+    broken = frame.head(0).with_columns(pl.lit(None, dtype=pl.String).alias("rule"))
+    if LINE_PROBLEM in frame.columns:
+        broken = frame.filter(pl.col(LINE_PROBLEM).is_not_null()).rename({LINE_PROBLEM: "rule"})
+        frame = frame.filter(pl.col(LINE_PROBLEM).is_null()).drop(LINE_PROBLEM)
+    kept, copies = split_repeats(frame)
+    valid, rejected = _validated(kept)
+    extra = [
+        broken.select(rejected.columns),
+        copies.with_columns(pl.lit(REPEATED).alias("rule")).select(rejected.columns),
+    ]
+    if any(part.height for part in extra):
+        rejected = pl.concat([rejected, *extra], how="vertical").sort("source_row")
+    return valid, rejected
+
+
+def _validated(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     try:
         SnapshotRows.validate(frame, lazy=True)
     except pa.errors.SchemaErrors as errors:

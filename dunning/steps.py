@@ -27,6 +27,7 @@ from email.message import Message
 import polars as pl
 
 from dunning import cycle, heap, invoice_emails
+from dunning.alerts import Alert, raise_alert
 from dunning.clock import CycleClock, RunMode
 from dunning.config import DunningConfig
 from dunning.errors import InvalidRowsHalt
@@ -38,8 +39,10 @@ from dunning.ledger.operations import PauseState
 from dunning.policy import assign_cycles, business_date, stages_frame
 from dunning.providers.base import EmailProvider
 from dunning.resubmission import Settled, resolve_unknown, settle_rows
+from dunning.safe_text import for_terminal
 from dunning.sending import Record, SendReport, held_outcomes, send_due
 from dunning.sharding import EVERYONE, Shard
+from dunning.snapshot_rules import DUPLICATED
 from dunning.vocabulary import EmailKind, SendStatus
 
 HISTORY_COLUMNS = (
@@ -71,6 +74,8 @@ def apply_snapshot(
     loaded = cycle.ValidatedSnapshot(shard.keep(whole.valid), shard.keep(whole.rejected))
     if loaded.rejected.height and clock.mode is not RunMode.DRY_RUN:
         ledger.quarantine(run_id, path, loaded.rejected, wall)
+        if clock.live:
+            alert_duplicates(ledger, loaded.rejected, config, clock.as_of, run_id)
     if whole.rejected.height and config.on_invalid_rows == "halt":
         raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {whole.summary}")
     state = ledger.invoice_state() if clock.reads_live_state else ledger.state_as_of(clock.as_of, stages_frame(config))
@@ -87,6 +92,32 @@ def apply_snapshot(
         )  # fmt: skip
         ledger.merge_history_day(clock.partition_date, history, shard=shard)
     return AppliedSnapshot(loaded, cycled, taken_at)
+
+
+DUPLICATE_IDS_ALERT = "duplicate_invoice_ids"
+
+
+def alert_duplicates(
+    ledger: Ledger, rejected: pl.DataFrame, config: DunningConfig, as_of: dt.datetime, run_id: str
+) -> None:
+    """One alert naming the invoice ids a snapshot listed with different values: none of them is dunned until the
+    export is fixed (an identical repeat is kept once and needs nobody). Not raised again while the same one is
+    open."""
+    ids = sorted(set(rejected.filter(pl.col("rule").str.contains(DUPLICATED, literal=True)).get_column("invoice_id")
+                     .drop_nulls().to_list()))  # fmt: skip
+    if not ids:
+        return
+    shown = ", ".join(for_terminal(i)[:80] for i in ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+    message = (
+        f"{len(ids)} invoice id(s) listed more than once with different values: quarantined, none of them dunned "
+        f"until the export lists each once: {shown}"
+    )
+    open_alert = ledger.open_alert(DUPLICATE_IDS_ALERT)
+    if open_alert is not None and open_alert["message"] == message:
+        return
+    alert = Alert(DUPLICATE_IDS_ALERT, message, as_of, run_id, {"invoice_ids": ids[:500]}, "error",
+                  dedup_key=f"dunning-duplicates-{ids[0][:100]}")  # fmt: skip
+    raise_alert(ledger, config.alerts, alert)
 
 
 def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None, config: DunningConfig,

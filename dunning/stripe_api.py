@@ -30,6 +30,7 @@ from stripe.params import EventListParams
 
 from dunning.config import Source
 from dunning.errors import BillingSourceFailed, ConfigError
+from dunning.safe_text import for_terminal
 
 PAYMENT_FAILED = "invoice.payment_failed"
 PAGE_LIMIT = 100  # the largest page Stripe serves
@@ -118,8 +119,21 @@ def api_errors(settings: Source, what: str) -> Iterator[None]:
         raise BillingSourceFailed(
             f"{what}: the {where} failed (HTTP {status if status is not None else '?'}{_code(error)}) {retries}"
         ) from None
+    except ListedTwice as error:
+        raise BillingSourceFailed(
+            f"{what}: the {where} listed invoice {for_terminal(error.invoice_id)[:80]} twice (its pages went round in "
+            "a circle, or the list changed while it was read); nothing was sent, try again"
+        ) from None
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError):
         raise BillingSourceFailed(f"{what}: the {where} answered with a malformed body") from None
+
+
+class ListedTwice(ValueError):
+    """An invoice id came back twice while paging through the list."""
+
+    def __init__(self, invoice_id: str) -> None:
+        super().__init__(f"invoice {invoice_id} listed twice")
+        self.invoice_id = invoice_id
 
 
 def _plain(obj: Any, kind: str) -> dict[str, Any]:
@@ -140,7 +154,7 @@ def invoices(stripe_client: stripe.StripeClient) -> Iterator[dict[str, Any]]:
     for item in pages.auto_paging_iter():
         invoice = _plain(item, "invoice")
         if invoice["id"] in seen:
-            raise ValueError("an invoice listed twice")
+            raise ListedTwice(invoice["id"])
         seen.add(invoice["id"])
         yield invoice
 

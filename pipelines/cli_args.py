@@ -69,9 +69,7 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     pause = commands.add_parser("pause", help="stop all sends (scheduled runs skip, manual runs hold everything)")
     pause.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     pause.add_argument("--reason", help="why, for the record and `dunning status`")
-    pause.add_argument(
-        "--config", help=LEDGER_CONFIG_HELP
-    )
+    pause.add_argument("--config", help=LEDGER_CONFIG_HELP)
     pause.set_defaults(handler=handlers["pause"])
 
     resume = commands.add_parser("resume", help="prove the guard is live, then lift the pause")
@@ -102,9 +100,7 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
         "--not-sent", dest="sent", action="store_false", help="it did not arrive: retry it like a failure"
     )
     resolve.add_argument("--note", help="what you checked, for the record")
-    resolve.add_argument(
-        "--config", help=LEDGER_CONFIG_HELP
-    )
+    resolve.add_argument("--config", help=LEDGER_CONFIG_HELP)
     resolve.set_defaults(handler=handlers["resolve"])
 
     for name, verb in (("exclude", "hold a customer or one invoice out of dunning"), ("include", "end an exclusion")):
@@ -130,8 +126,6 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     status = commands.add_parser("status", help="pause state, last run, counts, open alerts")
     status.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.add_argument(
-        "--config", help=LEDGER_CONFIG_HELP
-    )
+    status.add_argument("--config", help=LEDGER_CONFIG_HELP)
     status.set_defaults(handler=handlers["status"])
     return parser

@@ -241,6 +241,12 @@ def _summary_text(header: str, summary: RunSummary, pause: PauseState, dry_run: 
             f"sent: {c['sent']} reminder key(s) in {c['emails']} email(s); failed: {c['failed']}; "
             f"unknown: {c['unknown']}"
         )
+    if summary.settled:  # unknown outcomes of earlier runs, answered in this one
+        total = sum(n for _, _, n in summary.settled)
+        lines.append(
+            f"settled from earlier runs: {total} unknown key(s): "
+            + ", ".join(f"{n} {status} by {how}" for how, status, n in summary.settled)
+        )
     if summary.other_kinds:  # the counts above are of every key; say which were not reminders
         label = "would send also" if dry_run else "of which not reminders"
         lines.append(f"{label}: " + ", ".join(f"{kind} {n}" for kind, n in summary.other_kinds))

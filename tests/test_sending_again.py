@@ -154,3 +154,12 @@ def test_the_config_refuses_a_window_longer_than_the_provider_remembers(provider
         parse_config({"provider": {**provider, "idempotency_window_hours": 48}})
     assert parse_config({"provider": {**provider, "idempotency_window_hours": 24}})
     assert parse_config({"provider": {"kind": "file", "idempotency_window_hours": 48}})
+
+
+def test_the_run_summary_counts_what_it_settled(deployment, tmp_path):
+    with FakeResend(script={1: "500-after-accept"}) as api:
+        config = api.config(tmp_path / "resend.yaml")
+        deployment.run_in_process(two_invoices(), DAY, config)
+        code, out, err = deployment.run(two_invoices(), LATER, "--config", config)
+    assert code == 0, err
+    assert "settled from earlier runs: 2 unknown key(s): 2 sent by resubmission" in out

@@ -9,7 +9,7 @@ from dunning.config import DunningConfig
 from dunning.cycle import load_snapshot
 from dunning.errors import SnapshotError
 from dunning.snapshot import read_snapshot
-from dunning.snapshot_rules import validate_snapshot
+from dunning.snapshot_rules import DUPLICATED, REPEATED, validate_snapshot
 from tests.conftest import invoice, write_snapshot
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "stripe"
@@ -91,17 +91,17 @@ def test_every_bad_row_is_rejected_with_its_rule(tmp_path):
         invoice(invoice_id="text_amount", amount_due="12.50"),
     ]
     loaded = load_snapshot(write_snapshot(tmp_path / "s.csv", rows), DunningConfig())
-    assert loaded.valid["invoice_id"].to_list() == ["ok_1"]
+    assert loaded.valid["invoice_id"].to_list() == ["ok_1", "dup"], "a row listed twice alike is dunned once"
     rules = {r["source_row"]: (r["invoice_id"], r["rule"]) for r in loaded.rejected.to_dicts()}
     assert rules[2] == (None, "invoice_id is missing")
     assert "amount_due is negative" in rules[3][1]
     assert rules[4] == ("overpaid", "amount_paid is greater than amount_due")
     assert rules[5][1].startswith("status is not one of")
     assert rules[6] == ("money", "currency is not an ISO 4217 code")
-    assert rules[7] == rules[8] == ("dup", "invoice_id is duplicated")
+    assert 7 not in rules and rules[8] == ("dup", REPEATED)
     assert rules[9] == ("date", "due_date is not a YYYY-MM-DD date")
     assert rules[10] == ("text_amount", "amount_due is not an integer")
-    assert "10 row(s)" not in loaded.summary and "9 row(s) rejected" in loaded.summary
+    assert "10 row(s)" not in loaded.summary and "8 row(s) rejected" in loaded.summary
 
 
 @pytest.mark.parametrize(
@@ -130,3 +130,61 @@ def test_validation_passes_a_clean_frame_through_untouched(tmp_path):
     frame = read_snapshot(write_snapshot(tmp_path / "s.csv", [invoice(invoice_id=f"in_{i}") for i in range(5)]), UTC)
     valid, rejected = validate_snapshot(frame)
     assert valid.equals(frame) and rejected.is_empty()
+
+
+HEADER = "invoice_id,customer_id,customer_email,currency,amount_due,amount_paid,due_date,status\n"
+
+
+def good_line(n: int) -> bytes:
+    return f"in_{n},c{n},c{n}@example.com,USD,1000,0,2026-11-01,open\n".encode()
+
+
+@pytest.mark.parametrize(
+    "bad, problem",
+    [
+        (b"in_x,cx,cx@example.com,USD,1000,0,2026-11-01,open,EXTRA\n", "line 3 has 9 field(s), the header has 8"),
+        (b"in_x,cx,\xff\xfe@example.com,USD,1000,0,2026-11-01,open\n", "line 3 is not valid UTF-8"),
+        (b'in_x,cx,"cx"@example.com,USD,1000,0,2026-11-01,open\n', "line 3 cannot be read as CSV"),
+    ],
+    ids=["extra_field", "invalid_utf8", "stray_quote"],
+)
+def test_a_broken_line_is_quarantined_with_its_line_number_and_the_others_proceed(tmp_path, bad, problem):
+    path = tmp_path / "s.csv"
+    path.write_bytes(HEADER.encode() + good_line(1) + bad + good_line(2) + good_line(3))
+    loaded = load_snapshot(path, DunningConfig())
+    assert loaded.valid["invoice_id"].to_list() == ["in_1", "in_2", "in_3"]
+    [rejected] = loaded.rejected.to_dicts()
+    assert rejected["source_row"] == 2 and rejected["rule"].startswith(problem), rejected["rule"]
+
+
+def test_a_quote_that_never_closes_refuses_the_file_naming_its_line(tmp_path):
+    path = tmp_path / "s.csv"
+    path.write_bytes(HEADER.encode() + good_line(1) + b'in_x,"cx,cx@example.com,USD,1000,0,2026-11-01,open\n'
+                     + good_line(2) + good_line(3))  # fmt: skip
+    with pytest.raises(SnapshotError, match=r"line 3: a quote opened there never closes"):
+        read_snapshot(path, UTC)
+
+
+def test_a_quoted_line_break_is_one_field_not_a_broken_line(tmp_path):
+    path = tmp_path / "s.csv"
+    path.write_bytes(HEADER.encode() + b'in_1,c1,c1@example.com,USD,1000,0,2026-11-01,open\n'
+                     + b'in_2,"c\n2",c2@example.com,USD,1000,0,2026-11-01,open,oops\n' + good_line(3))  # fmt: skip
+    loaded = load_snapshot(path, DunningConfig())
+    assert loaded.valid["invoice_id"].to_list() == ["in_1", "in_3"]
+    assert loaded.rejected["rule"].to_list() == ["line 3 has 9 field(s), the header has 8"]
+
+
+def test_conflicting_duplicates_are_quarantined_together(tmp_path):
+    rows = [invoice(invoice_id="in_1"), invoice(invoice_id="dup", amount_due=100), invoice(invoice_id="dup")]
+    loaded = load_snapshot(write_snapshot(tmp_path / "s.csv", rows), DunningConfig())
+    assert loaded.valid["invoice_id"].to_list() == ["in_1"]
+    assert loaded.rejected.select("source_row", "rule").rows() == [(2, DUPLICATED), (3, DUPLICATED)]
+
+
+def test_a_live_run_alerts_once_naming_the_conflicting_ids(deployment):
+    rows = [invoice(invoice_id="in_1"), invoice(invoice_id="dup", amount_due=100), invoice(invoice_id="dup")]
+    for as_of in ("2026-11-05T09:00:00Z", "2026-11-05T10:00:00Z"):
+        deployment.run_in_process(rows + [invoice(invoice_id=f"in_{as_of[11:13]}")], as_of)
+    [(kind, message)] = deployment.query("SELECT kind, message FROM alerts")
+    assert kind == "duplicate_invoice_ids" and message.endswith(": dup")
+    assert {r["invoice_id"] for r in deployment.ledger()} >= {"in_1"}

@@ -3,6 +3,7 @@ and polls payment-failed events from a fake of the Stripe API (`tests/stripe_ser
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import socket
@@ -178,6 +179,15 @@ def test_the_sdk_backs_off_and_retries_a_429_then_a_malformed_body_is_refused(fa
     with pytest.raises(BillingSourceFailed, match="malformed body"):
         billing_source.pull_invoices(settings, tmp_path, AS_OF + dt.timedelta(seconds=1), env)
     assert sorted(p.name for p in (tmp_path / "snapshots").iterdir()) == [path.name], "no half file left behind"
+
+
+def test_an_invoice_listed_twice_is_named_not_called_a_malformed_body(fake, tmp_path):
+    twice = stripe_invoice(1, AS_OF)
+    fake.invoices = [stripe_invoice(2, AS_OF), twice, copy.deepcopy(twice)]
+    settings = Source(kind="stripe", api_base=fake.url)
+    with pytest.raises(BillingSourceFailed, match="listed invoice in_fake00001 twice") as caught:
+        billing_source.pull_invoices(settings, tmp_path, AS_OF, {"STRIPE_API_KEY": KEY})
+    assert "malformed" not in str(caught.value)
 
 
 def test_without_snapshot_the_source_must_be_configured_and_its_key_variable_set(deployment, fake, monkeypatch):

@@ -115,6 +115,7 @@ class Ledger(AlertStore, Protocol):
         *,
         expected_status: LedgerStatus = LedgerStatus.CLAIMED,
         run_id: str | None = None,
+        settled_by: str | None = None,
     ) -> int: ...
 
     def unknown_sends(self, include_claimed: bool = False) -> pl.DataFrame: ...

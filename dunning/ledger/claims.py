@@ -276,9 +276,10 @@ class ClaimStore(SqlConnection):
         *,
         expected_status: LedgerStatus = LedgerStatus.CLAIMED,
         run_id: str | None = None,
+        settled_by: str | None = None,
     ) -> int:
         """Columns: idempotency_key, status, message_id, error, optionally provider_message_id. One UPDATE for the
-        chunk; returns rows updated.
+        chunk; returns rows updated. `settled_by`: the run that settled these `unknown` keys (lookup, resubmission).
 
         Every update is guarded by the status it expects: a send's outcome
         only moves `claimed` keys (of `run_id`, when given) and a lookup's only
@@ -314,6 +315,7 @@ class ClaimStore(SqlConnection):
                     sent_at = CASE WHEN o.status = 'sent' THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at) END,
                     attempts = reminder_ledger.attempts + CASE WHEN o.status = 'released' THEN 0 ELSE 1 END,
                     last_error = o.error, outcome_wall_at = ?,
+                    settled_run_id = coalesce(?, reminder_ledger.settled_run_id),
                     next_attempt_at = CASE WHEN o.status IN ('failed', 'released')
                         THEN coalesce(?::TIMESTAMPTZ, reminder_ledger.claimed_at)
                         + {self.interval_of_microseconds(RETRY_DELAY_MICROSECONDS)} END
@@ -322,7 +324,7 @@ class ClaimStore(SqlConnection):
                   AND reminder_ledger.status = o.expected_status
                   AND (o.expected_run IS NULL OR reminder_ledger.run_id = o.expected_run)
                 """,
-                [sent_at, wall, sent_at, backoff_minutes],
+                [sent_at, wall, settled_by, sent_at, backoff_minutes],
             )
 
     def emails_in_window(

@@ -40,6 +40,13 @@ HISTORY_KEY_INDEX = (
     "ON invoice_history_daily (business_date, invoice_id)"
 )
 _LEDGER_DDL = next(s for s in DDL if "CREATE TABLE IF NOT EXISTS reminder_ledger (" in s)
+# the columns reminder_ledger had when migration 7 rebuilt it: the rows are copied by name, so the rebuild takes a
+# ledger of release 6 whatever columns later migrations add (they add them again, IF NOT EXISTS)
+_LEDGER_COLUMNS_V7 = (
+    "idempotency_key, kind, invoice_id, customer_id, customer_email, cycle, stage, status, amount_minor, currency, "
+    "email_id, message_id, run_id, claimed_at, sent_at, attempts, last_error, next_attempt_at, outcome_wall_at, "
+    "lease_expires_at, provider_message_id"
+)
 MIGRATIONS = (
     Migration(1, "baseline: the tables of release 0.1", ()),  # an empty file gets the current DDL below
     Migration(
@@ -79,7 +86,7 @@ MIGRATIONS = (
         "and when the feature was turned on",
         (
             _LEDGER_DDL.replace("CREATE TABLE IF NOT EXISTS reminder_ledger (", "CREATE TABLE reminder_ledger_v7 ("),
-            "INSERT INTO reminder_ledger_v7 SELECT * FROM reminder_ledger",
+            f"INSERT INTO reminder_ledger_v7 ({_LEDGER_COLUMNS_V7}) SELECT {_LEDGER_COLUMNS_V7} FROM reminder_ledger",
             "DROP TABLE reminder_ledger",
             "ALTER TABLE reminder_ledger_v7 RENAME TO reminder_ledger",
             next(s for s in DDL if "CREATE TABLE IF NOT EXISTS feature_state (" in s),
@@ -118,8 +125,12 @@ MIGRATIONS = (
     ),
     Migration(
         12,
-        "resubmission: why a kept request of an unknown send is not resubmitted now (the present forbids it)",
-        ("ALTER TABLE provider_payloads ADD COLUMN IF NOT EXISTS held_reason VARCHAR",),
+        "resubmission: why a kept request of an unknown send is not resubmitted now (the present forbids it), and "
+        "which run settled an unknown key (by lookup or resubmission)",
+        (
+            "ALTER TABLE provider_payloads ADD COLUMN IF NOT EXISTS held_reason VARCHAR",
+            "ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS settled_run_id VARCHAR",
+        ),
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -38,6 +38,8 @@ class RunSummary:
     provider_stopped: str | None  # the health stop's alert message, when the provider was stopped
     # keys sent (or, on a dry run, that would be) by kind, when some are not reminders: notices, invoice emails
     other_kinds: tuple[tuple[str, int], ...] = ()
+    # `unknown` keys of earlier runs this run settled: (how, status) -> keys; how is `lookup` or `resubmission`
+    settled: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -300,6 +302,11 @@ class Operations(SqlConnection):
             "AND kind <> 'reminder' GROUP BY kind ORDER BY kind",
             [run_id],
         ).fetchall()
+        settled = self.con.execute(
+            "SELECT CASE WHEN last_error LIKE 'resubmitted%' THEN 'resubmission' ELSE 'lookup' END, status, count(*) "
+            "FROM reminder_ledger WHERE settled_run_id = ? GROUP BY 1, 2 ORDER BY 1, 2",
+            [run_id],
+        ).fetchall()
         return RunSummary(
             counts,
             [(r, int(n)) for r, n in rules],
@@ -307,6 +314,7 @@ class Operations(SqlConnection):
             int(would),
             stopped[0][0] if stopped else None,
             tuple((str(k), int(n)) for k, n in kinds),
+            tuple((str(how), str(status), int(n)) for how, status, n in settled),
         )
 
     def status_counts(self) -> StatusCounts:

@@ -50,7 +50,8 @@ DDL = (
         next_attempt_at TIMESTAMPTZ,
         outcome_wall_at TIMESTAMPTZ,
         lease_expires_at TIMESTAMPTZ,
-        provider_message_id VARCHAR
+        provider_message_id VARCHAR,
+        settled_run_id VARCHAR
     )
     """,
     """
