@@ -5,6 +5,7 @@ import polars as pl
 
 from dunning.clock import RunMode
 from dunning.errors import DunningError
+from dunning.secret_env import holds_a_secret, scrub
 from resources.partitions import daily_partitions
 
 GROUP = "dunning"
@@ -17,8 +18,22 @@ ASSET_DEFAULTS = {"group_name": GROUP, "io_manager_key": "frames", "partitions_d
 
 
 def fail(error: DunningError) -> dg.Failure:
-    """An operator-facing failure: one line, the error's class for the CLI's exit code, no retries."""
-    return dg.Failure(description=str(error), metadata={"error_class": type(error).__name__}, allow_retries=False)
+    """An operator-facing failure: one line (masked of secrets), the error's class for the CLI's exit code, no
+    retries."""
+    return dg.Failure(
+        description=scrub(str(error)), metadata={"error_class": type(error).__name__}, allow_retries=False
+    )
+
+
+def as_operator_failure(error: Exception) -> Exception:
+    """A step's error as Dagster should record it: ours as one line (`fail`); any other whose text holds a secret
+    (a library quoting a header, a URL, a connection string) as a failure with that text masked and no chained
+    traceback, since Dagster keeps both in the run's event log; anything else as it is."""
+    if isinstance(error, DunningError):
+        return fail(error)
+    if holds_a_secret(str(error)) or any(holds_a_secret(str(a)) for a in error.args):
+        return dg.Failure(description=f"{type(error).__name__}: {scrub(str(error))}", metadata={"error_class": "Error"})
+    return error
 
 
 def frame_metadata(frame: pl.DataFrame) -> dict:

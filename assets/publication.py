@@ -4,6 +4,7 @@ import dagster as dg
 
 from assets.common import ASSET_DEFAULTS
 from dunning.analytics import ANALYST_VIEWS
+from dunning.private_files import share_with_group
 from resources.dunning import CycleRequest, DunningHome
 
 
@@ -26,6 +27,10 @@ def analyst_history(
         return dg.MaterializeResult(metadata={"published": False, "published_by": f"shard 0/{shard.count}"})
     with dunning_home.ledger() as ledger:
         counts = ledger.publish(dunning_home.root)
+    group = dunning_home.settings().analytics_group
+    if group:  # the analysts' copy alone, to its group (`dunning.private_files`)
+        root = dunning_home.root
+        share_with_group(root, [root / "analytics.duckdb", root / "analytics"], group)
     return dg.MaterializeResult(
         metadata={
             "published": True,

@@ -5,11 +5,10 @@ import datetime as dt
 import dagster as dg
 import polars as pl
 
-from assets.common import ASSET_DEFAULTS, LEDGER_POOL, fail, frame_metadata
+from assets.common import ASSET_DEFAULTS, LEDGER_POOL, as_operator_failure, frame_metadata
 from dunning import cycle, steps
 from dunning.alerts import Alert, raise_alert
 from dunning.clock import RunMode, utc_now
-from dunning.errors import DunningError
 from dunning.handover import JOURNAL_DIR
 from dunning.progress import report_send_progress
 from dunning.render_pool import pool_size
@@ -130,8 +129,8 @@ def send_batch(
                 render_processes=pool_size(config.render_processes, local_cycle_runs(context.instance)),
                 journal_dir=str(dunning_home.root / JOURNAL_DIR),
             )
-    except DunningError as error:
-        raise fail(error) from None
+    except Exception as error:  # noqa: BLE001 - recorded as an operator's line, masked (`as_operator_failure`)
+        raise as_operator_failure(error) from None
     if step.report is None:
         context.log.warning(f"paused ({step.pause.reason}): {due.height} key(s) held, nothing sent")
         return dg.Output(

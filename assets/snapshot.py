@@ -6,12 +6,19 @@ from collections.abc import Iterator
 import dagster as dg
 import polars as pl
 
-from assets.common import ASSET_DEFAULTS, LEDGER_POOL, NARROW_AFTER_FULL_LOAD, fail, frame_metadata, log_run_mode
+from assets.common import (
+    ASSET_DEFAULTS,
+    LEDGER_POOL,
+    NARROW_AFTER_FULL_LOAD,
+    as_operator_failure,
+    frame_metadata,
+    log_run_mode,
+)
 from checks.asset_checks import SNAPSHOT_AUDIT_COLUMNS
 from dunning import billing_source, steps, unchanged
 from dunning.clock import CycleClock, utc_now
 from dunning.config import DunningConfig
-from dunning.errors import DunningError, SnapshotError
+from dunning.errors import SnapshotError
 from dunning.events import EVENTS_SCHEMA, PAYMENT_FAILED, REJECTED_SCHEMA, LoadedEvents, load_events
 from dunning.landing import latest_for_day
 from resources.dunning import CycleRequest, DunningHome
@@ -85,8 +92,8 @@ def invoice_snapshot(
                 wall=utc_now(),
                 shard=cycle_request.shard_spec(),
             )
-    except DunningError as error:
-        raise fail(error) from None
+    except Exception as error:  # noqa: BLE001 - recorded as an operator's line, masked (`as_operator_failure`)
+        raise as_operator_failure(error) from None
     loaded, cycled = applied.loaded, applied.cycled
     if loaded.rejected.height:
         context.log.warning(loaded.summary)
@@ -153,8 +160,8 @@ def billing_events(
                 waiting = ledger.pending_notice_events(since)
             pending = waiting.height
             events = billing_source.with_pending(events, waiting)
-    except DunningError as error:
-        raise fail(error) from None
+    except Exception as error:  # noqa: BLE001 - recorded as an operator's line, masked (`as_operator_failure`)
+        raise as_operator_failure(error) from None
     if loaded.rejected.height:
         context.log.warning(loaded.summary())
     by_type = dict(events.group_by("type").len().iter_rows())

@@ -10,18 +10,20 @@ routing key masked; it never changes the halt or its exit code.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
-import os
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
 from dunning.config import Alerts
+from dunning.errors import ConfigError
 from dunning.ledger.base import AlertStore
 from dunning.safe_text import redact
+from dunning.secret_env import holding_any, read_secret, scrub
 
 log = logging.getLogger("dunning.alerts")
 
@@ -89,11 +91,10 @@ def deliver(alert: Alert, settings: Alerts, logger: logging.Logger | None = None
     if settings.webhook_url:
         results.append(_attempt("webhook", settings.webhook_url, webhook_payload(alert), settings))
     if settings.pagerduty_routing_key_env:
-        key = os.environ.get(settings.pagerduty_routing_key_env)
-        if not key:
-            results.append(
-                f"pagerduty: not sent (environment variable {settings.pagerduty_routing_key_env} is not set)"
-            )
+        try:
+            key = read_secret(settings.pagerduty_routing_key_env, "alerts.pagerduty_routing_key_env")
+        except ConfigError as error:
+            results.append(f"pagerduty: not sent ({error})")
         else:
             results.append(
                 _attempt("pagerduty", settings.pagerduty_url, pagerduty_payload(alert, key), settings, (key,))
@@ -102,7 +103,11 @@ def deliver(alert: Alert, settings: Alerts, logger: logging.Logger | None = None
 
 
 def raise_alert(ledger: AlertStore, settings: Alerts, alert: Alert, logger: logging.Logger | None = None) -> str:
-    """Store the alert, deliver it, and record where it went. Returns the alert id."""
+    """Store the alert, deliver it, and record where it went; its text and details masked of every secret this
+    process holds first (`secret_env.scrub`), so no backend, log or table gets one. Returns the alert id."""
+    if holding_any():
+        details = json.loads(scrub(json.dumps(alert.details, default=str))) if alert.details else alert.details
+        alert = dataclasses.replace(alert, message=scrub(alert.message), details=details)
     alert_id = ledger.add_alert(
         alert.kind, alert.message, alert.created_at, alert.run_id, alert.details, alert.severity
     )

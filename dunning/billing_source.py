@@ -30,6 +30,7 @@ import polars as pl
 from dunning.config import Source
 from dunning.errors import BillingSourceFailed
 from dunning.events import EVENTS_SCHEMA
+from dunning.private_files import private_dir
 from dunning.safe_text import has_control
 
 SNAPSHOTS_DIR = "snapshots"
@@ -77,8 +78,7 @@ def pull_invoices(settings: Source, home: Path, wall: dt.datetime, environ: Mapp
     from dunning import stripe_api  # here: the SDK is a tenth of a second of every run's start otherwise
 
     key = stripe_api.api_key(settings, environ)
-    directory = snapshots_dir(home)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = private_dir(snapshots_dir(home))  # whole customer objects: the owner's alone
     path = _new_path(directory, wall, "stripe")
     with stripe_api.api_errors(settings, "pulling invoices"):
         _write_atomically(path, _list_body(stripe_api.invoices(stripe_api.client(settings, key))))
@@ -145,8 +145,7 @@ def poll_events(
             "polling payment-failed events: the newest event's id is not a usable cursor (too long or a control "
             "character); the API's answer is malformed"
         )
-    directory = snapshots_dir(home)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = private_dir(snapshots_dir(home))  # whole customer objects: the owner's alone
     path = _new_path(directory, wall, "stripe-events")
     _write_atomically(path, [json.dumps(events, sort_keys=True)])
     return PolledEvents(path, newest, len(events))

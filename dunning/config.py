@@ -8,6 +8,7 @@ a default is how customers get the wrong email.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -15,10 +16,20 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import babel
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dunning.errors import ConfigError
 from dunning.safe_text import has_control, is_address
+from dunning.secret_env import not_a_secret, remember_configured
 from dunning.sharding import MAX_SHARDS
 
 
@@ -32,14 +43,40 @@ Count = Annotated[int, Field(strict=True)]
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Flag = Annotated[bool, Field(strict=True)]
 MinorAmount = Annotated[int, Field(strict=True, ge=0, le=10**15)]  # an amount in minor units of its currency
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"  # the name of an environment variable, never a secret itself
+# a field naming an environment variable: the pattern (pydantic's message never quotes the input), and a refusal of
+# a value shaped like an API key (`secret_env.not_a_secret`), so a secret pasted here is never echoed
+EnvName = Annotated[str, Field(pattern=ENV_NAME), AfterValidator(not_a_secret)]
+GROUP_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+# headers a message is built from: an idempotency header by one of these names would change who gets it, or how
+STRUCTURAL_HEADERS = frozenset(
+    h.lower()
+    for h in (
+        "To", "Cc", "Bcc", "From", "Sender", "Reply-To", "Subject", "Date", "Message-ID", "MIME-Version", "Received",
+        "Return-Path", "DKIM-Signature", "X-Dunning-Keys", "X-Dunning-Kind",
+    )
+)  # fmt: skip
 # how long Resend (its API and its SMTP relay's Resend-Idempotency-Key) answers a repeated key with the first result
 PROVIDER_KEY_MEMORY_HOURS = 24.0  # the name of an environment variable, never a secret itself
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def is_loopback(host: str | None) -> bool:
+    """A host on this machine: `localhost`, 127.0.0.0/8 or ::1."""
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host.lower() in LOOPBACK_HOSTS
+
+
 def http_url(value: str | None, key: str) -> str | None:
-    """An absolute http(s) URL with a host, or ValueError naming `key` (the value is not echoed: it may hold a
-    token)."""
+    """An absolute `https` URL with a host, or `http` to this machine only (a local relay, a test's fake): these
+    URLs carry a key or a token (a bearer key, a routing key, a Slack webhook's path), which never travels in
+    clear text over a network. ValueError naming `key`; the value is not echoed: it may hold a token."""
     if value is None:
         return None
     parts = urlsplit(value)
@@ -49,8 +86,11 @@ def http_url(value: str | None, key: str) -> str | None:
         or len(value) > 2048
         or any(c.isspace() for c in value)
     ):
+        raise ValueError(f"{key} must be an https:// URL with a host (the value is not shown: it may hold a token)")
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
         raise ValueError(
-            f"{key} must be an http:// or https:// URL with a host (the value is not shown: it may hold a token)"
+            f"{key} must be https:// (http:// only to this machine: the request carries a key or a token; the "
+            "value is not shown)"
         )
     return value
 
@@ -91,8 +131,8 @@ class Provider(_Strict):
     ca_file: str | None = None
     # names of environment variables, never the secrets themselves (the pattern refuses a pasted password
     # without echoing it: pydantic's pattern message does not include the input)
-    username_env: str | None = Field(default=None, pattern=ENV_NAME)
-    password_env: str | None = Field(default=None, pattern=ENV_NAME)
+    username_env: EnvName | None = None
+    password_env: EnvName | None = None
     allow_insecure_auth: Flag = False
     from_address: str = Field(default="billing@example.com", alias="from")
     # the From header's display name (`Acme Billing <billing@example.com>`, RFC 2047-encoded when not ASCII) and a
@@ -104,7 +144,7 @@ class Provider(_Strict):
     max_consecutive_errors: Count = Field(default=5, ge=1, le=10_000)
     outbox_dir: str | None = Field(default=None, min_length=1, max_length=4096)
     # `resend`: an HTTP email API that honours an Idempotency-Key header; the key is read from `api_key_env`
-    api_key_env: str = Field(default="RESEND_API_KEY", pattern=ENV_NAME)
+    api_key_env: EnvName = "RESEND_API_KEY"
     api_base: str = "https://api.resend.com"
     # SMTP relays that honour the same contract through a header (Resend: Resend-Idempotency-Key, EmailEngine:
     # X-EE-Idempotency-Key): when set, the key travels in it and `unknown` sends are resubmitted like HTTP ones
@@ -138,6 +178,17 @@ class Provider(_Strict):
     @classmethod
     def _api_base_http(cls, value: str) -> str:
         return http_url(value, "provider.api_base") or value
+
+    @field_validator("idempotency_header")
+    @classmethod
+    def _not_a_structural_header(cls, value: str | None) -> str | None:
+        if value is not None and (value.lower() in STRUCTURAL_HEADERS or value.lower().startswith("content-")):
+            raise ValueError(
+                "provider.idempotency_header must not be a header the message is built from (To, Cc, Bcc, From, "
+                "Sender, Reply-To, Subject, Date, Message-ID, Content-*, MIME-Version, Received, Return-Path, "
+                "DKIM-Signature)"
+            )
+        return value
 
     @property
     def resubmits_unknown(self) -> bool:
@@ -188,7 +239,7 @@ class Alerts(_Strict):
     """Where alerts go besides the `alerts` table and the log: a JSON webhook and/or PagerDuty."""
 
     webhook_url: str | None = None
-    pagerduty_routing_key_env: str | None = Field(default=None, pattern=ENV_NAME)
+    pagerduty_routing_key_env: EnvName | None = None
     pagerduty_url: str = "https://events.pagerduty.com/v2/enqueue"
     timeout_seconds: Number = Field(default=5.0, gt=0, le=60)
     # the dead man's switch: page when no live run has completed for this long (a fresh deployment that never
@@ -215,7 +266,7 @@ class LedgerSettings(_Strict):
     this file: it may hold a password."""
 
     kind: Literal["duckdb", "postgres"] = "duckdb"
-    dsn_env: str = Field(default="DUNNING_POSTGRES_DSN", pattern=ENV_NAME)
+    dsn_env: EnvName = "DUNNING_POSTGRES_DSN"
 
 
 class InvoiceEmails(_Strict):
@@ -230,7 +281,7 @@ class Source(_Strict):
     `stripe` (the Stripe API at `api_base`, with the key read from the environment variable `api_key_env`)."""
 
     kind: Literal["none", "stripe"] = "none"
-    api_key_env: str = Field(default="STRIPE_API_KEY", pattern=ENV_NAME)
+    api_key_env: EnvName = "STRIPE_API_KEY"
     api_base: str = "https://api.stripe.com"
     # pulled snapshots kept under HOME/snapshots/ so a run can be replayed from what it saw
     snapshot_retention_days: Count = Field(default=90, ge=1, le=3660)
@@ -249,6 +300,15 @@ class Source(_Strict):
         return http_url(value, "source.api_base") or value
 
 
+class Events(_Strict):
+    """Billing events (`invoice.payment_failed`): who their notices go to."""
+
+    # a notice for an invoice the snapshot does not know goes to the address in the event only when this is true;
+    # otherwise it waits (audit reason `event_address_not_trusted`) until a snapshot shows the invoice. A known
+    # invoice's notice always goes to the snapshot's address: an event never chooses the recipient
+    trust_event_email: Flag = False
+
+
 class DunningConfig(_Strict):
     stages: tuple[Stage, ...] = DEFAULT_STAGES
     group_by: Literal["customer", "invoice"] = "customer"
@@ -261,7 +321,13 @@ class DunningConfig(_Strict):
     ledger: LedgerSettings = LedgerSettings()
     source: Source = Source()
     invoice_emails: InvoiceEmails = InvoiceEmails()
+    events: Events = Events()
     locale: str = "en_US"
+    # a group whose members may read the analysts' copy (`analytics.duckdb` and its Parquet files: 0640, their
+    # directory 0750); unset, they are the home's owner's alone (0600), like everything under the home
+    analytics_group: str | None = Field(
+        default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+    )
     # a directory of the operator's email templates, overriding packaged ones by name (`dunning.templating`);
     # relative to the config file's directory; checked when the config loads
     templates_dir: str | None = Field(default=None, min_length=1, max_length=4096)
@@ -349,6 +415,14 @@ class DunningConfig(_Strict):
     def zone(self) -> ZoneInfo:
         return ZoneInfo(self.timezone)
 
+    def secret_names(self) -> list[str]:
+        """Every environment variable this config reads a secret from."""
+        names = [
+            self.provider.username_env, self.provider.password_env, self.provider.api_key_env,
+            self.alerts.pagerduty_routing_key_env, self.ledger.dsn_env, self.source.api_key_env,
+        ]  # fmt: skip
+        return [n for n in names if n]
+
     @property
     def policy_id(self) -> str:
         """A short stable id of everything that decides what is sent, to label simulations."""
@@ -387,6 +461,7 @@ def parse_config(data: object, source: str = "config", base_dir: Path | None = N
         config = DunningConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_describe(exc)}") from None
+    remember_configured(config.secret_names())  # masked in every text from here on, before any is read
     if config.templates_dir is not None:
         from dunning.templating import TemplateProblem, check_templates  # here, not at import: it loads Jinja
 
@@ -409,8 +484,19 @@ def load_config(path: str | Path | None) -> DunningConfig:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        raise ConfigError(f"config file {path} is not valid YAML: {_where_yaml_broke(exc)}") from None
     return parse_config(data, source=str(path), base_dir=path.parent)
+
+
+def _where_yaml_broke(error: Exception) -> str:
+    """What broke and where (line, column), never the text of the line: it may hold a secret."""
+    if isinstance(error, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {error.start})"
+    mark = getattr(error, "problem_mark", None)
+    problem = str(getattr(error, "problem", None) or "a syntax error")
+    # PyYAML quotes the character it found in `problem` ("found character '\t' ..."); that one character stays
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem[:120]}{where}"
 
 
 def load_ledger_settings(path: str | Path | None) -> LedgerSettings:
@@ -422,7 +508,8 @@ def load_ledger_settings(path: str | Path | None) -> LedgerSettings:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {path} cannot be read for its ledger section: {exc}") from None
+        reason = str(exc) if isinstance(exc, OSError) else _where_yaml_broke(exc)
+        raise ConfigError(f"config file {path} cannot be read for its ledger section: {reason}") from None
     section = data.get("ledger") if isinstance(data, dict) else None
     try:
         return _LedgerOnly.model_validate({} if section is None else {"ledger": section}).ledger

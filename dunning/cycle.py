@@ -99,7 +99,9 @@ def plan_cycle(
     planned = plan_reminders(cycled, config)
     # Message-IDs are computed per chunk when keys are claimed (`send_due`); retries and notices bring theirs
     due = with_email_groups(planned.filter(pl.col("role") == PlanRole.DUE), config).with_columns(
-        pl.lit(None, dtype=pl.String).alias("email_id"), pl.lit(None, dtype=pl.String).alias("message_id")
+        pl.lit(None, dtype=pl.String).alias("email_id"),
+        pl.lit(None, dtype=pl.String).alias("message_id"),
+        pl.lit(None, dtype=pl.String).alias("hold"),  # a part may bring its own (a notice's untrusted address)
     )
     parts = [due]
     if failed is not None and failed.height:
@@ -112,7 +114,10 @@ def plan_cycle(
     plan = pl.concat([_aligned(p, due.schema) for p in parts], how="vertical")
     sent_role = pl.col("role").is_in(SEND_ROLES)
     plan = plan.with_columns(
-        pl.when(sent_role).then(hold_expr(cycled, exclusions, config)).otherwise(None).alias("hold")
+        pl.when(sent_role)
+        .then(pl.coalesce("hold", hold_expr(cycled, exclusions, config)))
+        .otherwise(None)
+        .alias("hold")
     )
     if settle is None or settle.is_empty():
         return plan

@@ -37,7 +37,7 @@ IN_FORCE_SCHEMA = pl.Schema({"scope": pl.String, "target_id": pl.String, "until_
 MAX_REASON = 500
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 # the plan's `hold` column: why a due key is kept from the send, decided before anything is claimed
-HOLDS = (HoldReason.EXCLUDED, HoldReason.BELOW_MINIMUM)
+HOLDS = (HoldReason.EXCLUDED, HoldReason.BELOW_MINIMUM, HoldReason.EVENT_ADDRESS_NOT_TRUSTED)
 
 
 def _text_problem(value: str, what: str, limit: int) -> str | None:

@@ -133,7 +133,11 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
         events = shard.keep(events) if events is not None else None
         if events is not None and events.height:
             recorded = ledger.recorded_keys(event_keys(events))
-            notices = notice_rows(events, cycled, recorded, config.provider.message_domain)
+            notices, refused = notice_rows(
+                events, cycled, recorded, config.provider.message_domain, config.events.trust_event_email
+            )
+            if refused.height and clock.live:  # an event that named another customer's invoice: kept, never sent
+                ledger.quarantine_events(refused, f"plan:{clock.as_of.isoformat()}", clock.as_of)
         # this run's unknown keys (its shard's customers), each with why the present forbids resubmitting it; and the
         # claimed ones, which a dead run's may become in the send step
         settle = settle_rows(shard.keep(ledger.unknown_sends(include_claimed=True)), cycled, exclusions, config)

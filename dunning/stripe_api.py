@@ -29,8 +29,9 @@ import stripe
 from stripe.params import EventListParams
 
 from dunning.config import Source
-from dunning.errors import BillingSourceFailed, ConfigError
+from dunning.errors import BillingSourceFailed
 from dunning.safe_text import for_terminal
+from dunning.secret_env import read_secret
 
 PAYMENT_FAILED = "invoice.payment_failed"
 PAGE_LIMIT = 100  # the largest page Stripe serves
@@ -38,14 +39,9 @@ _ERROR_CODE = re.compile(r"[a-z0-9_]{1,64}")  # Stripe's error codes: shown only
 
 
 def api_key(settings: Source, environ: Mapping[str, str] = os.environ) -> str:
-    """The key from the environment variable the config names; ConfigError naming the variable when unset."""
-    key = environ.get(settings.api_key_env, "").strip()
-    if not key:
-        raise ConfigError(
-            f"source.api_key_env: the environment variable {settings.api_key_env} is not set or empty "
-            "(it must hold the Stripe API key)"
-        )
-    return key
+    """The Stripe key from the environment variable the config names (`secret_env.read_secret`: stripped, checked,
+    masked in every text); ConfigError naming the variable, never the value, when unset or unusable."""
+    return read_secret(settings.api_key_env, "source.api_key_env", environ)
 
 
 class _RateLimitRetrying(stripe.RequestsClient):

@@ -147,6 +147,9 @@ class HoldReason(StrEnum):
     # decided by the plan, before any send (`dunning.exclusions`): never claimed, so nothing is on record for them
     EXCLUDED = "excluded"  # the customer or invoice is excluded (`dunning exclude`, or auto_advance false)
     BELOW_MINIMUM = "below_minimum"  # the invoice's remaining balance is under `min_remaining_minor`
+    # a payment-failed notice for an invoice the snapshot does not know: the event's own address is not trusted
+    # (`events.trust_event_email`); it waits for a snapshot that shows the invoice
+    EVENT_ADDRESS_NOT_TRUSTED = "event_address_not_trusted"
     # why an `unknown` send's kept request is not resubmitted now (`dunning.resubmission`): it stays `unknown`
     NOT_OWED = "not_owed"  # an invoice it covers is paid, void or settled since
     AMOUNT_CHANGED = "amount_changed"  # an invoice it covers owes another amount than the email states

@@ -26,7 +26,9 @@ from dunning.config import DunningConfig, LedgerSettings, load_config, load_ledg
 from dunning.errors import DunningError, GuardNotLive, LedgerBusy, StorageError, UserInputError
 from dunning.guard import prove_guard
 from dunning.ledger.factory import open_ledger_for
+from dunning.private_files import keep_private, private_dir
 from dunning.safe_text import for_terminal
+from dunning.secret_env import scrub
 from dunning.sharding import Shard, parse_shard
 from dunning.stripe import read_events
 from dunning.vocabulary import ExclusionScope
@@ -59,7 +61,7 @@ def flood_recovery() -> dg.JobDefinition:
 
 def say(text: str, file=None) -> None:
     """Print for an operator: control and escape characters that came from data are shown escaped."""
-    print(for_terminal(str(text)), file=file or sys.stdout)
+    print(for_terminal(scrub(str(text))), file=file or sys.stdout)
 
 
 def _operator() -> str:
@@ -92,8 +94,7 @@ def _ledger_settings(args: argparse.Namespace, home: Path) -> LedgerSettings:
 def _home(args: argparse.Namespace) -> Path:
     home = Path(args.home or os.environ.get("DUNNING_HOME") or ".dunning").expanduser().resolve()
     _SEEN["home"] = home
-    home.mkdir(parents=True, exist_ok=True)
-    return home
+    return private_dir(home)
 
 
 def _instance(home: Path, shards: int | None = None) -> dg.DagsterInstance:
@@ -492,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     _SEEN["started"] = utc_now()
     stderr = sys.stderr
     sys.stderr = quiet = _WithoutLogWriteNoise(stderr)
+    umask = keep_private()  # every file the command writes under the home: 0600 (`dunning.private_files`)
     try:
         code = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at interpreter exit
@@ -518,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     finally:
         sys.stderr = stderr
+        os.umask(umask)
 
 
 def entry() -> None:

@@ -17,6 +17,7 @@ from dunning.clock import CycleClock, cycle_clock, parse_as_of
 from dunning.config import DunningConfig, load_config
 from dunning.ledger.base import Ledger
 from dunning.ledger.factory import DUCKDB_FILE, open_ledger_for
+from dunning.private_files import keep_private
 from dunning.providers.base import EmailProvider
 from dunning.providers.factory import build_provider
 from dunning.sharding import Shard, shard_or_everyone
@@ -31,6 +32,10 @@ class DunningHome(dg.ConfigurableResource):
     home: str
     config_path: str | None = None
     lock_timeout_seconds: float = 120.0
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """A run that Dagster started (the UI, a schedule, the daemon) writes the home privately too."""
+        keep_private()
 
     @property
     def root(self) -> Path:

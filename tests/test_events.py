@@ -5,6 +5,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from tests.conftest import invoice
@@ -13,11 +14,15 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "stripe"
 PAYMENT_FAILED_TYPE = "invoice.payment_failed"
 
 
-def payment_failed_event(event_id="evt_pf_1", customer="cus_1", email="ada@example.com", remaining=4200):
+def payment_failed_event(
+    event_id="evt_pf_1", customer="cus_1", email="ada@example.com", remaining=4200, invoice_id="in_1"
+):
+    """A Stripe `invoice.payment_failed` event for `invoice_id` (by default the snapshot's `in_1` of cus_1: a
+    notice goes to the invoice's owner in the snapshot, never to an address the event names)."""
     event = json.loads((FIXTURES / "event.json").read_text())
     stripe_invoice = copy.deepcopy(json.loads((FIXTURES / "invoices_list.json").read_text())["data"][0])
     stripe_invoice.update(
-        id="in_pf",
+        id=invoice_id,
         customer=customer,
         customer_email=email,
         status="open",
@@ -39,7 +44,7 @@ def write(path, events, lines=False):
 def test_five_deliveries_in_a_file_and_again_next_run_give_one_notice(deployment, tmp_path):
     other = json.loads((FIXTURES / "event.json").read_text())  # plan.created: counted and ignored
     events = write(tmp_path / "events.json", [payment_failed_event()] * 5 + [other])
-    snapshot = [invoice(invoice_id="not_due_yet", due_date="2026-12-01")]
+    snapshot = [invoice(invoice_id="in_1", due_date="2026-12-01")]  # known to the snapshot, not due yet
     code, out, err = deployment.run(snapshot, "2026-11-05T09:00:00Z", "--events", events)
     assert code == 0, err
     again = write(tmp_path / "events.jsonl", [payment_failed_event()] * 2, lines=True)
@@ -62,26 +67,26 @@ def test_notices_pass_through_the_breaker(deployment, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("group_by: invoice\n")
     rows = [invoice(invoice_id="a"), invoice(invoice_id="b", due_date="2026-10-28")]
-    events = write(tmp_path / "e.json", [payment_failed_event()])
+    events = write(tmp_path / "e.json", [payment_failed_event(invoice_id="a")])
     code, _, err = deployment.run(rows, "2026-11-05T09:00:00Z", "--config", str(config), "--events", events)
     assert code == 3 and "cus_1 (3 emails" in err
     assert deployment.outbox() == []
 
 
 @pytest.mark.slow
-def test_a_notice_without_an_address_uses_the_snapshot_or_is_held(deployment, tmp_path):
+def test_a_notice_goes_to_the_snapshots_address_or_waits(deployment, tmp_path):
     events = write(
         tmp_path / "e.json",
         [
             payment_failed_event("evt_a", customer="cus_1", email=None),
-            payment_failed_event("evt_b", customer="cus_ghost", email=None),
+            payment_failed_event("evt_b", customer="cus_ghost", email=None, invoice_id="in_ghost"),
         ],
     )
     code, out, err = deployment.run([invoice(due_date="2026-12-01")], "2026-11-05T09:00:00Z", "--events", events)
     assert code == 0, err
     [notice] = deployment.outbox()
     assert notice["To"] == "ada@example.com" and notice["X-Dunning-Keys"] == "event:evt_a"
-    assert "no_email_address 1" in out
+    assert "event_address_not_trusted 1" in out, "an invoice the snapshot does not know: its notice waits"
 
 
 def test_an_unreadable_events_file_is_a_clear_error(deployment, tmp_path):
@@ -319,3 +324,40 @@ else:
             assert isinstance(row["amount_remaining"], int) and row["amount_remaining"] > 0
             assert isinstance(row["currency"], str)
             assert dt.datetime(2000, 1, 1, tzinfo=dt.UTC) <= row["created_at"] < dt.datetime(2100, 1, 1, tzinfo=dt.UTC)
+
+
+def test_an_event_never_chooses_the_recipient(deployment, tmp_path):
+    """The event names the victim's invoice and customer but the attacker's address: the notice goes to the
+    victim's address from the snapshot, with the victim's own pay link; an event naming someone else's invoice is
+    quarantined."""
+    rows = [
+        invoice(invoice_id="in_1", due_date="2026-12-01", payment_url="https://pay.example.com/in_1"),
+        invoice(invoice_id="in_2", customer_id="cus_2", customer_email="bo@example.com", due_date="2026-12-01"),
+    ]
+    events = write(
+        tmp_path / "e.json",
+        [
+            payment_failed_event("evt_redirect", customer="cus_1", email="attacker@evil.test"),
+            payment_failed_event("evt_other_owner", customer="cus_2", email="bo@example.com", invoice_id="in_1"),
+        ],
+    )
+    result = deployment.run_in_process(rows, "2026-11-05T09:00:00Z", events=events)
+    assert result.sent_keys == ["event:evt_redirect"]
+    [notice] = deployment.outbox()
+    assert notice["To"] == "ada@example.com" and "evil.test" not in notice.as_string()
+    assert "https://pay.example.com/in_1" in notice.get_body(("plain",)).get_content()
+    [(event_id, reason)] = deployment.query("SELECT event_id, reason FROM event_quarantine")
+    assert event_id == "evt_other_owner" and "belongs to another customer" in reason
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_an_unknown_invoices_notice_uses_the_events_address_only_when_trusted(deployment, tmp_path, trusted):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"events: {{trust_event_email: {str(trusted).lower()}}}\n")
+    events = write(tmp_path / "e.json", [payment_failed_event(email="new@example.com", invoice_id="in_new")])
+    result = deployment.run_in_process([invoice(due_date="2026-12-01")], "2026-11-05T09:00:00Z", config, Path(events))
+    assert result.sent_keys == (["event:evt_pf_1"] if trusted else [])
+    assert [m["To"] for m in deployment.outbox()] == (["new@example.com"] if trusted else [])
+    if not trusted:
+        held = result.audit.filter(pl.col("idempotency_key") == "event:evt_pf_1").get_column("reason").to_list()
+        assert held == ["event_address_not_trusted"]

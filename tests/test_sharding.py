@@ -117,7 +117,10 @@ def test_three_shards_send_what_one_run_sends_and_a_rerun_sends_nothing(tmp_path
     (sharded.home / "config.yaml").write_text("shards: 3\n")
     owners = {f"c{i}": shard_of(f"c{i}", 3) for i in range(12)}
     assert set(owners.values()) == {0, 1, 2}  # every shard has customers to send to
-    events = write(tmp_path / "events.json", [payment_failed_event(f"evt_{c}", c, f"{c}@example.com") for c in owners])
+    events = write(  # each about the customer's own invoice: a notice goes to the invoice's owner in the snapshot
+        tmp_path / "events.json",
+        [payment_failed_event(f"evt_{c}", c, f"{c}@example.com", invoice_id=f"in_{c[1:]}") for c in owners],
+    )
 
     code, _, err = whole.run(_rows(), AS_OF, "--events", events)
     assert code == 0, err

@@ -26,6 +26,7 @@ import polars as pl
 
 from dunning.ledger.schema import LEDGER_COLUMNS
 from dunning.ledger.sql import Executes, SqlConnection
+from dunning.secret_env import holding_any, scrub
 from dunning.vocabulary import PROVIDER_STATUSES, EmailKind, LedgerStatus, PlanRole, plain
 
 
@@ -293,6 +294,8 @@ class ClaimStore(SqlConnection):
         recorded = outcomes.filter(pl.col("status").is_in(plain(PROVIDER_STATUSES)))
         if "provider_message_id" not in recorded.columns:
             recorded = recorded.with_columns(pl.lit(None, dtype=pl.String).alias("provider_message_id"))
+        if holding_any():  # a provider's error text may quote a secret (a header, a URL): never stored as it is
+            recorded = recorded.with_columns(pl.col("error").map_elements(scrub, return_dtype=pl.String))
         if "retry_after_seconds" not in recorded.columns:
             recorded = recorded.with_columns(pl.lit(None, dtype=pl.Float64).alias("retry_after_seconds"))
         recorded = recorded.with_columns(

@@ -8,26 +8,20 @@ here and handed to psycopg, and nowhere else: messages name the variable only.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from dunning.config import DunningConfig, LedgerSettings
-from dunning.errors import UserInputError
 from dunning.ledger.base import Ledger
+from dunning.secret_env import read_secret
 
 DUCKDB_FILE = "dunning.duckdb"
 
 
 def postgres_dsn(settings: LedgerSettings) -> str:
-    """The DSN from the environment, or a UserInputError naming the variable (never echoing a value)."""
-    dsn = os.environ.get(settings.dsn_env, "").strip()
-    if not dsn:
-        raise UserInputError(
-            f"ledger.kind is postgres but the environment variable {settings.dsn_env} (ledger.dsn_env) is not set; "
-            "set it to the ledger database's connection string"
-        )
-    return dsn
+    """The DSN from the environment (`secret_env.read_secret`), or a ConfigError naming the variable (never echoing
+    a value)."""
+    return read_secret(settings.dsn_env, "ledger.dsn_env (ledger.kind is postgres)")
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from typing import Any
 import polars as pl
 
 from dunning.ledger.sql import SqlConnection
+from dunning.secret_env import scrub
 from dunning.vocabulary import RunOutcome
 
 PER_RUN_TABLES = ("dunning_audit", "dunning_runs")
@@ -88,10 +89,11 @@ class Operations(SqlConnection):
         severity: str = "critical",
     ) -> str:
         alert_id = uuid.uuid4().hex
+        stored = scrub(json.dumps(details, default=str)) if details else None  # masked, whatever produced the text
         self.con.execute(
             "INSERT INTO alerts (alert_id, created_at, kind, severity, message, run_id, details) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [alert_id, at, kind, severity, message, run_id, json.dumps(details, default=str) if details else None],
+            [alert_id, at, kind, severity, scrub(message), run_id, stored],
         )
         return alert_id
 

@@ -1,7 +1,8 @@
 """The default provider: each accepted email is one `.eml` file in DIR/outbox.
 
-Files are written to a temporary name and renamed into place, so an email is
-either wholly in the outbox or not at all; the name derives from the
+Files are written to a temporary name (created new, 0600, never through a
+link) and renamed into place within the directory, so an email is either wholly
+in the outbox or not at all; the name derives from the
 Message-ID, so `lookup` can answer whether a message was accepted after a
 crash, and a repeated write of the same message replaces rather than adds.
 """
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from email.message import Message
 from pathlib import Path
 
+from dunning.private_files import private_dir
 from dunning.providers.base import LEASE_ENDED, EmailProvider, SendOutcome
 from dunning.vocabulary import LookupStatus, SendStatus
 from dunning.wire import WireEmail, wire_bytes
@@ -26,7 +28,9 @@ MAX_STEM = 200  # file systems allow 255 bytes per name; the Message-ID's domain
 
 
 UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]")
-NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+# a new file only, never through a link planted at its name: a symlink at `<name>.eml.partial` made the write
+# overwrite its target
+NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _file_name(message_id: str) -> str:
@@ -36,13 +40,22 @@ def _file_name(message_id: str) -> str:
     return stem + ".eml"
 
 
+def _create(temporary: str) -> int:
+    """The temporary file, created new (0600, never through a link); one left by a crash, or planted, is removed
+    first (unlinking a symlink removes the link, not its target)."""
+    try:
+        return os.open(temporary, NEW_FILE, 0o600)
+    except FileExistsError:
+        os.unlink(temporary)
+        return os.open(temporary, NEW_FILE, 0o600)
+
+
 class FileOutbox(EmailProvider):
     name = "file"
     takes_wire = True
 
     def __init__(self, directory: str | Path):
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory = private_dir(directory)  # the emails name customers and what they owe
         self._directory = str(self.directory)
         self._writer: ThreadPoolExecutor | None = None
 
@@ -67,7 +80,7 @@ class FileOutbox(EmailProvider):
         target = os.path.join(self._directory, _file_name(message_id))
         temporary = target + ".partial"
         try:
-            descriptor = os.open(temporary, NEW_FILE, 0o666)
+            descriptor = _create(temporary)
             try:
                 view = memoryview(data)
                 while view:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from collections.abc import Mapping
 from email.header import decode_header, make_header
 from email.message import Message
@@ -47,8 +46,8 @@ import resend.exceptions
 from resend.http_client import HTTPClient
 
 from dunning.config import Provider
-from dunning.errors import ConfigError
 from dunning.providers.base import LEASE_ENDED, EmailProvider, HealthStop, SendOutcome, idempotency_key_of
+from dunning.secret_env import read_secret, scrub
 from dunning.vocabulary import LookupStatus, ProviderStatus, SendStatus
 
 # raised while the request is prepared, before a connection is made: nothing left this machine
@@ -107,7 +106,7 @@ class _Transport(HTTPClient):
 
 
 def _transport_answer(kind: str, exc: BaseException) -> tuple[bytes, int, Mapping[str, str]]:
-    body = {"name": kind, "message": f"{type(exc).__name__}: {str(exc)[:300]}", "statusCode": TRANSPORT_STATUS}
+    body = {"name": kind, "message": scrub(f"{type(exc).__name__}: {exc}")[:300], "statusCode": TRANSPORT_STATUS}
     return json.dumps(body).encode(), TRANSPORT_STATUS, {"content-type": "application/json"}
 
 
@@ -173,10 +172,8 @@ class ResendProvider(EmailProvider):
 
     def __init__(self, settings: Provider):
         self.settings = settings
-        key = os.environ.get(settings.api_key_env)
-        if not key:
-            raise ConfigError(f"provider.api_key_env: environment variable {settings.api_key_env} is not set or empty")
-        resend.api_key = key
+        # stripped (a secret file's newline made requests quote the whole header), checked, masked in every text
+        resend.api_key = read_secret(settings.api_key_env, "provider.api_key_env")
         resend.api_url = settings.api_base.rstrip("/")
         resend.default_http_client = _Transport(settings.timeout_seconds)
         self._health = HealthStop(settings.max_consecutive_errors, "provider resend")

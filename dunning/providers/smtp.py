@@ -30,7 +30,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
-import os
 import re
 import smtplib
 import ssl
@@ -45,6 +44,7 @@ from typing import Any
 from dunning.config import Provider
 from dunning.errors import ConfigError
 from dunning.providers.base import LEASE_ENDED, EmailProvider, HealthStop, SendOutcome
+from dunning.secret_env import read_secret
 from dunning.vocabulary import ProviderStatus, SendStatus
 from dunning.wire import WireEmail
 
@@ -205,20 +205,14 @@ class SmtpProvider(EmailProvider):
         self._health = HealthStop(settings.max_consecutive_errors, f"provider smtp {settings.host}:{settings.port}")
 
     def _read_credentials(self) -> tuple[str, str] | None:
-        names = (self.settings.username_env, self.settings.password_env)
-        if not any(names):
+        username, password = self.settings.username_env, self.settings.password_env
+        if not username and not password:
             return None
-        values = tuple(os.environ.get(n) if n else None for n in names)
-        missing = [
-            f"provider.{key}: environment variable {name} is not set or empty"
-            if name
-            else f"provider.{key}: not configured (username_env and password_env go together)"
-            for key, name, value in zip(("username_env", "password_env"), names, values, strict=True)
-            if not value
-        ]
-        if missing:
-            raise ConfigError("; ".join(missing))  # names only: a value never goes into an error
-        return values  # type: ignore[return-value]
+        if not username or not password:
+            missing = "username_env" if not username else "password_env"
+            raise ConfigError(f"provider.{missing}: not configured (username_env and password_env go together)")
+        # stripped, checked, masked in every text (`secret_env`); errors name the variable, never a value
+        return read_secret(username, "provider.username_env"), read_secret(password, "provider.password_env")
 
     def _make_tls_context(self) -> ssl.SSLContext:
         """One verifying context for every connection: certificate chain and hostname (check_hostname stays on)."""
