@@ -65,12 +65,13 @@ def clean_target(value: str, scope: ExclusionScope) -> str:
     return value
 
 
-def clean_reason(value: str | None) -> str | None:
-    """The reason as given (blank: none), or UserInputError when it holds a control character or is too long."""
+def clean_reason(value: str | None, flag: str = "--reason") -> str | None:
+    """The reason as given (blank: none), or UserInputError when it holds a control character (a bidirectional
+    control included) or is too long: the one rule for every free text an operator types."""
     if value is None or not value.strip():
         return None
     value = value.strip()
-    problem = _text_problem(value, "--reason", MAX_REASON)
+    problem = _text_problem(value, flag, MAX_REASON)
     if problem:
         raise UserInputError(problem)
     return value

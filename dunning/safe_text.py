@@ -14,8 +14,9 @@ same one:
 - `address_header`: an address header (`From`, `Reply-To`) from one address
   and an optional display name: quoted when the name holds specials (`"`, `,`,
   `<`), RFC 2047-encoded when not ASCII, refused with a control character.
-- `has_control`: whether text holds a control character (validation quarantines
-  such ids and names before anything is computed).
+- `has_control`: whether text holds a control character, a line or paragraph
+  separator or a bidirectional control (validation quarantines such ids and
+  names before anything is computed).
 - `for_terminal` and `redact`: what operators see, with control characters
   escaped and URLs and secrets cut out.
 """
@@ -32,8 +33,10 @@ from email.utils import formataddr
 from typing import Any
 
 # C0 and C1 controls, DEL, and the Unicode line and paragraph separators: everything a mail parser or a
-# terminal may take as a line break or an escape sequence
-CONTROL_CLASS = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
+# terminal may take as a line break or an escape sequence; and the bidirectional embeddings, overrides and
+# isolates (U+202A-U+202E, U+2066-U+2069), which make a subject or a terminal line read in another order
+# than it is written ("Trojan Source")
+CONTROL_CLASS = r"\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
 CONTROL = re.compile(f"[{CONTROL_CLASS}]")
 MAX_ADDRESS = 254
 _ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"

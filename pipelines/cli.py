@@ -266,12 +266,13 @@ def _day(text: str, flag: str) -> dt.date:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
+    reason = exclusions.clean_reason(args.reason)  # the rules `exclude --reason` follows: no control, 500 at most
     home = _home(args)
     with open_ledger_for(_ledger_settings(args, home), home) as ledger:
-        ledger.set_pause(True, args.reason, _operator(), utc_now())
+        ledger.set_pause(True, reason, _operator(), utc_now())
     say(
         f"dunning paused: no reminders will be sent until `dunning resume` proves the guard is live"
-        f"{' (' + args.reason + ')' if args.reason else ''}"
+        f"{' (' + reason + ')' if reason else ''}"
     )
     return 0
 
@@ -343,9 +344,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 def cmd_resolve(args: argparse.Namespace) -> int:
     home = _home(args)
-    note = f"resolved by {_operator()}: {'sent' if args.sent else 'not sent'}" + (
-        f" ({args.note})" if args.note else ""
-    )
+    given = exclusions.clean_reason(args.note, "--note")
+    note = f"resolved by {_operator()}: {'sent' if args.sent else 'not sent'}" + (f" ({given})" if given else "")
     with open_ledger_for(_ledger_settings(args, home), home) as ledger:
         done = ledger.resolve_by_hand(args.keys, args.sent, note, utc_now())
     missing = sorted(set(args.keys) - set(done))

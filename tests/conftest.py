@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import email
 import io
+import json
+import threading
 from email import policy
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import duckdb
@@ -114,3 +117,27 @@ def postgres_cluster():
 def postgres_dsn(postgres_cluster) -> str:
     """A new, empty database on the session's cluster: its libpq URL."""
     return postgres_cluster.fresh_database()
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    received: list = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append((self.path, json.loads(body)))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http_server():
+    """A local HTTP receiver for alert webhooks: its URL, and each POST's (path, JSON body) as it arrives."""
+    _Recorder.received = []
+    server = HTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", _Recorder.received
+    server.shutdown()

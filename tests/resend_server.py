@@ -106,7 +106,9 @@ class FakeResend:
         if handler.path != "/emails":
             return self.error(handler, 404, "not_found", "no such route")
         if handler.headers.get("Authorization") != f"Bearer {KEY}" or scripted == "401":
-            return self.error(handler, 401, "missing_api_key", "API key is invalid")
+            # quoting what it was given, as real services' error texts often do: the pipeline must mask it
+            given = handler.headers.get("Authorization") or ""
+            return self.error(handler, 401, "missing_api_key", f"API key is invalid: {given}")
         if scripted in ("422", "429", "500"):
             names = {"422": "validation_error", "429": "rate_limit_exceeded", "500": "internal_server_error"}
             headers = {"Retry-After": str(self.retry_after)} if scripted == "429" and self.retry_after else None

@@ -2,9 +2,6 @@
 recovery."""
 
 import datetime as dt
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import duckdb
 import pytest
@@ -136,29 +133,6 @@ def test_resume_refuses_when_the_next_pass_would_trip_the_breaker(deployment, tm
     )
     assert code == 5 and "first pass within the breaker" in err
     assert deployment.ledger() == [], "the simulated claims were rolled back"
-
-
-class _Recorder(BaseHTTPRequestHandler):
-    received: list = []
-
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).received.append((self.path, json.loads(body)))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def http_server():
-    _Recorder.received = []
-    server = HTTPServer(("127.0.0.1", 0), _Recorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}", _Recorder.received
-    server.shutdown()
 
 
 @pytest.mark.slow
