@@ -2,6 +2,8 @@
 recovery."""
 
 import datetime as dt
+import json
+import threading
 
 import duckdb
 import pytest
