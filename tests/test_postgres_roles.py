@@ -55,3 +55,16 @@ def test_a_worker_without_create_runs_cycles_on_a_ledger_its_owner_migrated(tmp_
         assert deployment.cli(*command)[0] == 0, command
     with psycopg.connect(worker_dsn) as con:
         assert con.execute("SELECT count(*) FROM reminder_ledger WHERE status = 'sent'").fetchone() == (2,)
+
+
+@pytest.mark.slow
+def test_a_worker_on_a_ledger_that_needs_migrating_is_told_to_run_it_as_the_owner(tmp_path, postgres_dsn, monkeypatch):
+    database = urlsplit(postgres_dsn).path.lstrip("/")
+    worker = f"fresh_{database[-8:]}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as con:
+        for statement in WORKER_GRANTS.format(worker=worker, database=database).split(";"):
+            if statement.strip():
+                con.execute(statement)
+    monkeypatch.setenv("DUNNING_POSTGRES_DSN", as_role(postgres_dsn, worker))
+    code, _, err = postgres_home(tmp_path).cli("status")
+    assert code == 2 and "needs schema migrations this role may not run" in err and "Traceback" not in err

@@ -20,7 +20,7 @@ import re
 
 from psycopg import errors as pg_errors
 
-from dunning.errors import LedgerBusy
+from dunning.errors import LedgerBusy, UserInputError
 from dunning.ledger.migrations import HISTORY_KEY_INDEX, migrate
 from dunning.ledger.schema import DDL
 from dunning.ledger.sql import Executes
@@ -61,5 +61,11 @@ def migrate_pg(con: Executes, source: str, lock_timeout_seconds: float) -> list[
         con.execute("RESET lock_timeout")
     try:
         return migrate(con, source, PG_DDL, postgres=True)
+    except pg_errors.InsufficientPrivilege:
+        con.execute("ROLLBACK")
+        raise UserInputError(
+            f"the PostgreSQL ledger named by {source} needs schema migrations this role may not run (a worker role "
+            "without CREATE): run one `dunning status` as the role that owns the schema, then start the workers"
+        ) from None
     finally:
         con.execute("SELECT pg_advisory_unlock(?)", [MIGRATION_LOCK])
