@@ -418,7 +418,7 @@ class DunningConfig(_Strict):
     def secret_names(self) -> list[str]:
         """Every environment variable this config reads a secret from."""
         names = [
-            self.provider.username_env, self.provider.password_env, self.provider.api_key_env,
+            self.provider.password_env, self.provider.api_key_env,
             self.alerts.pagerduty_routing_key_env, self.ledger.dsn_env, self.source.api_key_env,
         ]  # fmt: skip
         return [n for n in names if n]

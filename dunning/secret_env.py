@@ -32,7 +32,8 @@ from dunning.safe_text import has_control
 SECRET_PREFIXES = ("sk_", "rk_", "re_", "whsec_", "pk_live_", "xoxb-", "xoxp-", "ghp_", "AKIA")
 LOOKS_LIKE_A_SECRET = "this looks like the secret itself: put it in an environment variable and name the variable here"
 _CONVENTIONAL_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
-MIN_MASKED = 4  # shorter values (a one-letter password) would mask ordinary text; they are refused nowhere else
+# shorter values would mask ordinary words in every text ("billing", "admin"); a secret that short is not one
+MIN_MASKED = 8
 _KNOWN: set[str] = set()
 
 
@@ -69,14 +70,16 @@ def remember(values: Iterable[str | None]) -> None:
                     _KNOWN.add(form)
 
 
-def read_secret(name: str, key: str, environ: Mapping[str, str] | None = None) -> str:
+def read_secret(name: str, key: str, environ: Mapping[str, str] | None = None, *, masked: bool = True) -> str:
     """The value of environment variable `name` (config key `key` named it), stripped of surrounding whitespace;
     ConfigError naming the key and the variable, never the value, when it is unset, empty, or holds a control
-    character after stripping."""
+    character after stripping. `masked=False` for what is read the same way but is no secret (an SMTP user name,
+    which would mask ordinary words)."""
     raw = (environ if environ is not None else os.environ).get(name)
     if raw is None or not raw.strip():
         raise ConfigError(f"{key}: environment variable {shown_name(name)} is not set or empty")
-    remember([raw])
+    if masked:
+        remember([raw])
     value = raw.strip()
     if has_control(value):
         raise ConfigError(

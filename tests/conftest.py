@@ -94,6 +94,17 @@ class Deployment:
         return [email.message_from_bytes(f.read_bytes(), policy=policy.default) for f in files]
 
 
+@pytest.fixture(autouse=True)
+def _secrets_of_this_test_only():
+    """The secrets a test's process remembers (`dunning.secret_env`) are forgotten after it: a test that planted
+    one must not mask text in the next test run by the same worker."""
+    from dunning import secret_env
+
+    before = set(secret_env._KNOWN)
+    yield
+    secret_env._KNOWN.intersection_update(before)
+
+
 @pytest.fixture
 def deployment(tmp_path: Path) -> Deployment:
     return Deployment(tmp_path)

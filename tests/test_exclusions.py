@@ -7,7 +7,6 @@ on both ledger backends.
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import json
 from pathlib import Path
@@ -25,6 +24,7 @@ from dunning.vocabulary import ExclusionScope
 from pipelines import cli
 from tests.conftest import invoice, write_snapshot
 from tests.ledger_backends import backend_fixture  # noqa: F401 - the `backend` fixture
+from tests.test_events import payment_failed_event
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "stripe"
 DAY4 = "2026-11-04T09:00:00Z"  # invoices due 2026-11-01: day3 reached
@@ -129,23 +129,17 @@ def test_until_is_inclusive_on_the_business_date(deployment, tmp_path):
     assert keys_sent(deployment) == ["dunning:in_1:1:day3"]
 
 
-def payment_failed_event(event_id: str, customer: str) -> dict:
-    event = json.loads((FIXTURES / "event.json").read_text())
-    stripe_invoice = copy.deepcopy(json.loads((FIXTURES / "invoices_list.json").read_text())["data"][0])
-    stripe_invoice.update(
-        id=f"in_{customer}", customer=customer, customer_email=f"{customer}@example.com", status="open",
-        amount_due=4200, amount_paid=0, amount_remaining=4200, currency="eur",
-    )  # fmt: skip
-    event.update(id=event_id, type="invoice.payment_failed", data={"object": stripe_invoice})
-    return event
-
-
 @pytest.mark.slow
 def test_a_payment_failed_notice_for_an_excluded_customer_is_held(deployment, tmp_path):
     events = tmp_path / "events.json"
-    events.write_text(json.dumps([payment_failed_event("evt_1", "cus_x"), payment_failed_event("evt_2", "cus_y")]))
+    notices = [
+        payment_failed_event(e, c, f"{c}@example.com", invoice_id=f"in_{c}")
+        for e, c in (("evt_1", "cus_x"), ("evt_2", "cus_y"))
+    ]
+    events.write_text(json.dumps(notices))  # fmt: skip
     deployment.cli("exclude", "--customer", "cus_x", "--reason", "in dispute")
-    code, _, err = deployment.run([invoice(due_date="2026-12-01")], DAY4, "--events", str(events))
+    rows = [invoice(invoice_id=f"in_{c}", customer_id=c, due_date="2026-12-01") for c in ("cus_x", "cus_y")]
+    code, _, err = deployment.run(rows, DAY4, "--events", str(events))
     assert code == 0, err
     assert keys_sent(deployment) == ["event:evt_2"]
     assert audit(deployment) == {"event:evt_1": ("held", "excluded"), "event:evt_2": ("sent", None)}

@@ -302,9 +302,10 @@ def test_as_of_out_of_range_is_refused_before_anything_is_written(deployment, as
 
 
 def test_terminal_output_escapes_control_characters(deployment):
-    assert deployment.cli("pause", "--reason", "\x1b[2J\x1b]0;pwned\x07 flood")[0] == 0
-    code, out, _ = deployment.cli("status")
-    assert code == 0 and "\x1b" not in out and "\\x1b[2J" in out
+    code, _, err = deployment.cli("pause", "--reason", "\x1b[2J\x1b]0;pwned\x07 flood")
+    assert code == 2 and "\x1b" not in err, "operator text follows the exclude rules: refused, and shown escaped"
+    code, out, err = deployment.cli("resolve", "dunning:\x1b[2Jx:1:day3", "--sent")
+    assert code == 2 and "\x1b" not in err and "\\x1b[2J" in err
     assert for_terminal("a\tb\nc\x9b") == "a\tb\nc\\x9b"
 
 

@@ -212,7 +212,8 @@ class SmtpProvider(EmailProvider):
             missing = "username_env" if not username else "password_env"
             raise ConfigError(f"provider.{missing}: not configured (username_env and password_env go together)")
         # stripped, checked, masked in every text (`secret_env`); errors name the variable, never a value
-        return read_secret(username, "provider.username_env"), read_secret(password, "provider.password_env")
+        user = read_secret(username, "provider.username_env", masked=False)  # a name, not a secret
+        return user, read_secret(password, "provider.password_env")
 
     def _make_tls_context(self) -> ssl.SSLContext:
         """One verifying context for every connection: certificate chain and hostname (check_hostname stays on)."""
