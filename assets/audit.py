@@ -5,9 +5,10 @@ import polars as pl
 
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, frame_metadata
 from checks.asset_checks import SNAPSHOT_FOR_AUDIT
-from dunning import audit as audit_rules
-from dunning import cycle, unchanged
-from dunning.clock import CycleClock
+from dunning.plan import unchanged
+from dunning.plan.clock import CycleClock
+from dunning.report import audit as audit_rules
+from dunning.run import cycle
 from resources.dunning import CycleRequest, DunningHome
 
 
@@ -42,7 +43,7 @@ def dunning_audit(
             # the file applied, also when the run pulled it or took it from the landing folder (`resume` proves on it)
             snapshot_path=cycle_request.snapshot_path or ledger.applied_snapshot_path(context.run.run_id),
         )
-        if clock.live:  # the state this run leaves, for a later hour to compare with (`dunning.unchanged`)
+        if clock.live:  # the state this run leaves, for a later hour to compare with (`dunning.plan.unchanged`)
             unchanged.finish(ledger, context.run.run_id, send_batch, cycle_request.shard_spec(), invoice_snapshot)
     counts = audit_rules.summarize(audit)
     held = audit_rules.held_by_reason(audit)

@@ -3,8 +3,8 @@
 import dagster as dg
 import polars as pl
 
-from dunning.clock import RunMode
 from dunning.errors import DunningError
+from dunning.plan.clock import RunMode
 from dunning.secret_env import holds_a_secret, scrub
 from resources.partitions import daily_partitions
 

@@ -3,7 +3,7 @@
 import dagster as dg
 
 from assets.common import ASSET_DEFAULTS
-from dunning.analytics import ANALYST_VIEWS
+from dunning.ledger.backends.publication import ANALYST_VIEWS
 from dunning.private_files import share_with_group
 from resources.dunning import CycleRequest, DunningHome
 

@@ -4,7 +4,7 @@ import dagster as dg
 import polars as pl
 
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, frame_metadata
-from dunning import cycle, steps
+from dunning.run import cycle, steps
 from resources.dunning import CycleRequest, DunningHome
 
 

@@ -6,13 +6,13 @@ import dagster as dg
 import polars as pl
 
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, as_operator_failure, frame_metadata
-from dunning import cycle, steps
-from dunning.alerts import Alert, raise_alert
-from dunning.clock import RunMode, utc_now
-from dunning.handover import JOURNAL_DIR
-from dunning.progress import report_send_progress
-from dunning.render_pool import pool_size
-from dunning.sending import held_outcomes
+from dunning.plan.clock import RunMode, utc_now
+from dunning.run import cycle, steps
+from dunning.send.alerts import Alert, raise_alert
+from dunning.send.handover import JOURNAL_DIR
+from dunning.send.progress import report_send_progress
+from dunning.send.render_pool import pool_size
+from dunning.send.sending import held_outcomes
 from dunning.vocabulary import SendStatus
 from resources.dunning import CycleRequest, DunningHome
 

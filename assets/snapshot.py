@@ -15,12 +15,14 @@ from assets.common import (
     log_run_mode,
 )
 from checks.asset_checks import SNAPSHOT_AUDIT_COLUMNS
-from dunning import billing_source, steps, unchanged
-from dunning.clock import CycleClock, utc_now
 from dunning.config import DunningConfig
 from dunning.errors import SnapshotError
-from dunning.events import EVENTS_SCHEMA, PAYMENT_FAILED, REJECTED_SCHEMA, LoadedEvents, load_events
-from dunning.landing import latest_for_day
+from dunning.ingest import billing_source
+from dunning.ingest.events import EVENTS_SCHEMA, PAYMENT_FAILED, REJECTED_SCHEMA, LoadedEvents, load_events
+from dunning.ingest.landing import latest_for_day
+from dunning.plan import unchanged
+from dunning.plan.clock import CycleClock, utc_now
+from dunning.run import steps
 from resources.dunning import CycleRequest, DunningHome
 
 
@@ -65,7 +67,7 @@ def invoice_snapshot(
     live run also opens/closes cycles in `invoice_cycles`. A
     backfill evaluates the day against the ledger as it stood then.
 
-    A live run given nothing new since the last one (`dunning.unchanged`) materializes nothing: the steps after
+    A live run given nothing new since the last one (`dunning.plan.unchanged`) materializes nothing: the steps after
     this one are skipped, and the run's record says what was checked.
     """
     try:
@@ -123,8 +125,8 @@ def billing_events(
     polls the `invoice.payment_failed` events newer than the ledger's cursor (kept in HOME/snapshots/, the newest id
     staged for the send step to commit once the notices are claimed), and every run adds the stored payment-failed
     events still without a notice (so each shard sends its customers' notices). An `invoice.payment_failed` event
-    that cannot be a sound notice (see `dunning.events.rejection_reasons`) is left out and, on a live run, kept in
-    `event_quarantine` with its reasons; the other events proceed.
+    that cannot be a sound notice (see `dunning.ingest.events.rejection_reasons`) is left out and, on a live run,
+    kept in `event_quarantine` with its reasons; the other events proceed.
     """
     try:
         config = dunning_home.settings()

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from dunning.providers.file_outbox import NEW_FILE  # the outbox's own flags: the same system calls
+from dunning.send.providers.file_outbox import NEW_FILE  # the outbox's own flags: the same system calls
 
 
 def create_files(directory: Path, count: int, data: bytes, prefix: str) -> float:

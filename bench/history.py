@@ -17,10 +17,10 @@ import polars as pl
 
 from dunning.config import DunningConfig
 from dunning.demo import generate_snapshot, write_snapshot
-from dunning.ledger.duckdb_ledger import open_ledger
-from dunning.ledger.schema import LEDGER_COLUMNS
-from dunning.policy import STATE_SCHEMA, assign_cycles, plan_reminders
-from dunning.snapshot import read_snapshot
+from dunning.ingest.snapshot import read_snapshot
+from dunning.ledger.backends.duckdb_ledger import open_ledger
+from dunning.ledger.schema.tables import LEDGER_COLUMNS
+from dunning.plan.policy import STATE_SCHEMA, assign_cycles, plan_reminders
 
 HISTORY_LAG_DAYS = 7  # about 10% of invoices newly due on the benchmark day
 

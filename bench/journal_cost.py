@@ -3,7 +3,7 @@
 `python -m bench.journal_cost [--emails N] [--repeat R] [--out bench/RESULTS.md]`
 
 The same due batch is sent by `sending.send_due` into a fresh ledger each time, once with `journal_dir` (one
-`write` of the Message-ID per email, before its hand-over: `dunning.handover`) and once without, taken in
+`write` of the Message-ID per email, before its hand-over: `dunning.send.handover`) and once without, taken in
 turn (A, B, A, B, ...) so a slow spell of the machine hits both alike. The file outbox is measured on a tmpfs
 (the code's rate, without the disk) and on the disk; SMTP against a local aiosmtpd server. The goal: at most 5%
 fewer emails per second with the journal.
@@ -28,10 +28,10 @@ AS_OF = dt.datetime(2026, 11, 30, 9, tzinfo=dt.UTC)
 
 
 def _due(emails: int):
-    from dunning import cycle
     from dunning.config import DunningConfig
     from dunning.demo import generate_snapshot
-    from dunning.policy import STATE_SCHEMA, assign_cycles
+    from dunning.plan.policy import STATE_SCHEMA, assign_cycles
+    from dunning.run import cycle
 
     config = DunningConfig(group_by="invoice", breaker={"max_emails": 10})
     snapshot = generate_snapshot(emails * 4, as_of=AS_OF.date(), invoices_per_customer=1.0)
@@ -41,8 +41,8 @@ def _due(emails: int):
 
 
 def _send_once(root: Path, provider_factory, journal: bool, due, skipped, config) -> float:
-    from dunning.ledger.duckdb_ledger import open_ledger
-    from dunning.sending import send_due
+    from dunning.ledger.backends.duckdb_ledger import open_ledger
+    from dunning.send.sending import send_due
 
     discard(root)
     root.mkdir(parents=True)
@@ -77,8 +77,8 @@ def measure(emails: int, repeat: int, scratch: Path) -> list[dict]:
     from aiosmtpd.controller import Controller
 
     from dunning.config import Provider
-    from dunning.providers.file_outbox import FileOutbox
-    from dunning.providers.smtp import SmtpProvider
+    from dunning.send.providers.file_outbox import FileOutbox
+    from dunning.send.providers.smtp import SmtpProvider
 
     config, due, skipped = _due(emails)
     results = []

@@ -2,7 +2,7 @@
 
 `noop_runs` copies a tier's template, runs one live cycle on it (untimed: it makes the home's state current and
 records what the next run compares with), then times `repeat` runs an hour apart with the same snapshot: each is
-skipped as unchanged (`dunning.unchanged`). `floor` measures what every `dunning run` pays before any work of its
+skipped as unchanged (`dunning.plan.unchanged`). `floor` measures what every `dunning run` pays before any work of its
 own, step by step: the interpreter, the command's imports, the Dagster instance, and a whole skipped run on a
 one-invoice home; and, for the same check without Dagster, a bare function call (the in-process composition of
 `tests/in_process.py`'s kind: open the ledger, hash the snapshot, compare).
@@ -71,10 +71,10 @@ def noop_runs(template: Path, as_of: dt.datetime, repeat: int) -> dict:
 BARE_CHECK = """
 import datetime as dt, sys
 from pathlib import Path
-from dunning import unchanged
-from dunning.clock import cycle_clock
+from dunning.plan import unchanged
+from dunning.plan.clock import cycle_clock
 from dunning.config import DunningConfig
-from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.ledger.backends.duckdb_ledger import open_ledger
 from dunning.sharding import EVERYONE
 home, snapshot, as_of = Path(sys.argv[1]), sys.argv[2], dt.datetime.fromisoformat(sys.argv[3])
 config = DunningConfig()

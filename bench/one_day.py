@@ -46,9 +46,9 @@ def snapshot(path: Path, invoices: int) -> Path:
 
 
 def in_process_plan(path: Path, repeat: int) -> dict:
-    from dunning import cycle
     from dunning.config import DunningConfig
-    from dunning.policy import STATE_SCHEMA, assign_cycles
+    from dunning.plan.policy import STATE_SCHEMA, assign_cycles
+    from dunning.run import cycle
 
     config = DunningConfig()
     loads, plans, due = [], [], 0

@@ -11,7 +11,7 @@ repeats, since the machine may be busy with other work.
 
     python -m bench.render_cost [--emails 5000] [--repeat 7]
 
-On a tree without `dunning.compose` only the message path is measured.
+On a tree without `dunning.email.compose` only the message path is measured.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from typing import Any
 
 import polars as pl
 
-from dunning import cycle, demo
+from dunning import demo
 from dunning.config import DunningConfig
-from dunning.policy import STATE_SCHEMA, assign_cycles
-from dunning.render import render_for
-from dunning.sending import render_settings, with_email_ids
-from dunning.wire import WireEmail
+from dunning.email.render import render_for
+from dunning.email.wire import WireEmail
+from dunning.plan.policy import STATE_SCHEMA, assign_cycles
+from dunning.run import cycle
+from dunning.send.sending import render_settings, with_email_ids
 
 AS_OF = dt.datetime(2026, 11, 30, 9, tzinfo=dt.UTC)  # the benchmark's day
 INVOICES_PER_EMAIL = 9  # about how many snapshot invoices the demo data has per reminder due that day
@@ -64,7 +65,7 @@ def paths(config: DunningConfig) -> dict[str, Callable[[Group], WireEmail]]:
 
     found = {"message (render_for + WireEmail.of)": message}
     try:
-        from dunning.compose import wire_for
+        from dunning.email.compose import wire_for
     except ImportError:
         return found
 

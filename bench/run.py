@@ -106,7 +106,7 @@ def current_schema(template: Path) -> None:
     analysts (publication rewrites only the days that changed since the last one, so a timed run pays for what
     it changes, as an hourly run does, not for publishing 30 days from scratch), and its Dagster instance
     created (`warm_instance`)."""
-    from dunning.ledger.duckdb_ledger import open_ledger
+    from dunning.ledger.backends.duckdb_ledger import open_ledger
 
     with open_ledger(template / "dunning.duckdb") as ledger:
         if not (template / "analytics.duckdb").exists():

@@ -58,14 +58,14 @@ def disk_floor(directory: Path, files: int, size: int) -> float:
 
 
 def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, send: bool = True) -> dict:
-    from dunning import cycle, steps
-    from dunning.analytics import publish
-    from dunning.clock import CycleClock, RunMode
     from dunning.config import DunningConfig
-    from dunning.ledger.duckdb_ledger import open_ledger
-    from dunning.providers.file_outbox import FileOutbox
-    from dunning.render_pool import available_cores, pool_size
-    from dunning.sending import held_outcomes
+    from dunning.ledger.backends.duckdb_ledger import open_ledger
+    from dunning.ledger.backends.publication import publish
+    from dunning.plan.clock import CycleClock, RunMode
+    from dunning.run import cycle, steps
+    from dunning.send.providers.file_outbox import FileOutbox
+    from dunning.send.render_pool import available_cores, pool_size
+    from dunning.send.sending import held_outcomes
     from dunning.vocabulary import SendStatus
 
     home = _scratch(template, "steps")
@@ -88,7 +88,7 @@ def _steps(template: Path, as_of: dt.datetime, outbox_root: Path | None = None, 
     with open_ledger(home / "dunning.duckdb") as ledger:
         clock = CycleClock(as_of, RunMode.LIVE, as_of.astimezone(config.zone).date())
 
-        def newly_due():  # the assets' own plan step (dunning.steps), on the cycled snapshot
+        def newly_due():  # the assets' own plan step (dunning.run.steps), on the cycled snapshot
             cycled = cycle.cycle_snapshot(ledger, loaded.valid, config, as_of)
             return cycled, steps.plan_step(ledger, cycled, None, config, clock)
 
@@ -193,8 +193,8 @@ def naive_poller(template: Path, as_of: dt.datetime, cap_seconds: float) -> dict
     file outbox (one email per invoice), so the two do the same sending work;
     the time spent looking up and committing is reported apart.
     """
-    from dunning.providers.file_outbox import FileOutbox
-    from dunning.render import reminder_email
+    from dunning.email.render import reminder_email
+    from dunning.send.providers.file_outbox import FileOutbox
 
     home = _scratch(template, "naive")
     snapshot = pl.read_parquet(home / "bench-snapshot.parquet").filter(
@@ -256,8 +256,8 @@ def naive_poller(template: Path, as_of: dt.datetime, cap_seconds: float) -> dict
 def publication_with_daily_history(template: Path, as_of: dt.datetime, days: int = 30) -> dict:
     """Publication when `invoice_history_daily` holds `days` days of the snapshot: first, after one more day, and
     what copying that table whole (as every publication did before it went per day) costs."""
-    from dunning.analytics import publish
-    from dunning.ledger.duckdb_ledger import open_ledger
+    from dunning.ledger.backends.duckdb_ledger import open_ledger
+    from dunning.ledger.backends.publication import publish
 
     home = _scratch(template, "publication")
     snapshot = str(home / "bench-snapshot.parquet")
@@ -303,13 +303,13 @@ def smtp_rate(directory: Path, as_of: dt.datetime, emails: int) -> dict:
     """Emails per second to a local aiosmtpd server through the SMTP provider, ledger updates included."""
     from aiosmtpd.controller import Controller
 
-    from dunning import cycle
     from dunning.config import DunningConfig, Provider
     from dunning.demo import generate_snapshot
-    from dunning.ledger.duckdb_ledger import open_ledger
-    from dunning.policy import STATE_SCHEMA, assign_cycles
-    from dunning.providers.smtp import SmtpProvider
-    from dunning.sending import send_due
+    from dunning.ledger.backends.duckdb_ledger import open_ledger
+    from dunning.plan.policy import STATE_SCHEMA, assign_cycles
+    from dunning.run import cycle
+    from dunning.send.providers.smtp import SmtpProvider
+    from dunning.send.sending import send_due
 
     class Count:
         received = 0

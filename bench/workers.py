@@ -44,11 +44,11 @@ import psycopg
 
 from bench.run import AS_OF, DATA, DUNNING, ROOT, TIERS, machine, template_for, warm_instance
 from bench.trash import discard, empty
-from dunning import cycle, steps
-from dunning.clock import CycleClock, RunMode
 from dunning.config import DunningConfig
-from dunning.ledger.duckdb_ledger import open_ledger
-from dunning.ledger.pg_ledger import open_postgres_ledger
+from dunning.ledger.backends.duckdb_ledger import open_ledger
+from dunning.ledger.backends.pg_ledger import open_postgres_ledger
+from dunning.plan.clock import CycleClock, RunMode
+from dunning.run import cycle, steps
 from dunning.sharding import Shard
 from tests.postgres_server import PostgresCluster, start_cluster
 

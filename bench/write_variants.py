@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from dunning.providers.file_outbox import NEW_FILE  # the outbox's own flags: the same system calls
+from dunning.send.providers.file_outbox import NEW_FILE  # the outbox's own flags: the same system calls
 
 DATA = b"x" * 3500
 

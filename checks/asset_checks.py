@@ -9,10 +9,10 @@ after it will not run to do so.
 import dagster as dg
 import polars as pl
 
-from dunning import audit as audit_rules
-from dunning import cycle
-from dunning.breaker import BREAKER_CHECK
-from dunning.clock import RunMode
+from dunning.plan.breaker import BREAKER_CHECK
+from dunning.plan.clock import RunMode
+from dunning.report import audit as audit_rules
+from dunning.run import cycle
 from resources.dunning import CycleRequest, DunningHome
 
 # what the audit and the breaker's trip record read of the snapshot (see RunScopedFramesIOManager)

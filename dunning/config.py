@@ -270,7 +270,7 @@ class LedgerSettings(_Strict):
 
 
 class InvoiceEmails(_Strict):
-    """The invoice email itself, once per invoice and billing period (`dunning.invoice_emails`). Off by default:
+    """The invoice email itself, once per invoice and billing period (`dunning.plan.invoice_emails`). Off by default:
     many billing systems send the invoice themselves."""
 
     enabled: Flag = False
@@ -328,14 +328,14 @@ class DunningConfig(_Strict):
     analytics_group: str | None = Field(
         default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
     )
-    # a directory of the operator's email templates, overriding packaged ones by name (`dunning.templating`);
+    # a directory of the operator's email templates, overriding packaged ones by name (`dunning.email.templating`);
     # relative to the config file's directory; checked when the config loads
     templates_dir: str | None = Field(default=None, min_length=1, max_length=4096)
     # emails claimed per ledger transaction (`claim_chunk`): a number from 1 to 100,000, or `auto`
     claim_chunk_size: Literal["auto"] | int = "auto"
     # how long (wall clock) a claim stays ours without renewal; renewed while its chunk is being sent
     claim_lease_minutes: Number = Field(default=30.0, gt=0, le=24 * 60)
-    # processes that render emails (`dunning.render_pool`): `auto` is the usable cores divided by the cycle runs in
+    # processes that render emails (`dunning.send.render_pool`): `auto` is the usable cores divided by the cycle runs in
     # progress on this home; 1 renders in the run's own process; never part of what decides a send
     render_processes: Literal["auto"] | int = "auto"
     # how many shards split a day's cycle by customer (`dunning.sharding`): the schedule asks for one run per
@@ -381,7 +381,7 @@ class DunningConfig(_Strict):
     @field_validator("min_remaining_minor")
     @classmethod
     def _known_currencies(cls, value: dict[str, int]) -> dict[str, int]:
-        from dunning.snapshot_rules import CURRENCIES  # here, not at import: it loads pandera
+        from dunning.ingest.snapshot_rules import CURRENCIES  # here, not at import: it loads pandera
 
         unknown = [code for code in value if code not in CURRENCIES]
         if unknown:
@@ -463,7 +463,7 @@ def parse_config(data: object, source: str = "config", base_dir: Path | None = N
         raise ConfigError(f"{source}: {_describe(exc)}") from None
     remember_configured(config.secret_names())  # masked in every text from here on, before any is read
     if config.templates_dir is not None:
-        from dunning.templating import TemplateProblem, check_templates  # here, not at import: it loads Jinja
+        from dunning.email.templating import TemplateProblem, check_templates  # here, not at import: it loads Jinja
 
         directory = str(((base_dir or Path.cwd()) / Path(config.templates_dir).expanduser()).resolve())
         try:

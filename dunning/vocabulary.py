@@ -67,7 +67,7 @@ class PlanRole(StrEnum):
     RETRY = "retry"  # a failed send whose backoff is over
     SKIPPED = "skipped"  # record as skipped, never send
     # an `unknown` outcome of an earlier run, to settle by lookup or by resubmitting its kept request
-    # (`dunning.resubmission`); `hold` says why the present forbids resubmitting it
+    # (`dunning.send.resubmission`); `hold` says why the present forbids resubmitting it
     SETTLE = "settle"
 
 
@@ -86,7 +86,7 @@ class Tone(StrEnum):
 class SendStatus(StrEnum):
     """The outcome of one due key in this run (`send_batch`'s `status` column)."""
 
-    # from the provider (see `dunning.providers.base`); recorded in the ledger
+    # from the provider (see `dunning.send.providers.base`); recorded in the ledger
     SENT = "sent"
     FAILED = "failed"
     UNKNOWN = "unknown"
@@ -129,7 +129,7 @@ class RunOutcome(StrEnum):
 
     COMPLETED = "completed"
     HALTED_BY_BREAKER = "halted_by_breaker"
-    UNCHANGED = "unchanged"  # skipped: nothing it would read had changed since the last run (`dunning.unchanged`)
+    UNCHANGED = "unchanged"  # skipped: nothing it would read had changed since the last run (`dunning.plan.unchanged`)
 
 
 class HoldReason(StrEnum):
@@ -144,13 +144,13 @@ class HoldReason(StrEnum):
     UNKNOWN_OUTCOME = "unknown_outcome"
     CLAIMED_BY_ANOTHER_RUN = "claimed_by_another_run"
     NOT_ATTEMPTED = "not_attempted"
-    # decided by the plan, before any send (`dunning.exclusions`): never claimed, so nothing is on record for them
+    # decided by the plan, before any send (`dunning.plan.exclusions`): never claimed, so nothing is on record for them
     EXCLUDED = "excluded"  # the customer or invoice is excluded (`dunning exclude`, or auto_advance false)
     BELOW_MINIMUM = "below_minimum"  # the invoice's remaining balance is under `min_remaining_minor`
     # a payment-failed notice for an invoice the snapshot does not know: the event's own address is not trusted
     # (`events.trust_event_email`); it waits for a snapshot that shows the invoice
     EVENT_ADDRESS_NOT_TRUSTED = "event_address_not_trusted"
-    # why an `unknown` send's kept request is not resubmitted now (`dunning.resubmission`): it stays `unknown`
+    # why an `unknown` send's kept request is not resubmitted now (`dunning.send.resubmission`): it stays `unknown`
     NOT_OWED = "not_owed"  # an invoice it covers is paid, void or settled since
     AMOUNT_CHANGED = "amount_changed"  # an invoice it covers owes another amount than the email states
     NOT_IN_SNAPSHOT = "not_in_snapshot"  # an invoice it covers is not in this run's snapshot
@@ -167,4 +167,4 @@ class ExclusionScope(StrEnum):
 class AuditNote(StrEnum):
     """`dunning_audit.reason` of a key that was not held: something its email left out."""
 
-    PAYMENT_URL_DROPPED = "payment_url_dropped"  # the invoice's pay link was not https (`dunning.pay_links`)
+    PAYMENT_URL_DROPPED = "payment_url_dropped"  # the invoice's pay link was not https (`dunning.email.pay_links`)

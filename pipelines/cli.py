@@ -20,17 +20,18 @@ from pathlib import Path
 
 import dagster as dg
 
-from dunning import exclusions, heap
-from dunning.clock import parse_as_of, utc_now
 from dunning.config import DunningConfig, LedgerSettings, load_config, load_ledger_settings
 from dunning.errors import DunningError, GuardNotLive, LedgerBusy, StorageError, UserInputError
-from dunning.guard import prove_guard
+from dunning.ingest.stripe import read_events
 from dunning.ledger.factory import open_ledger_for
+from dunning.plan import exclusions
+from dunning.plan.clock import parse_as_of, utc_now
 from dunning.private_files import keep_private, private_dir
+from dunning.run.guard import prove_guard
 from dunning.safe_text import for_terminal
 from dunning.secret_env import scrub
+from dunning.send import heap
 from dunning.sharding import Shard, parse_shard
-from dunning.stripe import read_events
 from dunning.vocabulary import ExclusionScope
 from pipelines import report
 from pipelines.cli_args import build_parser
@@ -158,7 +159,7 @@ def _source_ready(config: DunningConfig) -> None:
         raise UserInputError(
             "no snapshot: pass --snapshot PATH, or configure a billing source to pull from (source: {kind: stripe})"
         )
-    from dunning import stripe_api  # here: the SDK is a tenth of a second of every run's start otherwise
+    from dunning.ingest import stripe_api  # here: the SDK is a tenth of a second of every run's start otherwise
 
     stripe_api.api_key(config.source)
     return None
@@ -473,7 +474,7 @@ def _unexpected(error: Exception, args: argparse.Namespace) -> tuple[str, int]:
 
 class _SkippedCheckNoise(logging.Filter):
     """Dagster warns that a blocking check "emitted no result" when its asset was not materialized: a run skipped
-    as unchanged (`dunning.unchanged`), whose gated steps are skipped with it. Our checks always emit a result
+    as unchanged (`dunning.plan.unchanged`), whose gated steps are skipped with it. Our checks always emit a result
     when they run, so the warning would only mislead."""
 
     def filter(self, record: logging.LogRecord) -> bool:

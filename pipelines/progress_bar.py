@@ -1,4 +1,4 @@
-"""A tqdm progress bar for long sends in the CLI, fed by `dunning.progress` records."""
+"""A tqdm progress bar for long sends in the CLI, fed by `dunning.send.progress` records."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from tqdm import tqdm
 
-from dunning.progress import PROGRESS_LOGGER
+from dunning.send.progress import PROGRESS_LOGGER
 
 
 class _SendBar(logging.Handler):

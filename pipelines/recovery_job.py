@@ -9,10 +9,11 @@ import datetime as dt
 
 import dagster as dg
 
-from dunning import cycle, recovery
-from dunning.clock import parse_as_of, utc_now
 from dunning.errors import DunningError
-from dunning.policy import with_balances
+from dunning.plan.clock import parse_as_of, utc_now
+from dunning.plan.policy import with_balances
+from dunning.report import recovery
+from dunning.run import cycle
 from resources.dunning import DunningHome
 
 DEFAULT_LOOKBACK = dt.timedelta(days=7)  # how far back to look for a flood when --since is not given

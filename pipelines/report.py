@@ -11,12 +11,12 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 
-from dunning import liveness
-from dunning.clock import utc_now
 from dunning.config import Alerts, DunningConfig, load_config
 from dunning.errors import ConfigError, ProviderUnhealthy, exit_codes_by_class
 from dunning.ledger.base import Ledger
-from dunning.ledger.operations import PauseState, RunSummary
+from dunning.ledger.stores.operations import PauseState, RunSummary
+from dunning.plan.clock import utc_now
+from dunning.send import liveness
 from dunning.storage_faults import StorageFault, storage_fault, storage_fault_of
 from resources.dunning import CONFIG_FILE_NAME
 
@@ -198,7 +198,7 @@ def run_report(result: dg.ExecuteJobResult, ledger: Ledger, *, as_of: dt.datetim
 
 
 def _unchanged_text(header: str, skipped: dict) -> str:
-    """A live run skipped because nothing it decides from changed (`dunning.unchanged`)."""
+    """A live run skipped because nothing it decides from changed (`dunning.plan.unchanged`)."""
     reference = str(skipped["reference_run_id"])[:8]
     as_of = skipped["reference_as_of"].isoformat() if skipped["reference_as_of"] else "?"
     return "\n".join(

@@ -3,7 +3,7 @@
 The landing sensor asks for one run per new file, keyed by the file's content
 hash (`run_key`), so the same file dropped twice, or renamed, never starts a
 second run; its cursor remembers the hashes it has seen. The dead man's switch starts no runs: it pages when no
-live run has completed for a while or `unknown` keys wait too long (see dunning/liveness.py).
+live run has completed for a while or `unknown` keys wait too long (see dunning/send/liveness.py).
 """
 
 import datetime as dt
@@ -11,11 +11,12 @@ import json
 
 import dagster as dg
 
-from dunning import billing_source, liveness
-from dunning.alerts import Alert, deliver, raise_alert
-from dunning.clock import utc_now
 from dunning.errors import DunningError, LedgerBusy
-from dunning.landing import content_hash, landing_files
+from dunning.ingest import billing_source
+from dunning.ingest.landing import content_hash, landing_files
+from dunning.plan.clock import utc_now
+from dunning.send import liveness
+from dunning.send.alerts import Alert, deliver, raise_alert
 from pipelines.jobs import dunning_cycle_job
 from pipelines.recovery_job import flood_recovery
 from resources.dunning import SHARD_TAG, DunningHome

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import dagster as dg
 
-from dunning.clock import CycleClock, cycle_clock, parse_as_of
 from dunning.config import DunningConfig, load_config
 from dunning.ledger.base import Ledger
 from dunning.ledger.factory import DUCKDB_FILE, open_ledger_for
+from dunning.plan.clock import CycleClock, cycle_clock, parse_as_of
 from dunning.private_files import keep_private
-from dunning.providers.base import EmailProvider
-from dunning.providers.factory import build_provider
+from dunning.send.providers.base import EmailProvider
+from dunning.send.providers.factory import build_provider
 from dunning.sharding import Shard, shard_or_everyone
 
 CONFIG_FILE_NAME = "config.yaml"
@@ -77,7 +77,7 @@ class CycleRequest(dg.ConfigurableResource):
         return shard_or_everyone(self.shard)
 
     def cycle_clock(self, context, config: DunningConfig) -> CycleClock:
-        """The run's clock and mode (`dunning.clock.cycle_clock`), from the partition and `as_of`."""
+        """The run's clock and mode (`dunning.plan.clock.cycle_clock`), from the partition and `as_of`."""
         partition = dt.date.fromisoformat(context.partition_key) if context.has_partition_key else None
         return cycle_clock(
             self.clock(context), partition, config.zone, dry_run=self.dry_run, as_of_given=bool(self.as_of)

@@ -71,7 +71,7 @@ class Deployment:
     def run_in_process(
         self, rows: list[dict], as_of: str, config: str | Path | None = None, events: Path | None = None
     ) -> InProcessCycle:
-        """The same cycle as `run`, composed from `dunning.steps` without Dagster (`tests/in_process.py`)."""
+        """The same cycle as `run`, composed from `dunning.run.steps` without Dagster (`tests/in_process.py`)."""
         return run_cycle(self.home, self.snapshot(rows), as_of, config, events)
 
     def query(self, sql: str, params: list | None = None) -> list[tuple]:

@@ -11,10 +11,10 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 
-from dunning import cycle
 from dunning.config import DunningConfig
-from dunning.policy import STATE_SCHEMA, assign_cycles
-from dunning.sending import with_email_ids
+from dunning.plan.policy import STATE_SCHEMA, assign_cycles
+from dunning.run import cycle
+from dunning.send.sending import with_email_ids
 from pipelines.schedules import hourly_dunning
 from resources.dunning import DunningHome
 from tests.conftest import invoice

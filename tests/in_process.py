@@ -3,7 +3,7 @@
 Policy tests that need ten or twenty cycles in a row (polling every day for
 three weeks, a daylight-saving change, a backoff series) run their middle
 cycles here instead of through the `dunning` command: the same
-`dunning.steps` functions on the same home (real DuckDB file, the configured
+`dunning.run.steps` functions on the same home (real DuckDB file, the configured
 provider, the same outbox), about twenty times faster than a Dagster run. Each
 such test still runs through the CLI at least once, and
 `tests/test_in_process.py` holds this composition equal to the CLI's.
@@ -19,14 +19,15 @@ from pathlib import Path
 
 import polars as pl
 
-from dunning import cycle, steps, unchanged
-from dunning.breaker import BreakerVerdict
-from dunning.clock import cycle_clock, parse_as_of
 from dunning.config import load_config
-from dunning.events import load_events
-from dunning.ledger.duckdb_ledger import open_ledger
-from dunning.providers.base import EmailProvider
-from dunning.providers.factory import build_provider
+from dunning.ingest.events import load_events
+from dunning.ledger.backends.duckdb_ledger import open_ledger
+from dunning.plan import unchanged
+from dunning.plan.breaker import BreakerVerdict
+from dunning.plan.clock import cycle_clock, parse_as_of
+from dunning.run import cycle, steps
+from dunning.send.providers.base import EmailProvider
+from dunning.send.providers.factory import build_provider
 from dunning.sharding import EVERYONE, Shard
 
 
@@ -62,7 +63,7 @@ def run_cycle(
     """`dunning --home HOME run --snapshot SNAPSHOT --as-of AS_OF [--config C] [--events E] [--shard K/N]`, in
     process.
 
-    With `skip_unchanged`, the run starts and ends as the assets do (`dunning.unchanged`): skipped when nothing
+    With `skip_unchanged`, the run starts and ends as the assets do (`dunning.plan.unchanged`): skipped when nothing
     changed since the last run, else its inputs and end state recorded. `provider` replaces the configured one."""
     if config_path is None and (home / "config.yaml").is_file():
         config_path = home / "config.yaml"

@@ -15,8 +15,8 @@ import duckdb
 import pytest
 from psycopg import errors as pg_errors
 
-from dunning.ledger.duckdb_ledger import DuckDBLedger, open_ledger
-from dunning.ledger.pg_ledger import PostgresLedger, open_postgres_ledger
+from dunning.ledger.backends.duckdb_ledger import DuckDBLedger, open_ledger
+from dunning.ledger.backends.pg_ledger import PostgresLedger, open_postgres_ledger
 
 BACKENDS = ("duckdb", "postgres")
 

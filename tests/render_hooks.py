@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from dunning.render import render_for
+from dunning.email.render import render_for
 
 DIE_ON = "in_die"  # a worker that is given this invoice's email dies, as an OOM kill would end it
 

@@ -16,13 +16,13 @@ import psycopg
 import pytest
 
 from dunning.config import DunningConfig
-from dunning.ledger.claims import ClaimCap
-from dunning.ledger.duckdb_ledger import open_ledger
-from dunning.ledger.migrations import LATEST
-from dunning.ledger.pg_connection import translate
-from dunning.ledger.pg_ledger import open_postgres_ledger
-from dunning.ledger.schema import DDL
-from dunning.sending import with_email_ids
+from dunning.ledger.backends.duckdb_ledger import open_ledger
+from dunning.ledger.backends.pg_connection import translate
+from dunning.ledger.backends.pg_ledger import open_postgres_ledger
+from dunning.ledger.schema.migrations import LATEST
+from dunning.ledger.schema.tables import DDL
+from dunning.ledger.stores.claims import ClaimCap
+from dunning.send.sending import with_email_ids
 from tests.ledger_backends import Backend, backend_fixture  # noqa: F401 - the fixture: both databases
 from tests.test_ledger import AS_OF, NO_SKIPS, due_rows
 

@@ -18,15 +18,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dunning import compose as compose_module
-from dunning import render, sending
-from dunning.compose import compose, wire_for
 from dunning.config import DunningConfig
-from dunning.ledger.duckdb_ledger import open_ledger
-from dunning.providers.file_outbox import FileOutbox
-from dunning.render import WIRE_POLICY, Draft, Sender, message_of, render_for
+from dunning.email import compose as compose_module
+from dunning.email import render
+from dunning.email.compose import compose, wire_for
+from dunning.email.render import WIRE_POLICY, Draft, Sender, message_of, render_for
+from dunning.email.wire import WireEmail
+from dunning.ledger.backends.duckdb_ledger import open_ledger
+from dunning.send import sending
+from dunning.send.providers.file_outbox import FileOutbox
 from dunning.vocabulary import EmailKind
-from dunning.wire import WireEmail
 from tests import helpers
 from tests.conftest import invoice, write_snapshot
 from tests.helpers import reminder_row, text_snapshot_groups

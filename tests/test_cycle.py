@@ -18,8 +18,8 @@ def test_second_run_on_the_same_snapshot_sends_nothing(deployment):
     code, out, err = deployment.run(rows, "2026-11-05T09:00:00Z")
     assert code == 0, err
     assert len(deployment.outbox()) == 5
-    # the same invoices in another order: other bytes, so not skipped as unchanged (`dunning.unchanged`); the ledger
-    # itself refuses every second claim
+    # the same invoices in another order: other bytes, so not skipped as unchanged (`dunning.plan.unchanged`); the
+    # ledger itself refuses every second claim
     code, out, err = deployment.run(list(reversed(rows)), "2026-11-05T09:00:00Z")
     assert code == 0, err
     assert len(deployment.outbox()) == 5

@@ -11,10 +11,10 @@ import dagster as dg
 import duckdb
 import pytest
 
-from dunning import liveness
 from dunning.config import Alerts, parse_config
 from dunning.errors import ConfigError, LedgerBusy
-from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.ledger.backends.duckdb_ledger import open_ledger
+from dunning.send import liveness
 from pipelines import report, sensors
 from pipelines.definitions import defs
 from pipelines.sensors import dead_mans_switch

@@ -88,7 +88,7 @@ def test_materializing_twice_sends_nothing_the_second_time(tmp_path):
         assert first.success
         assert first.output_for_node("send_batch").height == 3
         assert len(list((home / "outbox").glob("*.eml"))) == 3
-        # the same invoices in another order: not skipped as unchanged (`dunning.unchanged`), so every step runs
+        # the same invoices in another order: not skipped as unchanged (`dunning.plan.unchanged`), so every step runs
         write_snapshot(snapshot, [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}") for i in reversed(range(3))])
         second = _materialize(home, snapshot, "2026-11-05T10:00:00Z", instance)
         assert second.success

@@ -20,7 +20,7 @@ import duckdb
 import pytest
 
 from dunning.errors import StorageError
-from dunning.providers.file_outbox import FileOutbox
+from dunning.send.providers.file_outbox import FileOutbox
 from pipelines import cli, report
 from tests.conftest import invoice, write_snapshot
 

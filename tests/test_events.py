@@ -192,7 +192,7 @@ def test_an_entry_that_is_not_an_event_is_a_clear_error(deployment, tmp_path):
 
 
 def test_validation_names_every_broken_rule():
-    from dunning.events import split_events
+    from dunning.ingest.events import split_events
 
     good = payment_failed_event("evt_good", customer={"id": "cus_1", "object": "customer"})
     bad = payment_failed_event("evt_bad\u2028", customer="")
@@ -299,7 +299,7 @@ else:
     def test_validation_never_raises_and_accepts_only_sound_events(events):
         import unicodedata
 
-        from dunning.events import split_events
+        from dunning.ingest.events import split_events
 
         loaded = split_events(events)  # never raises, whatever the events hold
 

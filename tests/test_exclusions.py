@@ -16,10 +16,10 @@ import polars as pl
 import pytest
 
 from dunning.config import parse_config
-from dunning.cycle import plan_cycle, sendable_due
-from dunning.exclusions import in_force
-from dunning.policy import STATE_SCHEMA, assign_cycles
-from dunning.snapshot import read_snapshot
+from dunning.ingest.snapshot import read_snapshot
+from dunning.plan.exclusions import in_force
+from dunning.plan.policy import STATE_SCHEMA, assign_cycles
+from dunning.run.cycle import plan_cycle, sendable_due
 from dunning.vocabulary import ExclusionScope
 from pipelines import cli
 from tests.conftest import invoice, write_snapshot

@@ -5,7 +5,7 @@ import datetime as dt
 import polars as pl
 import pytest
 
-from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.ledger.backends.duckdb_ledger import open_ledger
 from tests.helpers import customers, due_frame
 from tests.smtp_server import RawSmtpServer, ScriptedHandler, SmtpServer, free_port
 
@@ -123,7 +123,7 @@ def _claim_one(ledger, key: str, run_id: str, at: dt.datetime, lease_until: dt.d
 
 
 def test_a_live_runs_claims_are_never_expired_by_another_writer(tmp_path):
-    from dunning.ledger.duckdb_ledger import DuckDBLedger
+    from dunning.ledger.backends.duckdb_ledger import DuckDBLedger
 
     now = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
     lease = dt.timedelta(minutes=30)

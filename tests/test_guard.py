@@ -8,8 +8,8 @@ import threading
 import duckdb
 import pytest
 
-from dunning.ledger.claims import ClaimCap
-from dunning.ledger.duckdb_ledger import DuckDBLedger, open_ledger
+from dunning.ledger.backends.duckdb_ledger import DuckDBLedger, open_ledger
+from dunning.ledger.stores.claims import ClaimCap
 from tests.conftest import invoice
 from tests.helpers import due_frame
 

@@ -203,7 +203,7 @@ def _waiting_on_a_lock(ledger, pid: int, within_s: float = 30.0) -> bool:
 def test_two_runs_merging_one_day_at_once_on_postgresql_leave_one_row_per_invoice(postgres_dsn):
     """Runs of one shard may merge the same day at the same time: the second waits on the first's rows (the day's
     unique index) and finds them, where two anti-joins that could not see each other's rows both inserted."""
-    from dunning.ledger.pg_ledger import open_postgres_ledger
+    from dunning.ledger.backends.pg_ledger import open_postgres_ledger
 
     day = dt.date(2026, 11, 5)
     rows = _history_rows(day, "r1", {f"in_{i}": i + 1 for i in range(50)})
@@ -229,7 +229,7 @@ def test_two_runs_merging_one_day_at_once_on_postgresql_leave_one_row_per_invoic
 
 
 def test_the_history_key_migration_drops_duplicate_days_and_keeps_the_newest_on_postgresql(postgres_dsn):
-    from dunning.ledger.pg_ledger import open_postgres_ledger
+    from dunning.ledger.backends.pg_ledger import open_postgres_ledger
 
     day = dt.date(2026, 11, 5)
     older, newer = _history_rows(day, "r1", {"a": 1, "b": 2}), _history_rows(day, "r2", {"a": 10})

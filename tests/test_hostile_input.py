@@ -11,14 +11,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from dunning.alerts import Alert, deliver
 from dunning.config import Alerts, DunningConfig, parse_config
+from dunning.email.render import EmailBuildError, apology_email, payment_failed_email, reminder_email
 from dunning.errors import ConfigError
-from dunning.ledger.duckdb_ledger import open_ledger
-from dunning.providers.file_outbox import FileOutbox
-from dunning.render import EmailBuildError, apology_email, payment_failed_email, reminder_email
+from dunning.ledger.backends.duckdb_ledger import open_ledger
 from dunning.safe_text import for_terminal, header_value, is_address, redact
-from dunning.sending import send_due, with_email_ids
+from dunning.send.alerts import Alert, deliver
+from dunning.send.providers.file_outbox import FileOutbox
+from dunning.send.sending import send_due, with_email_ids
 from tests.conftest import invoice
 from tests.helpers import parsed_html_elements, reminder_row
 
@@ -149,7 +149,7 @@ def test_a_body_cannot_smuggle_a_part_with_the_boundary():
 def test_one_address_rule(address, ok):
     assert is_address(address) is ok
     frame = pl.DataFrame({"customer_email": [address]}, schema={"customer_email": pl.String})
-    from dunning.policy import sendable_expr
+    from dunning.plan.policy import sendable_expr
 
     assert frame.select(sendable_expr()).item() is ok, "the vectorized rule is the same rule"
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from dunning.config import DunningConfig
-from dunning.render import WIRE_POLICY, EmailBuildError, render_for
+from dunning.email.render import WIRE_POLICY, EmailBuildError, render_for
 from dunning.safe_text import has_control, is_address
 from tests.helpers import parsed_html_elements, text_snapshot_groups
 

@@ -8,12 +8,12 @@ import polars as pl
 import pytest
 
 from dunning.config import DunningConfig
+from dunning.email.render import reminder_email
 from dunning.errors import LedgerBusy
-from dunning.ledger.duckdb_ledger import open_ledger
-from dunning.providers.file_outbox import FileOutbox
-from dunning.render import reminder_email
-from dunning.resubmission import resolve_unknown
-from dunning.sending import send_due, with_email_ids
+from dunning.ledger.backends.duckdb_ledger import open_ledger
+from dunning.send.providers.file_outbox import FileOutbox
+from dunning.send.resubmission import resolve_unknown
+from dunning.send.sending import send_due, with_email_ids
 from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture: each test below runs on both databases
 
 AS_OF = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)

@@ -9,8 +9,8 @@ import duckdb
 import polars as pl
 import pytest
 
-from dunning.ledger.duckdb_ledger import open_ledger
-from dunning.ledger.migrations import LATEST, MIGRATIONS, LedgerTooNew
+from dunning.ledger.backends.duckdb_ledger import open_ledger
+from dunning.ledger.schema.migrations import LATEST, MIGRATIONS, LedgerTooNew
 from tests.conftest import invoice
 from tests.helpers import due_frame
 from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture: both databases

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dunning import cycle
-from dunning.audit import build_audit
-from dunning.breaker import evaluate_breaker
 from dunning.config import DunningConfig
-from dunning.exclusions import IN_FORCE_SCHEMA
-from dunning.policy import STATE_SCHEMA, assign_cycles
-from dunning.sending import held_outcomes, with_email_ids
+from dunning.plan.breaker import evaluate_breaker
+from dunning.plan.exclusions import IN_FORCE_SCHEMA
+from dunning.plan.policy import STATE_SCHEMA, assign_cycles
+from dunning.report.audit import build_audit
+from dunning.run import cycle
+from dunning.send.sending import held_outcomes, with_email_ids
 from dunning.vocabulary import SendStatus
 from tests.conftest import write_snapshot
 

@@ -7,8 +7,8 @@ import polars as pl
 import pytest
 
 from dunning.config import DunningConfig
-from dunning.policy import STATE_SCHEMA, assign_cycles, plan_reminders
-from dunning.snapshot import read_snapshot
+from dunning.ingest.snapshot import read_snapshot
+from dunning.plan.policy import STATE_SCHEMA, assign_cycles, plan_reminders
 from tests.conftest import invoice, write_snapshot
 
 EMPTY_STATE = pl.DataFrame(schema=STATE_SCHEMA)
@@ -165,7 +165,7 @@ def test_the_vectorized_plan_matches_a_per_invoice_reference(tmp_path):
 
 def test_the_plan_role_is_a_closed_set_through_every_part_of_the_plan(tmp_path):
     """Due, skipped and retry rows carry `role` as the PlanRole enum; a value outside it cannot be made."""
-    from dunning.cycle import plan_cycle
+    from dunning.run.cycle import plan_cycle
     from dunning.vocabulary import PLAN_ROLE_DTYPE, PlanRole
 
     state = pl.DataFrame(  # in_2's day7 was claimed and failed: a retry, not a new due row

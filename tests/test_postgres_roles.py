@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from dunning.ledger.pg_ledger import open_postgres_ledger
+from dunning.ledger.backends.pg_ledger import open_postgres_ledger
 from tests.conftest import invoice
 from tests.test_postgres_ledger import postgres_home
 

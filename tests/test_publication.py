@@ -18,9 +18,9 @@ import duckdb
 import polars as pl
 import pytest
 
-from dunning import analytics
-from dunning.analytics import publish
-from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.ledger.backends import publication as analytics
+from dunning.ledger.backends.duckdb_ledger import open_ledger
+from dunning.ledger.backends.publication import publish
 
 AS_OF = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
 
@@ -226,7 +226,7 @@ def test_a_table_written_by_an_analyst_who_was_killed_does_not_break_the_next_pu
         assert wal.is_file() and not wal.is_symlink()
 
         ledger.replace_partition("invoice_history_daily", dt.date(2026, 11, 2), day_rows(dt.date(2026, 11, 2), "r2", 5))
-        with caplog.at_level(logging.WARNING, logger="dunning.analytics"):
+        with caplog.at_level(logging.WARNING, logger="dunning.ledger.backends.publication"):
             publish(ledger.con, tmp_path)
 
     assert any("notes" in r.getMessage() and "lost" in r.getMessage() for r in caplog.records), caplog.text
@@ -329,7 +329,7 @@ HOSTILE_TEXTS = ['a,"b"\nc\r\nd', "", None, "é ünï 😀\t\\N", "NULL", '""', 
 def test_a_postgresql_ledger_publishes_exactly_what_a_duckdb_ledger_does_whatever_the_text(tmp_path, postgres_dsn):
     """The PostgreSQL rows reach the analysts' copy as CSV: quotes, commas, line breaks, empty strings against
     NULLs, the text 'NULL', non-ASCII, long values and microseconds must all arrive as the DuckDB ledger keeps them."""
-    from dunning.ledger.pg_ledger import open_postgres_ledger
+    from dunning.ledger.backends.pg_ledger import open_postgres_ledger
 
     n = len(HOSTILE_TEXTS)
     history = day_rows(dt.date(2026, 11, 5), "r1", n).with_columns(
@@ -369,7 +369,7 @@ def test_a_postgresql_ledger_copies_only_the_days_that_changed_and_publishes_the
 ):
     """A day's history is copied out of PostgreSQL only when its rows changed: unchanged days keep their files
     and are not read again; a changed, a new and a removed day are published as a DuckDB ledger would."""
-    from dunning.ledger.pg_ledger import PostgresLedger, open_postgres_ledger
+    from dunning.ledger.backends.pg_ledger import PostgresLedger, open_postgres_ledger
 
     days = [dt.date(2026, 11, d) for d in (1, 2, 3)]
     copied_days: list[list[dt.date] | None] = []  # per publication, the history days copied (None: none)

@@ -4,7 +4,7 @@ from email import policy
 
 import pytest
 
-from dunning.render import format_amount, reminder_email
+from dunning.email.render import format_amount, reminder_email
 from tests.helpers import reminder_row
 
 
@@ -98,7 +98,7 @@ def test_text_part_serializes_exactly_like_mimetext(body, subtype):
     from email.charset import Charset
     from email.mime.text import MIMEText
 
-    from dunning.render import WIRE_POLICY, text_part
+    from dunning.email.render import WIRE_POLICY, text_part
 
     utf8_8bit = Charset("utf-8")
     utf8_8bit.body_encoding = None

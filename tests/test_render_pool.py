@@ -12,17 +12,18 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from dunning import cycle, sending
 from dunning.config import DunningConfig, parse_config
+from dunning.email.render import WIRE_POLICY, Sender, apology_email, payment_failed_email, reminder_email, render_for
+from dunning.email.wire import WireEmail, wire_bytes
 from dunning.errors import ConfigError
-from dunning.ledger.duckdb_ledger import open_ledger
-from dunning.policy import STATE_SCHEMA, assign_cycles
-from dunning.providers.file_outbox import FileOutbox
-from dunning.render import WIRE_POLICY, Sender, apology_email, payment_failed_email, reminder_email, render_for
-from dunning.render_pool import RenderPool, RenderSettings, build, pool_size
-from dunning.resubmission import resolve_unknown
-from dunning.sending import RenderFailed, send_due
-from dunning.wire import WireEmail, wire_bytes
+from dunning.ledger.backends.duckdb_ledger import open_ledger
+from dunning.plan.policy import STATE_SCHEMA, assign_cycles
+from dunning.run import cycle
+from dunning.send import sending
+from dunning.send.providers.file_outbox import FileOutbox
+from dunning.send.render_pool import RenderPool, RenderSettings, build, pool_size
+from dunning.send.resubmission import resolve_unknown
+from dunning.send.sending import RenderFailed, send_due
 from tests.conftest import invoice, write_snapshot
 from tests.helpers import reminder_row, send_groups
 from tests.render_hooks import DIE_ON, render_or_die
@@ -266,8 +267,8 @@ def test_amounts_formatted_without_babel_read_as_babel_writes_them():
 
     import babel
 
-    from dunning.email_context import _number_format, _plain_format, format_amount
-    from dunning.snapshot_rules import CURRENCIES
+    from dunning.email.context import _number_format, _plain_format, format_amount
+    from dunning.ingest.snapshot_rules import CURRENCIES
 
     rng = random.Random(15)
     locales = sorted(str(x) for x in babel.localedata.locale_identifiers())

@@ -8,7 +8,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from dunning.ledger.payloads import PAYLOAD_SCHEMA
+from dunning.ledger.stores.payloads import PAYLOAD_SCHEMA
 from tests.conftest import invoice
 from tests.helpers import due_frame
 from tests.ledger_backends import backend_fixture  # noqa: F401

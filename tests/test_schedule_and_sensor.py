@@ -3,7 +3,7 @@
 import dagster as dg
 import pytest
 
-from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.ledger.backends.duckdb_ledger import open_ledger
 from pipelines.definitions import defs
 from pipelines.sensors import page_on_run_failure
 from resources.dunning import CycleRequest, DunningHome

@@ -16,14 +16,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from dunning.alerts import Alert, raise_alert
 from dunning.config import Alerts, parse_config
+from dunning.email.wire import WireEmail
 from dunning.errors import ConfigError
-from dunning.providers import resend_api
-from dunning.providers.file_outbox import FileOutbox
 from dunning.safe_text import has_control
 from dunning.secret_env import read_secret, remember, scrub
-from dunning.wire import WireEmail
+from dunning.send.alerts import Alert, raise_alert
+from dunning.send.providers import resend_api
+from dunning.send.providers.file_outbox import FileOutbox
 from tests.conftest import invoice, write_snapshot
 from tests.helpers import DUNNING, due_frame
 from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from dunning.errors import UserInputError
-from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.ledger.backends.duckdb_ledger import open_ledger
 from dunning.sharding import EVERYONE, MAX_SHARDS, Shard, parse_shard, shard_of
 from pipelines.instance import DAGSTER_YAML, get_instance
 from resources.dunning import SHARD_TAG

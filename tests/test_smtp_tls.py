@@ -17,9 +17,9 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from dunning.config import Provider, parse_config
+from dunning.email.render import reminder_email
 from dunning.errors import ConfigError
-from dunning.providers.smtp import SmtpProvider
-from dunning.render import reminder_email
+from dunning.send.providers.smtp import SmtpProvider
 from tests.conftest import invoice
 from tests.smtp_server import ScriptedHandler, SmtpServer, free_port
 

@@ -6,10 +6,10 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from dunning.config import DunningConfig
-from dunning.cycle import load_snapshot
 from dunning.errors import SnapshotError
-from dunning.snapshot import read_snapshot
-from dunning.snapshot_rules import DUPLICATED, REPEATED, validate_snapshot
+from dunning.ingest.snapshot import read_snapshot
+from dunning.ingest.snapshot_rules import DUPLICATED, REPEATED, validate_snapshot
+from dunning.run.cycle import load_snapshot
 from tests.conftest import invoice, write_snapshot
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "stripe"

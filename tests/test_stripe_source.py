@@ -14,10 +14,10 @@ import dagster as dg
 import psycopg
 import pytest
 
-from dunning import billing_source
 from dunning.config import Source
 from dunning.errors import BillingSourceFailed
-from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.ingest import billing_source
+from dunning.ledger.backends.duckdb_ledger import open_ledger
 from pipelines.sensors import stripe_events
 from resources.dunning import DunningHome
 from tests.conftest import Deployment

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from dunning.config import parse_config
+from dunning.email.locales import email_locale, known_locale
+from dunning.email.render import WIRE_POLICY, Sender, apology_email, payment_failed_email, reminder_email
+from dunning.email.templating import TEMPLATE_NAMES, check_templates
 from dunning.errors import ConfigError
-from dunning.locales import email_locale, known_locale
-from dunning.render import WIRE_POLICY, Sender, apology_email, payment_failed_email, reminder_email
-from dunning.templating import TEMPLATE_NAMES, check_templates
 from tests.conftest import invoice
 from tests.helpers import reminder_row
 from tests.smtp_server import ScriptedHandler, SmtpServer
@@ -56,7 +56,7 @@ def config_file(directory: Path, text: str) -> Path:
 def test_every_packaged_template_passes_the_check_it_imposes_on_operators():
     check_templates(None, "en_US")
     check_templates(None, "de_DE")
-    packaged = Path(__file__).parents[1] / "dunning" / "templates"
+    packaged = Path(__file__).parents[1] / "dunning" / "email" / "templates"
     for language in ("", "de"):
         assert {p.name for p in (packaged / language).glob("*.j2")} == set(TEMPLATE_NAMES)
 
@@ -383,7 +383,7 @@ def test_a_stripe_pull_brings_each_customers_language_and_pay_link(deployment, m
 def test_templates_see_jinjas_globals_and_a_dict_methods_name_keeps_the_sandboxs_rule():
     from jinja2.exceptions import SecurityError, UndefinedError
 
-    from dunning.templating import environment
+    from dunning.email.templating import environment
 
     env = environment(None)
     globals_used = "{{ range(3)|list }} {{ namespace(a=1).a }} {% set j = joiner('/') %}{{ j() }}a{{ j() }}b"

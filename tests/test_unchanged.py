@@ -1,5 +1,5 @@
-"""The hourly no-op (`dunning.unchanged`): a live run given nothing new is skipped and recorded; each thing that can
-make a run send (a new snapshot, midnight, an operator's change, a retry come due, a claim or an unknown outcome
+"""The hourly no-op (`dunning.plan.unchanged`): a live run given nothing new is skipped and recorded; each thing that
+can make a run send (a new snapshot, midnight, an operator's change, a retry come due, a claim or an unknown outcome
 to settle, keys left for later) makes it run whole."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import polars as pl
 import pytest
 import yaml
 
-from dunning import unchanged
-from dunning.clock import CycleClock, RunMode
 from dunning.config import DunningConfig, parse_config
-from dunning.ledger.duckdb_ledger import open_ledger
+from dunning.ledger.backends.duckdb_ledger import open_ledger
+from dunning.plan import unchanged
+from dunning.plan.clock import CycleClock, RunMode
 from dunning.sharding import EVERYONE, Shard
 from dunning.vocabulary import ExclusionScope, SendStatus
 from tests.conftest import Deployment, invoice, write_snapshot

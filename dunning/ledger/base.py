@@ -14,17 +14,17 @@ from typing import Any, Protocol
 
 import polars as pl
 
-from dunning.ledger.claims import ClaimCap, ClaimResult
-from dunning.ledger.exclusions import Excluded
-from dunning.ledger.operations import PauseState, RunSummary, StatusCounts
-from dunning.ledger.run_inputs import StateScope, UnknownSettling
 from dunning.ledger.sql import Executes
+from dunning.ledger.stores.claims import ClaimCap, ClaimResult
+from dunning.ledger.stores.exclusions import Excluded
+from dunning.ledger.stores.operations import PauseState, RunSummary, StatusCounts
+from dunning.ledger.stores.run_inputs import StateScope, UnknownSettling
 from dunning.sharding import EVERYONE, Shard
 from dunning.vocabulary import EmailKind, ExclusionScope, LedgerStatus, RunOutcome
 
 
 class AlertStore(Protocol):
-    """Where alerts are kept, and what became of their delivery (`dunning.alerts`)."""
+    """Where alerts are kept, and what became of their delivery (`dunning.send.alerts`)."""
 
     def add_alert(
         self,
@@ -207,7 +207,7 @@ class Ledger(AlertStore, Protocol):
 
     def alerts_for_run(self, run_id: str) -> pl.DataFrame: ...
 
-    # exclusions (`dunning exclude` / `include`; `dunning.exclusions` decides what they hold)
+    # exclusions (`dunning exclude` / `include`; `dunning.plan.exclusions` decides what they hold)
     def exclude(
         self,
         scope: ExclusionScope,
@@ -233,7 +233,7 @@ class Ledger(AlertStore, Protocol):
 
     def status_counts(self) -> StatusCounts: ...
 
-    # an unchanged hour (`dunning.unchanged`, `run_inputs`)
+    # an unchanged hour (`dunning.plan.unchanged`, `run_inputs`)
     def state_digest(self, scope: StateScope | None = None) -> str: ...
 
     def begin_run_inputs(
@@ -278,7 +278,7 @@ class Ledger(AlertStore, Protocol):
         wall: dt.datetime,
     ) -> None: ...
 
-    # the dead man's switch (`dunning.liveness`)
+    # the dead man's switch (`dunning.send.liveness`)
     def last_live_run(self, completed_only: bool = False) -> dict[str, Any] | None: ...
 
     def unknown_waiting_since(self, before: dt.datetime) -> tuple[int, dt.datetime | None, str | None]: ...

@@ -31,13 +31,13 @@ def open_ledger_for(
     """The deployment's ledger, opened (and its schema brought up to date) for the block, closed after."""
     ledger_settings = settings.ledger if isinstance(settings, DunningConfig) else settings
     if ledger_settings.kind == "postgres":
-        from dunning.ledger.pg_ledger import open_postgres_ledger
+        from dunning.ledger.backends.pg_ledger import open_postgres_ledger
 
         dsn = postgres_dsn(ledger_settings)
         with open_postgres_ledger(dsn, f"${ledger_settings.dsn_env}", timeout_seconds) as pg_ledger:
             yield pg_ledger
         return
-    from dunning.ledger.duckdb_ledger import open_ledger
+    from dunning.ledger.backends.duckdb_ledger import open_ledger
 
     with open_ledger(Path(home) / DUCKDB_FILE, timeout_seconds) as duck_ledger:
         yield duck_ledger

@@ -163,7 +163,7 @@ class SqlConnection:
 
     def table_digest_sql(self, table: str, where: str = "TRUE") -> str:
         """SQL for one row: the row count of `table`'s rows meeting `where` and text that changes whenever any of
-        them changes, whatever their order (`dunning.ledger.run_inputs`)."""
+        them changes, whatever their order (`dunning.ledger.stores.run_inputs`)."""
         raise NotImplementedError
 
     def database_path(self) -> str | None:

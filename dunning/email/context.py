@@ -1,0 +1,286 @@
+"""What a template sees: the variables of each kind of email, formatted for the email's locale.
+
+Amounts stay integers in minor units until here, where they are rendered with
+the currency's real exponent through Babel (JPY has none, USD two), never with
+hand-written arithmetic on floats; dates are Babel's `medium` format of the
+locale (`Nov 1, 2026`, `01.11.2026`). Every value a template gets is built
+here, once per email, as plain strings, numbers and lists: templates call no
+code of ours.
+
+The same builders make the sample contexts `dunning.email.templating` renders every
+template against when the config loads, so "every variable the code provides"
+is exactly what these functions return; the README's table of template
+variables lists them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from typing import Any
+
+import babel
+import babel.dates
+import babel.numbers
+
+from dunning.email.locales import language_of
+from dunning.email.pay_links import https_url
+from dunning.plan import invoice_emails
+from dunning.vocabulary import EmailKind, Tone
+
+TONE_ORDER = {Tone.GENTLE: 0, Tone.FIRM: 1, Tone.FINAL: 2}
+Context = dict[str, Any]
+
+
+@functools.cache
+def _number_format(currency: str, locale: str) -> tuple[babel.numbers.NumberPattern, babel.Locale, int]:
+    """The currency's exponent and a plain number pattern with that many decimals, parsed once per currency."""
+    digits = babel.numbers.get_currency_precision(currency)
+    pattern = babel.numbers.parse_pattern("#,##0" + ("." + "0" * digits if digits else ""))
+    return pattern, babel.Locale.parse(locale), digits
+
+
+def format_amount(amount_minor: int, currency: str, locale: str = "en_US") -> str:
+    """`12345, "USD"` -> `123.45 USD` (`de_DE`: `123,45 USD`): the ISO code is never ambiguous, a `$` is."""
+    fast = _plain_format(currency, locale)
+    if fast is not None:
+        return f"{fast(int(amount_minor))} {currency}"
+    pattern, parsed_locale, digits = _number_format(currency, locale)
+    value = Decimal(int(amount_minor)).scaleb(-digits)
+    return f"{pattern.apply(value, parsed_locale)} {currency}"
+
+
+_PROBES = (0, 1, 7, 42, 99, 100, 999, 1000, 1234, 12345, 99999, 100000, 1234567, 10**9 + 7, 123456789012, 10**15)
+
+
+@functools.cache
+def _plain_format(currency: str, locale: str) -> Callable[[int], str] | None:
+    """What Babel writes for an amount of `currency` in `locale`, with Python's integer formatting: the locale's
+    group and decimal symbols and minus sign around groups of three digits. A fifth of the time to render a
+    reminder went to Babel's general number formatting. Used only where it gives Babel's text on every probe, a
+    positive and a negative of each length up to 16 digits; any other locale (other digits, other grouping) keeps
+    Babel."""
+    pattern, parsed_locale, digits = _number_format(currency, locale)
+    try:
+        group = babel.numbers.get_group_symbol(parsed_locale)
+        decimal = babel.numbers.get_decimal_symbol(parsed_locale)
+        minus = babel.numbers.get_minus_sign_symbol(parsed_locale)
+    except (KeyError, ValueError):
+        return None
+    scale = 10**digits
+
+    def plain(minor: int) -> str:
+        whole, fraction = divmod(abs(minor), scale)
+        text = f"{whole:,}".replace(",", group) + (f"{decimal}{fraction:0{digits}d}" if digits else "")
+        return minus + text if minor < 0 else text
+
+    for probe in (*_PROBES, *(-p for p in _PROBES if p)):
+        if plain(probe) != pattern.apply(Decimal(probe).scaleb(-digits), parsed_locale):
+            return None
+    return plain
+
+
+@functools.lru_cache(maxsize=8192)
+def format_day(day: dt.date, locale: str) -> str:
+    """`2026-11-01` -> `Nov 1, 2026` (en_US), `01.11.2026` (de_DE); cached: a batch repeats few dates."""
+    return babel.dates.format_date(day, "medium", locale=locale)
+
+
+def _day(value: Any, locale: str) -> tuple[str, str]:
+    """A date as (formatted, ISO); a value that is not a date is shown as given."""
+    if isinstance(value, dt.datetime):
+        value = value.date()
+    if isinstance(value, dt.date):
+        return format_day(value, locale), value.isoformat()
+    return str(value), str(value)
+
+
+def format_moment(moment: dt.datetime, locale: str) -> str:
+    """A UTC time to the minute: `Nov 8, 2026, 9:05 AM UTC`, `08.11.2026, 09:05 UTC`."""
+    parsed = babel.Locale.parse(locale)
+    time = babel.dates.format_time(moment, "short", tzinfo=dt.UTC, locale=parsed)
+    day = babel.dates.format_date(moment.astimezone(dt.UTC).date(), "medium", locale=parsed)
+    return f"{parsed.datetime_formats['medium'].format(time, day)} UTC"
+
+
+def currency_totals(
+    rows: Sequence[dict[str, Any]], locale: str, amount_field: str = "amount_minor"
+) -> list[dict[str, str]]:
+    totals: dict[str, int] = defaultdict(int)
+    for r in rows:
+        totals[r["currency"]] += int(r[amount_field])
+    return [{"currency": c, "amount": format_amount(v, c, locale)} for c, v in sorted(totals.items())]
+
+
+def _common(locale: str, as_of: dt.datetime | None = None) -> Context:
+    context: Context = {"locale": locale, "language": language_of(locale)}
+    if as_of is not None:
+        context["as_of_date"], context["as_of_date_iso"] = _day(as_of.date(), locale)
+    return context
+
+
+def _invoice_line(r: dict[str, Any], locale: str) -> dict[str, Any]:
+    due, due_iso = _day(r["due_date"], locale)
+    paid = r["amount_paid"]
+    return {
+        "invoice_id": r["invoice_id"],
+        "billing_period": r.get("billing_period"),
+        "due_date": due,
+        "due_date_iso": due_iso,
+        "days_overdue": r["days_overdue"],
+        "remaining": format_amount(r["amount_minor"], r["currency"], locale),
+        # the templates show these only after a partial payment; most invoices have none
+        "amount_due": format_amount(r["amount_due"], r["currency"], locale) if paid else None,
+        "amount_paid": format_amount(paid, r["currency"], locale) if paid else None,
+        "amount_paid_minor": paid,
+        "payment_url": https_url(r.get("payment_url")),
+    }
+
+
+def reminder_tone(rows: Sequence[dict[str, Any]]) -> Tone:
+    """The firmest tone among the invoices of one email."""
+    return max((Tone(r["tone"]) for r in rows), key=TONE_ORDER.__getitem__)
+
+
+def reminder_context(rows: Sequence[dict[str, Any]], as_of: dt.datetime, locale: str) -> Context:
+    """One reminder: `rows` are its invoices, one per row, sorted by invoice id."""
+    invoices = [_invoice_line(r, locale) for r in rows]
+    return {
+        "customer_name": rows[0].get("customer_name"),
+        "tone": str(reminder_tone(rows)),
+        "invoices": invoices,
+        "totals": currency_totals(rows, locale),
+        # the link for the button of a one-invoice email
+        "payment_url": invoices[0]["payment_url"] if len(invoices) == 1 else None,
+        **_common(locale, as_of),
+    }
+
+
+def invoice_context(rows: Sequence[dict[str, Any]], as_of: dt.datetime, locale: str) -> Context:
+    """One invoice email: `rows` are the invoices newly issued to one customer, sorted by invoice id. Each shows its
+    lines when the snapshot has them (`invoice_lines`), its total, what is already paid, its due date and pay link."""
+    invoices = []
+    for r in rows:
+        line = _invoice_line(r, locale)
+        lines = invoice_emails.invoice_lines(r.get("invoice_lines"))
+        line["total"] = format_amount(r["amount_due"], r["currency"], locale)
+        line["lines"] = [
+            {
+                "description": item["description"],
+                "quantity": item["quantity"],
+                "amount": format_amount(item["amount_minor"], r["currency"], locale),
+            }
+            for item in lines or []
+        ]
+        invoices.append(line)
+    return {
+        "customer_name": rows[0].get("customer_name"),
+        "invoices": invoices,
+        "totals": currency_totals(rows, locale),
+        "payment_url": invoices[0]["payment_url"] if len(invoices) == 1 else None,
+        **_common(locale, as_of),
+    }
+
+
+def apology_context(
+    flood: dict[str, Any], statement: Sequence[dict[str, Any]], as_of: dt.datetime, locale: str
+) -> Context:
+    """One apology: what happened (`flood`: emails, first_at, last_at) and what is owed now (`statement` rows)."""
+    invoices = []
+    for r in statement:
+        due, due_iso = _day(r["due_date"], locale)
+        invoices.append(
+            {
+                "invoice_id": r["invoice_id"],
+                "due_date": due,
+                "due_date_iso": due_iso,
+                "remaining": format_amount(r["remaining_minor"], r["currency"], locale),
+                "payment_url": https_url(r.get("payment_url")),
+            }
+        )
+    return {
+        "customer_name": flood.get("customer_name"),
+        "emails": flood["emails"],
+        "first_at": format_moment(flood["first_at"], locale),
+        "last_at": format_moment(flood["last_at"], locale),
+        "invoices": invoices,
+        "totals": currency_totals(statement, locale, amount_field="remaining_minor"),
+        **_common(locale, as_of),
+    }
+
+
+def payment_failed_context(record: dict[str, Any], locale: str) -> Context:
+    """The notice for one `invoice.payment_failed` event; `amount` is None when the event did not say."""
+    amount = record.get("amount_minor")
+    return {
+        "customer_name": record.get("customer_name"),
+        "invoice_id": record["invoice_id"],
+        "amount": format_amount(amount, record["currency"], locale)
+        if amount is not None and record.get("currency")
+        else None,
+        "payment_url": https_url(record.get("payment_url")),
+        **_common(locale),
+    }
+
+
+# Samples for validating templates: every branch a template is likely to take (each tone, one invoice and
+# several, a partial payment, with and without a name, a pay link and an amount), built by the builders above
+_SAMPLE_AS_OF = dt.datetime(2026, 11, 8, 9, 30, tzinfo=dt.UTC)
+_SAMPLE_URL = "https://pay.example.com/invoice/in_sample?s=1"
+
+
+def _sample_row(invoice_id: str, tone: str, *, paid: int, url: str | None, name: str | None) -> dict[str, Any]:
+    return {
+        "invoice_id": invoice_id,
+        "customer_name": name,
+        "currency": "EUR",
+        "amount_minor": 123456 - paid,
+        "amount_due": 123456,
+        "amount_paid": paid,
+        "due_date": dt.date(2026, 11, 1),
+        "days_overdue": 7,
+        "tone": tone,
+        "billing_period": "2026-10" if paid else None,
+        "payment_url": url,
+    }
+
+
+def sample_contexts(kind: EmailKind, locale: str) -> list[Context]:
+    if kind is EmailKind.REMINDER:
+        samples = []
+        for tone in Tone:
+            one = [_sample_row("in_1", tone, paid=2000, url=_SAMPLE_URL, name="Ada")]
+            several = [
+                _sample_row("in_1", tone, paid=0, url=None, name=None),
+                _sample_row("in_2", tone, paid=500, url=_SAMPLE_URL, name=None),
+            ]
+            samples += [reminder_context(one, _SAMPLE_AS_OF, locale), reminder_context(several, _SAMPLE_AS_OF, locale)]
+        return samples
+    if kind is EmailKind.APOLOGY:
+        flood = {"customer_name": "Ada", "emails": 12, "first_at": _SAMPLE_AS_OF, "last_at": _SAMPLE_AS_OF}
+        owed = {"invoice_id": "in_1", "due_date": dt.date(2026, 11, 1), "remaining_minor": 123456, "currency": "EUR"}
+        return [
+            apology_context(flood, [dict(owed, payment_url=_SAMPLE_URL), owed], _SAMPLE_AS_OF, locale),
+            apology_context(dict(flood, customer_name=None), [], _SAMPLE_AS_OF, locale),
+        ]
+    if kind is EmailKind.INVOICE:
+        items = (
+            '[{"description": "Pro plan", "amount": 100000, "quantity": 1}, {"description": "Seats", "amount": 23456}]'
+        )
+        issued = _sample_row("in_1", "gentle", paid=0, url=_SAMPLE_URL, name="Ada")
+        first_of_two = _sample_row("in_1", "gentle", paid=0, url=None, name=None)
+        second_of_two = _sample_row("in_2", "gentle", paid=500, url=_SAMPLE_URL, name=None)
+        return [
+            invoice_context([dict(issued, invoice_lines=items, days_overdue=-14)], _SAMPLE_AS_OF, locale),
+            invoice_context(
+                [dict(first_of_two, days_overdue=0), dict(second_of_two, invoice_lines=items)], _SAMPLE_AS_OF, locale
+            ),
+        ]
+    notice = {"customer_name": "Ada", "invoice_id": "in_1", "amount_minor": 123456, "currency": "EUR"}
+    return [
+        payment_failed_context(dict(notice, payment_url=_SAMPLE_URL), locale),
+        payment_failed_context(dict(notice, customer_name=None, amount_minor=None), locale),
+    ]

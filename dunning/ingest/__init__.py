@@ -1,0 +1,1 @@
+"""TODO: what this room owns and may import."""

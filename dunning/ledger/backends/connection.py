@@ -1,0 +1,98 @@
+"""Opening the DuckDB file safely, and transactions that can be simulated.
+
+DuckDB lets one process open a file read-write; a second process gets an
+IOException about the lock. `open_ledger` waits for it with backoff, gives up
+with a clear message, and always closes the connection (the lock goes with
+it). Transactions nest: an inner `transaction()` joins the outer one, which is
+how `simulation()` runs a whole cycle's writes and then rolls them all back
+(`sql.SqlConnection`, shared with the PostgreSQL ledger).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from dunning.errors import LedgerBusy
+from dunning.ledger.schema.migrations import migrate
+from dunning.ledger.sql import PROBE_INSERT, SqlConnection, quote_identifier
+
+
+def connect(path: Path, timeout_seconds: float, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    deadline = time.monotonic() + timeout_seconds
+    delay = 0.05
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower() or time.monotonic() >= deadline:
+                raise LedgerBusy(
+                    f"ledger {path} is held by another process (another dunning run or an open analyst "
+                    f"session) and was not released within {timeout_seconds:.0f}s; try again when it finishes"
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+class LedgerConnection(SqlConnection):
+    """The ledger's connection on a DuckDB file."""
+
+    lost_claim_errors = (duckdb.TransactionException, duckdb.ConstraintException)
+    database_errors: tuple[type[BaseException], ...] = (duckdb.Error,)
+    con: duckdb.DuckDBPyConnection
+
+    def __init__(self, con: duckdb.DuckDBPyConnection):
+        super().__init__(con)
+
+    @staticmethod
+    def prepare(con: duckdb.DuckDBPyConnection, path: str = ":memory:", memory_limit: str = "2GB") -> None:
+        """Session settings, then the schema brought up to date (`migrations`)."""
+        con.execute("SET TimeZone = 'UTC'")
+        # DuckDB would otherwise cache up to 80% of RAM next to the polars frames; past this it spills to disk
+        con.execute("SET memory_limit = ?", [memory_limit])
+        migrate(con, path)
+
+    def frame(self, sql: str, params: Sequence[object] | None = None) -> pl.DataFrame:
+        result: pl.DataFrame = self.con.sql(sql, params=params or None).pl()  # `.pl()` is typed Any (it may be lazy)
+        return result
+
+    @contextlib.contextmanager
+    def _register(self, name: str, frame: pl.DataFrame) -> Iterator[None]:
+        self.con.register(name, frame.to_arrow())
+        try:
+            yield
+        finally:
+            self.con.unregister(name)
+
+    def interval_of_microseconds(self, expression: str) -> str:
+        return f"to_microseconds({expression})"
+
+    def changed_rows(self, sql: str, params: Sequence[object]) -> int:
+        row = self.con.execute(sql, list(params)).fetchone()  # DuckDB answers a DML statement with its row count
+        return int(row[0]) if row else 0
+
+    def table_digest_sql(self, table: str, where: str = "TRUE") -> str:
+        rows = f"SELECT * FROM {quote_identifier(table)} WHERE {where}"
+        return f"SELECT count(*), coalesce(bit_xor(hash(t)), 0)::VARCHAR FROM ({rows}) AS t"
+
+    def database_path(self) -> str | None:
+        """The file this ledger lives in (None in memory)."""
+        rows = self.con.execute(
+            "SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()  # fmt: skip
+        return str(rows[0][0]) if rows and rows[0][0] else None
+
+    def refuses_duplicate_key(self) -> bool:
+        probe = f"guard-probe:{uuid.uuid4().hex}"
+        try:
+            with self.simulation():
+                self.con.execute(PROBE_INSERT, [probe])
+                self.con.execute(PROBE_INSERT, [probe])
+        except (duckdb.ConstraintException, duckdb.TransactionException):
+            return True
+        return False

@@ -1,0 +1,241 @@
+"""Ordered schema migrations, so a ledger made by any earlier release opens, upgraded, with nothing lost.
+
+`schema_version` holds one row per migration applied. A ledger from before
+versioning (release 0.1, which only ran `CREATE TABLE IF NOT EXISTS`) has no
+such table but has `reminder_ledger`: it is taken as version 1. Migrations run
+at open, each in its own transaction, while this process holds DuckDB's
+single-writer file lock, so two processes never migrate one file at once. A
+ledger newer than this code is refused: an older release must not write
+columns and rules it does not know. The PostgreSQL ledger runs the same
+migrations (`pg_schema`), under an advisory lock instead of a file lock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dunning.errors import UserInputError
+from dunning.ledger.schema.tables import DDL
+from dunning.ledger.sql import Executes
+
+
+class LedgerTooNew(UserInputError):
+    """The ledger was written by a newer release than the one running."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    description: str
+    statements: tuple[str, ...]
+    postgres_only: tuple[str, ...] = ()  # run after `statements` on PostgreSQL alone
+
+
+HISTORY_KEY_INDEX = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS invoice_history_daily_day_invoice "
+    "ON invoice_history_daily (business_date, invoice_id)"
+)
+_LEDGER_DDL = next(s for s in DDL if "CREATE TABLE IF NOT EXISTS reminder_ledger (" in s)
+# the columns reminder_ledger had when migration 7 rebuilt it: the rows are copied by name, so the rebuild takes a
+# ledger of release 6 whatever columns later migrations add (they add them again, IF NOT EXISTS)
+_LEDGER_COLUMNS_V7 = (
+    "idempotency_key, kind, invoice_id, customer_id, customer_email, cycle, stage, status, amount_minor, currency, "
+    "email_id, message_id, run_id, claimed_at, sent_at, attempts, last_error, next_attempt_at, outcome_wall_at, "
+    "lease_expires_at, provider_message_id"
+)
+MIGRATIONS = (
+    Migration(1, "baseline: the tables of release 0.1", ()),  # an empty file gets the current DDL below
+    Migration(
+        2,
+        "claim leases: a claim names its owner run and expires, so no worker expires another's live claims",
+        ("ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS lease_expires_at TIMESTAMPTZ",),
+    ),
+    Migration(
+        3,
+        "snapshot times: a stale snapshot never reopens what a newer one closed",
+        (
+            "ALTER TABLE invoice_cycles ADD COLUMN IF NOT EXISTS changed_snapshot_at TIMESTAMPTZ",
+            next(s for s in DDL if "applied_snapshots" in s),
+        ),
+    ),
+    Migration(
+        4,
+        "billing source cursors: the newest Stripe event polled, advanced once its notices are claimed",
+        (next(s for s in DDL if "CREATE TABLE IF NOT EXISTS source_cursors (" in s),),
+    ),
+    Migration(
+        5,
+        "exclusions: customers and invoices held out of dunning, with who, why, since, until and when included",
+        (next(s for s in DDL if "CREATE TABLE IF NOT EXISTS exclusions (" in s),),
+    ),
+    Migration(
+        6,
+        "idempotent providers: the provider's own message id, and the exact payload of an unknown send to resubmit",
+        (
+            "ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS provider_message_id VARCHAR",
+            next(s for s in DDL if "provider_payloads" in s),
+        ),
+    ),
+    Migration(
+        7,
+        "invoice emails: kind 'invoice' in the ledger's check (DuckDB cannot alter a CHECK: the table is rebuilt), "
+        "and when the feature was turned on",
+        (
+            _LEDGER_DDL.replace("CREATE TABLE IF NOT EXISTS reminder_ledger (", "CREATE TABLE reminder_ledger_v7 ("),
+            f"INSERT INTO reminder_ledger_v7 ({_LEDGER_COLUMNS_V7}) SELECT {_LEDGER_COLUMNS_V7} FROM reminder_ledger",
+            "DROP TABLE reminder_ledger",
+            "ALTER TABLE reminder_ledger_v7 RENAME TO reminder_ledger",
+            next(s for s in DDL if "CREATE TABLE IF NOT EXISTS feature_state (" in s),
+        ),
+    ),
+    Migration(
+        8,
+        "run inputs: what each live run was given and the ledger's state when it ended, so an unchanged hour is "
+        "skipped",
+        (next(s for s in DDL if "CREATE TABLE IF NOT EXISTS run_inputs (" in s),),
+    ),
+    Migration(
+        9,
+        "PostgreSQL: one history row per invoice and day, under a unique index the day's merge upserts on (runs of "
+        "one shard merging at once could both insert a row; duplicates already there are dropped, the newest kept)",
+        (),
+        postgres_only=(
+            """
+            DELETE FROM invoice_history_daily a USING invoice_history_daily b
+            WHERE a.business_date = b.business_date AND a.invoice_id = b.invoice_id
+              AND (a.as_of, a.ctid) < (b.as_of, b.ctid)
+            """,
+            HISTORY_KEY_INDEX,
+        ),
+    ),
+    Migration(
+        10,
+        "run scopes: the invoices of each sharded run, so a shard's unchanged hour is judged on its own rows",
+        (next(s for s in DDL if "CREATE TABLE IF NOT EXISTS run_scopes (" in s),),
+    ),
+    Migration(
+        11,
+        "history writes: one row per merge that changed the daily history, hashed by the hourly no-op instead of "
+        "every day's rows",
+        (next(s for s in DDL if "CREATE TABLE IF NOT EXISTS history_writes (" in s),),
+    ),
+    Migration(
+        12,
+        "resubmission: why a kept request of an unknown send is not resubmitted now (the present forbids it), and "
+        "which run settled an unknown key (by lookup or resubmission)",
+        (
+            "ALTER TABLE provider_payloads ADD COLUMN IF NOT EXISTS held_reason VARCHAR",
+            "ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS settled_run_id VARCHAR",
+        ),
+    ),
+)
+LATEST = MIGRATIONS[-1].version
+
+_VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_version (
+    version INTEGER PRIMARY KEY,
+    description VARCHAR NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL
+)
+"""
+
+
+def _exists(con: Executes, table: str) -> bool:
+    row = next(
+        iter(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchall()),
+        None,
+    )
+    return bool(row and row[0])
+
+
+def _rows(con: Executes, table: str) -> int:
+    row = next(iter(con.execute(f"SELECT count(*) FROM {table}").fetchall()), None)
+    return int(row[0]) if row else 0
+
+
+def current_version(con: Executes) -> int:
+    """0 for an empty file, 1 for a release-0.1 ledger, else the highest version applied."""
+    if _exists(con, "schema_version"):
+        row = next(iter(con.execute("SELECT max(version) FROM schema_version").fetchall()), None)
+        if row and row[0] is not None:
+            return int(row[0])
+    return 1 if _exists(con, "reminder_ledger") else 0
+
+
+def check_not_newer(con: Executes, path: str) -> int:
+    version = current_version(con)
+    if version > LATEST:
+        raise LedgerTooNew(
+            f"ledger {path} has schema version {version}, newer than this release knows ({LATEST}); "
+            "upgrade dunning-pipeline before running it on this ledger"
+        )
+    return version
+
+
+@functools.lru_cache(maxsize=4)
+def _tables_of(ddl: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", "\n".join(ddl)))
+
+
+def _schema_is_current(con: Executes, version: int, ddl: Sequence[str]) -> bool:
+    """At the latest version with every table of `ddl` present: nothing to run (one catalog query, where
+    re-running the whole DDL on every open cost about a third of opening the ledger)."""
+    if version != LATEST:
+        return False
+    tables = _tables_of(tuple(ddl))
+    placeholders = ", ".join("?" for _ in tables)
+    present = con.execute(
+        f"SELECT count(DISTINCT table_name) FROM information_schema.tables WHERE table_name IN ({placeholders})",
+        list(tables),
+    ).fetchall()
+    return bool(present) and present[0][0] == len(tables)
+
+
+def migrate(con: Executes, path: str, ddl: Sequence[str] = DDL, postgres: bool = False) -> list[int]:
+    """Apply every pending migration in order; returns the versions applied now. `ddl`: the current schema in this
+    database's dialect (`schema.DDL` for DuckDB, `pg_schema.PG_DDL` for PostgreSQL, with `postgres` set)."""
+    version = check_not_newer(con, path)
+    applied: list[int] = []
+    if _schema_is_current(con, version, ddl):
+        return applied
+    con.execute(_VERSION_TABLE)
+    if version == 0:  # a new file: the current schema at once, every migration recorded as applied
+        con.execute("BEGIN TRANSACTION")
+        for statement in ddl:
+            con.execute(statement)
+        for migration in MIGRATIONS:
+            con.execute(
+                "INSERT INTO schema_version VALUES (?, ?, ?)",
+                [migration.version, migration.description, dt.datetime.now(dt.UTC)],
+            )
+        con.execute("COMMIT")
+        return [m.version for m in MIGRATIONS]
+    if version == 1 and not _rows(con, "schema_version"):
+        con.execute(
+            "INSERT INTO schema_version VALUES (1, ?, ?)",
+            [MIGRATIONS[0].description + " (found unversioned)", dt.datetime.now(dt.UTC)],
+        )
+    for migration in MIGRATIONS:
+        if migration.version <= version:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for statement in migration.statements + (migration.postgres_only if postgres else ()):
+                con.execute(statement)
+            con.execute(
+                "INSERT INTO schema_version VALUES (?, ?, ?)",
+                [migration.version, migration.description, dt.datetime.now(dt.UTC)],
+            )
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+        applied.append(migration.version)
+    # the current schema: everything for a new file; for an old one, tables it never had
+    for statement in ddl:
+        con.execute(statement)
+    return applied

@@ -1,0 +1,135 @@
+"""Holding keys out of dunning before any send: excluded customers and invoices, and balances too small to dun.
+
+An operator excludes a customer or one invoice (`dunning exclude`, kept in the
+ledger's `exclusions` table) while a dispute or a payment plan is settled; with
+`source.exclude_auto_advance_false`, an invoice whose snapshot row says
+`auto_advance` is `false` is excluded too; and `min_remaining_minor` keeps
+invoices whose remaining balance is below a per-currency minimum out of it.
+
+The plan marks such due keys with a `hold` (`excluded`, `below_minimum`)
+instead of dropping them: they are never claimed, so nothing is on record for
+them, while the invoice's cycle and history keep moving. When the hold lifts,
+the catch-up rule of `policy.plan_reminders` sends only the stage the invoice
+has reached by then, never the ones it passed while held. The audit lists each
+held key with its reason.
+
+The rules for what an operator may type (`clean_target`, `clean_reason`,
+`parse_until`) live here too, so the CLI and any other caller refuse the same
+input with the same words.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+import polars as pl
+
+from dunning.config import DunningConfig
+from dunning.errors import UserInputError
+from dunning.ingest.snapshot_rules import MAX_LENGTH
+from dunning.plan.clock import EARLIEST, LATEST
+from dunning.safe_text import has_control
+from dunning.vocabulary import ExclusionScope, HoldReason
+
+# the columns of the exclusions that can hold a key (`Ledger.open_exclusions` gives these and more)
+IN_FORCE_SCHEMA = pl.Schema({"scope": pl.String, "target_id": pl.String, "until_date": pl.Date})
+MAX_REASON = 500
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+# the plan's `hold` column: why a due key is kept from the send, decided before anything is claimed
+HOLDS = (HoldReason.EXCLUDED, HoldReason.BELOW_MINIMUM, HoldReason.EVENT_ADDRESS_NOT_TRUSTED)
+
+
+def _text_problem(value: str, what: str, limit: int) -> str | None:
+    if has_control(value):
+        return f"{what} contains a line break or control character"
+    if len(value) > limit:
+        return f"{what} is longer than {limit} characters"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{what} is not valid UTF-8 text"
+    return None
+
+
+def clean_target(value: str, scope: ExclusionScope) -> str:
+    """A customer or invoice id as the snapshot would hold it (surrounding blanks removed; the snapshot's rules for
+    its id: not empty, no control character, at most `snapshot_rules.MAX_LENGTH`); UserInputError otherwise."""
+    what = f"--{scope} id"
+    value = value.strip()
+    if not value:
+        raise UserInputError(f"{what} is empty")
+    problem = _text_problem(value, what, MAX_LENGTH[f"{scope}_id"])
+    if problem:
+        raise UserInputError(problem)
+    return value
+
+
+def clean_reason(value: str | None, flag: str = "--reason") -> str | None:
+    """The reason as given (blank: none), or UserInputError when it holds a control character (a bidirectional
+    control included) or is too long: the one rule for every free text an operator types."""
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    problem = _text_problem(value, flag, MAX_REASON)
+    if problem:
+        raise UserInputError(problem)
+    return value
+
+
+def parse_until(text: str | None) -> dt.date | None:
+    """`--until YYYY-MM-DD`: the last business day the exclusion holds (inclusive)."""
+    if text is None:
+        return None
+    day = None
+    if _DATE.fullmatch(text.strip()):
+        try:
+            day = dt.date.fromisoformat(text.strip())
+        except ValueError:
+            day = None
+    if day is None:
+        raise UserInputError(f"--until {text!r} is not a date (YYYY-MM-DD)")
+    if not EARLIEST.date() <= day < LATEST.date():
+        raise UserInputError(f"--until {text!r} is outside {EARLIEST:%Y-%m-%d} to {LATEST:%Y-%m-%d}")
+    return day
+
+
+def in_force(exclusions: pl.DataFrame, day: dt.date) -> pl.DataFrame:
+    """The exclusions that hold on business day `day`: not ended by `include`, and `until_date` not before `day`."""
+    return (
+        exclusions.select(*IN_FORCE_SCHEMA)
+        .cast(IN_FORCE_SCHEMA)
+        .filter(pl.col("until_date").is_null() | (pl.col("until_date") >= day))
+    )
+
+
+def _targets(exclusions: pl.DataFrame, scope: ExclusionScope) -> pl.Series:
+    return exclusions.filter(pl.col("scope") == scope).get_column("target_id")
+
+
+def hold_expr(cycled: pl.DataFrame, exclusions: pl.DataFrame | None, config: DunningConfig) -> pl.Expr:
+    """Why a due key is held before sending (`excluded` before `below_minimum`), or null.
+
+    `cycled` is the snapshot as the cycle saw it (its `auto_advance` column, when
+    present, marks invoices to exclude under `source.exclude_auto_advance_false`);
+    `exclusions` are those in force (`in_force`). The expression reads a plan
+    row's `customer_id`, `invoice_id`, `currency` and `remaining_minor`.
+    """
+    exclusions = exclusions if exclusions is not None else pl.DataFrame(schema=IN_FORCE_SCHEMA)
+    customers = _targets(exclusions, ExclusionScope.CUSTOMER)
+    invoices = _targets(exclusions, ExclusionScope.INVOICE)
+    if config.source.exclude_auto_advance_false and "auto_advance" in cycled.columns:
+        manual = cycled.filter(pl.col("auto_advance").str.strip_chars().str.to_lowercase() == "false")
+        invoices = pl.concat([invoices, manual.get_column("invoice_id")])
+    excluded = pl.col("customer_id").is_in(customers.implode()) | pl.col("invoice_id").is_in(invoices.implode())
+    below = pl.lit(False)
+    if config.min_remaining_minor:
+        minimum = pl.col("currency").replace_strict(config.min_remaining_minor, default=0, return_dtype=pl.Int64)
+        below = pl.col("remaining_minor") < minimum
+    return (
+        pl.when(excluded)
+        .then(pl.lit(str(HoldReason.EXCLUDED)))
+        .when(below)
+        .then(pl.lit(str(HoldReason.BELOW_MINIMUM)))
+        .otherwise(pl.lit(None, dtype=pl.String))
+    )

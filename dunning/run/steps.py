@@ -1,0 +1,211 @@
+"""The cycle composed once: the steps every caller runs, in order, with the same rules.
+
+The Dagster assets (one step each), the resume guard's simulated double pass
+and the benchmark all call these functions, so a proof or a measurement is of
+the pipeline that actually runs, not of a copy of it:
+
+1. `apply_snapshot`: read and validate, refuse a stale snapshot, quarantine,
+   halt by policy, assign cycles against the ledger (as of the day for a
+   backfill), record cycle changes and the day's history.
+2. `plan_step`: newly due keys, failed sends whose backoff is over, and
+   payment-failed notices from new events; keys of excluded customers and
+   invoices, and balances under the minimum, held (`dunning.plan.exclusions`).
+3. the breaker (`cycle.check_breaker`), a gate the caller enforces.
+4. `send_step`: the pause check, stale claims expired, unknown outcomes looked
+   up, then claim-send-record (`sending.send_due`); the billing source's event
+   cursor this run staged is committed once its notices are claimed.
+5. the audit (`cycle.audit_cycle`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from email.message import Message
+
+import polars as pl
+
+from dunning.config import DunningConfig
+from dunning.errors import InvalidRowsHalt
+from dunning.ingest.events import event_keys, notice_rows
+from dunning.ingest.snapshot_rules import DUPLICATED
+from dunning.ledger.base import Ledger
+from dunning.ledger.stores.operations import PauseState
+from dunning.plan import invoice_emails
+from dunning.plan.clock import CycleClock, RunMode
+from dunning.plan.exclusions import in_force
+from dunning.plan.policy import assign_cycles, business_date, stages_frame
+from dunning.run import cycle
+from dunning.safe_text import for_terminal
+from dunning.send import heap
+from dunning.send.alerts import Alert, raise_alert
+from dunning.send.handover import read_journal
+from dunning.send.providers.base import EmailProvider
+from dunning.send.resubmission import Settled, resolve_unknown, settle_rows
+from dunning.send.sending import Record, SendReport, held_outcomes, send_due
+from dunning.sharding import EVERYONE, Shard
+from dunning.vocabulary import EmailKind, SendStatus
+
+HISTORY_COLUMNS = (
+    "invoice_id", "customer_id", "customer_email", "currency", "amount_due", "amount_paid", "remaining_minor",
+    "due_date", "status", "days_overdue", "cycle",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AppliedSnapshot:
+    loaded: cycle.ValidatedSnapshot
+    cycled: pl.DataFrame  # the valid rows with cycle, days overdue, owed, sendable
+    taken_at: dt.datetime
+
+
+def apply_snapshot(
+    ledger: Ledger, path: str, config: DunningConfig, clock: CycleClock, *, run_id: str, allow_stale: bool,
+    wall: dt.datetime, shard: Shard = EVERYONE,
+) -> AppliedSnapshot:  # fmt: skip
+    """Step 1. Raises SnapshotError (stale, unreadable) or InvalidRowsHalt before any cycle is computed.
+
+    A shard (`dunning.sharding`) keeps only its customers' rows, and quarantines only its rejected rows (a row
+    without a customer id is shard 0's); the snapshot's age and the halt are judged on the whole file, so every
+    shard agrees on them. `loaded` is the shard's part."""
+    whole = cycle.load_snapshot(path, config)
+    taken_at = cycle.snapshot_taken_at(whole.valid, clock.as_of)
+    if clock.live:  # before anything is written
+        cycle.refuse_stale(ledger, taken_at, allow_stale)
+    loaded = cycle.ValidatedSnapshot(shard.keep(whole.valid), shard.keep(whole.rejected))
+    if loaded.rejected.height and clock.mode is not RunMode.DRY_RUN:
+        ledger.quarantine(run_id, path, loaded.rejected, wall)
+        if clock.live:
+            alert_duplicates(ledger, loaded.rejected, config, clock.as_of, run_id)
+    if whole.rejected.height and config.on_invalid_rows == "halt":
+        raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {whole.summary}")
+    state = ledger.invoice_state() if clock.reads_live_state else ledger.state_as_of(clock.as_of, stages_frame(config))
+    cycled = assign_cycles(loaded.valid, state, clock.as_of, config, taken_at)
+    if clock.live:
+        ledger.set_feature(invoice_emails.FEATURE, config.invoice_emails.enabled, clock.partition_date, clock.as_of,
+                           run_id)  # fmt: skip
+        ledger.record_cycle_changes(clock.as_of, cycled, taken_at)
+        ledger.record_applied_snapshot(run_id, taken_at, clock.as_of, path, allow_stale, wall)
+    if clock.mode is not RunMode.DRY_RUN:
+        history = cycled.select(
+            pl.lit(clock.partition_date).alias("business_date"), pl.lit(run_id).alias("run_id"),
+            pl.lit(clock.as_of).alias("as_of"), *HISTORY_COLUMNS,
+        )  # fmt: skip
+        ledger.merge_history_day(clock.partition_date, history, shard=shard)
+    return AppliedSnapshot(loaded, cycled, taken_at)
+
+
+DUPLICATE_IDS_ALERT = "duplicate_invoice_ids"
+
+
+def alert_duplicates(
+    ledger: Ledger, rejected: pl.DataFrame, config: DunningConfig, as_of: dt.datetime, run_id: str
+) -> None:
+    """One alert naming the invoice ids a snapshot listed with different values: none of them is dunned until the
+    export is fixed (an identical repeat is kept once and needs nobody). Not raised again while the same one is
+    open."""
+    ids = sorted(set(rejected.filter(pl.col("rule").str.contains(DUPLICATED, literal=True)).get_column("invoice_id")
+                     .drop_nulls().to_list()))  # fmt: skip
+    if not ids:
+        return
+    shown = ", ".join(for_terminal(i)[:80] for i in ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+    message = (
+        f"{len(ids)} invoice id(s) listed more than once with different values: quarantined, none of them dunned "
+        f"until the export lists each once: {shown}"
+    )
+    open_alert = ledger.open_alert(DUPLICATE_IDS_ALERT)
+    if open_alert is not None and open_alert["message"] == message:
+        return
+    alert = Alert(DUPLICATE_IDS_ALERT, message, as_of, run_id, {"invoice_ids": ids[:500]}, "error",
+                  dedup_key=f"dunning-duplicates-{ids[0][:100]}")  # fmt: skip
+    raise_alert(ledger, config.alerts, alert)
+
+
+def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None, config: DunningConfig,
+              clock: CycleClock, shard: Shard = EVERYONE) -> pl.DataFrame:  # fmt: skip
+    """Step 2. Retries and notices belong to live and dry runs; a backfill asks what the policy would have sent.
+
+    `cycled` is already the shard's; retries follow it (they join on its invoices), notices only for its customers.
+    Exclusions in force on the cycle's business date hold their keys in every mode (a backfill uses today's)."""
+    failed, notices, settle = None, None, None
+    exclusions = in_force(ledger.open_exclusions(), business_date(clock.as_of, config))
+    if clock.reads_live_state:
+        failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts)
+        events = shard.keep(events) if events is not None else None
+        if events is not None and events.height:
+            recorded = ledger.recorded_keys(event_keys(events))
+            notices, refused = notice_rows(
+                events, cycled, recorded, config.provider.message_domain, config.events.trust_event_email
+            )
+            if refused.height and clock.live:  # an event that named another customer's invoice: kept, never sent
+                ledger.quarantine_events(refused, f"plan:{clock.as_of.isoformat()}", clock.as_of)
+        # this run's unknown keys (its shard's customers), each with why the present forbids resubmitting it; and the
+        # claimed ones, which a dead run's may become in the send step
+        settle = settle_rows(shard.keep(ledger.unknown_sends(include_claimed=True)), cycled, exclusions, config)
+    invoices = plan_invoices(ledger, cycled, config, clock) if clock.reads_live_state else None
+    return cycle.plan_cycle(cycled, config, failed, notices, exclusions, invoices, settle)
+
+
+def plan_invoices(
+    ledger: Ledger, cycled: pl.DataFrame, config: DunningConfig, clock: CycleClock
+) -> pl.DataFrame | None:
+    """The invoice emails (`dunning.plan.invoice_emails`) to send, retry or record skipped; None when the feature is
+    off. A backfill plans none: what was first seen open on a past day is not known from one day's snapshot."""
+    if not config.invoice_emails.enabled:
+        return None
+    open_invoices = invoice_emails.candidates(cycled)
+    recorded = ledger.invoice_keys_on_record(open_invoices)
+    enabled_on = ledger.feature_enabled_on(invoice_emails.FEATURE)
+    fresh_ids = open_invoices.join(recorded, on="idempotency_key", how="anti").select("invoice_id")
+    baseline = None if enabled_on is None else ledger.seen_on_or_before(fresh_ids, enabled_on)
+    planned = invoice_emails.plan_invoice_emails(open_invoices, recorded, baseline, config)
+    failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts, EmailKind.INVOICE)
+    if failed.height:
+        planned = pl.concat(
+            [planned, invoice_emails.plan_invoice_retries(open_invoices, failed)], how="diagonal_relaxed"
+        )
+    return planned
+
+
+@dataclass(frozen=True)
+class SendStepResult:
+    report: SendReport | None  # None when paused: nothing was attempted
+    outcomes: pl.DataFrame
+    pause: PauseState
+    stale_claims_expired: int = 0
+    unknown_settled: Settled = field(default_factory=Settled)
+
+
+def send_step(
+    ledger: Ledger, open_provider: Callable[[], EmailProvider], plan: pl.DataFrame, config: DunningConfig,
+    clock: CycleClock, *,
+    run_id: str, dead_runs: Callable[[Sequence[str]], Sequence[str]], now: Callable[[], dt.datetime],
+    progress: Callable[[SendReport, int], None] | None = None, render: Callable[[list[Record]], Message] | None = None,
+    render_processes: int = 1, journal_dir: str | None = None,
+) -> SendStepResult:  # fmt: skip
+    """Step 4, for a live run. `open_provider` is called only when not paused; `dead_runs` says which of the
+    runs holding claims are known to have ended; `render_processes` > 1 renders in worker processes
+    (`dunning.send.render_pool`); `journal_dir` keeps this run's hand-over journal and is where the journals of dead
+    runs are read (`dunning.send.handover`)."""
+    due = cycle.sendable_due(plan)
+    pause = ledger.pause_state()
+    if pause.paused:
+        return SendStepResult(None, held_outcomes(due, SendStatus.PAUSED), pause)
+    ledger.record_skipped(cycle.skipped_rows(plan).filter(pl.col("kind") == EmailKind.INVOICE), run_id, clock.as_of)
+    heap.settle()  # the run's modules and frames are loaded: the send loop's collections need not walk them
+    with open_provider() as provider:  # built only when something may be sent (not while paused)
+        owners = ledger.claim_owners(run_id)
+        journals = (lambda owner: read_journal(journal_dir, owner)) if journal_dir is not None else None
+        stale = ledger.expire_stale_claims(run_id, now(), list(dead_runs(owners)), journals)
+        resolved = resolve_unknown(
+            ledger, provider, config.provider, now(), config.retry.backoff_minutes,
+            cycle.settle_rows_of(plan), config.alerts, run_id,
+        )  # fmt: skip
+        report, outcomes = send_due(
+            ledger, provider, due, cycle.skipped_rows(plan), config=config, run_id=run_id, as_of=clock.as_of,
+            now=now, cap=cycle.claim_cap(clock.as_of, config), progress=progress, render=render,
+            render_processes=render_processes, journal_dir=journal_dir,
+        )  # fmt: skip
+        ledger.commit_cursor(run_id, now())  # this run's polled events have their notices claimed: poll on from them
+    return SendStepResult(report, outcomes, pause, stale, resolved)
