@@ -381,7 +381,7 @@ class DunningConfig(_Strict):
     @field_validator("min_remaining_minor")
     @classmethod
     def _known_currencies(cls, value: dict[str, int]) -> dict[str, int]:
-        from dunning.ingest.snapshot_rules import CURRENCIES  # here, not at import: it loads pandera
+        from dunning.currencies import CURRENCIES  # here, not at import: it asks Babel's data
 
         unknown = [code for code in value if code not in CURRENCIES]
         if unknown:
@@ -452,7 +452,8 @@ def _describe(error: ValidationError) -> str:
 
 def parse_config(data: object, source: str = "config", base_dir: Path | None = None) -> DunningConfig:
     """The config in `data`; a relative `templates_dir` is taken from `base_dir` (the config file's directory,
-    else the working directory) and every template is checked, so a broken one is a config error here."""
+    else the working directory). Its templates are checked by `dunning.run.settings`, which every command and run
+    loads the config through: the template engine is a room above this base."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -462,14 +463,8 @@ def parse_config(data: object, source: str = "config", base_dir: Path | None = N
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_describe(exc)}") from None
     remember_configured(config.secret_names())  # masked in every text from here on, before any is read
-    if config.templates_dir is not None:
-        from dunning.email.templating import TemplateProblem, check_templates  # here, not at import: it loads Jinja
-
+    if config.templates_dir is not None:  # checked by `run.settings`, which may load the template engine
         directory = str(((base_dir or Path.cwd()) / Path(config.templates_dir).expanduser()).resolve())
-        try:
-            check_templates(directory, config.locale)
-        except TemplateProblem as exc:
-            raise ConfigError(f"{source}: templates_dir: {exc}") from None
         config = config.model_copy(update={"templates_dir": directory})
     return config
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from dunning.config import DunningConfig, LedgerSettings, load_config, load_ledger_settings
+from dunning.config import DunningConfig, LedgerSettings, load_ledger_settings
 from dunning.errors import DunningError, GuardNotLive, LedgerBusy, StorageError, UserInputError
 from dunning.ingest.stripe import read_events
 from dunning.ledger.factory import open_ledger_for
@@ -28,6 +28,7 @@ from dunning.plan import exclusions
 from dunning.plan.clock import parse_as_of, utc_now
 from dunning.private_files import keep_private, private_dir
 from dunning.run.guard import prove_guard
+from dunning.run.settings import load_settings
 from dunning.safe_text import for_terminal
 from dunning.secret_env import scrub
 from dunning.send import heap
@@ -168,7 +169,7 @@ def _source_ready(config: DunningConfig) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     home = _home(args)
     config_path = _config_path(args, home)
-    config = load_config(config_path)  # fail fast, before Dagster starts, on a bad config
+    config = load_settings(config_path)  # fail fast, before Dagster starts, on a bad config
     snapshot = _existing(args.snapshot, "snapshot") if args.snapshot else _source_ready(config)
     as_of = parse_as_of(args.as_of)
     events = _existing(args.events, "events") if args.events else None
@@ -225,7 +226,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     """Rebuild past days through the same job: history and audit replaced per day, nothing sent."""
     home = _home(args)
     config_path = _config_path(args, home)
-    config = load_config(config_path)
+    config = load_settings(config_path)
     start, end = (_day(args.start, "--from"), _day(args.end, "--to"))
     today = utc_now().astimezone(config.zone).date()
     if end < start or end >= today:
@@ -290,7 +291,7 @@ def _breaker_wired() -> bool:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     home = _home(args)
-    config = load_config(_config_path(args, home))
+    config = load_settings(_config_path(args, home))
     as_of = parse_as_of(args.as_of)
     with open_ledger_for(config, home) as ledger:
         snapshot = args.snapshot or (ledger.last_run() or {}).get("snapshot_path")
@@ -310,7 +311,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_recover(args: argparse.Namespace) -> int:
     home = _home(args)
     config_path = _config_path(args, home)
-    load_config(config_path)
+    load_settings(config_path)
     snapshot = _existing(args.snapshot, "snapshot")
     sent_log = _existing(args.sent_log, "sent log") if args.sent_log else None
     as_of = parse_as_of(args.as_of)

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import dagster as dg
 
-from dunning.config import DunningConfig, load_config
+from dunning.config import DunningConfig
 from dunning.ledger.base import Ledger
 from dunning.ledger.factory import DUCKDB_FILE, open_ledger_for
 from dunning.plan.clock import CycleClock, cycle_clock, parse_as_of
 from dunning.private_files import keep_private
+from dunning.run.settings import load_settings
 from dunning.send.providers.base import EmailProvider
 from dunning.send.providers.factory import build_provider
 from dunning.sharding import Shard, shard_or_everyone
@@ -50,7 +51,7 @@ class DunningHome(dg.ConfigurableResource):
         path = self.config_path
         if path is None and (self.root / CONFIG_FILE_NAME).is_file():
             path = str(self.root / CONFIG_FILE_NAME)
-        return load_config(path)
+        return load_settings(path)
 
     @contextlib.contextmanager
     def ledger(self, timeout_seconds: float | None = None) -> Iterator[Ledger]:

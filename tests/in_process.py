@@ -19,13 +19,13 @@ from pathlib import Path
 
 import polars as pl
 
-from dunning.config import load_config
 from dunning.ingest.events import load_events
 from dunning.ledger.backends.duckdb_ledger import open_ledger
 from dunning.plan import unchanged
 from dunning.plan.breaker import BreakerVerdict
 from dunning.plan.clock import cycle_clock, parse_as_of
 from dunning.run import cycle, steps
+from dunning.run.settings import load_settings as load_config
 from dunning.send.providers.base import EmailProvider
 from dunning.send.providers.factory import build_provider
 from dunning.sharding import EVERYONE, Shard

@@ -243,7 +243,7 @@ def test_any_other_unexpected_error_is_one_line_with_exit_1_and_no_traceback(tmp
     def broken(*args, **kwargs):
         raise RuntimeError("something nobody foresaw\nwith a second line")
 
-    monkeypatch.setattr(cli, "load_config", broken)
+    monkeypatch.setattr(cli, "load_settings", broken)
     snapshot = write_snapshot(tmp_path / "snapshot.csv", due(1))
     code = cli.main(["--home", str(tmp_path / "home"), "run", "--snapshot", str(snapshot), "--as-of", AS_OF])
     err = capsys.readouterr().err

@@ -13,6 +13,7 @@ from dunning.email.locales import email_locale, known_locale
 from dunning.email.render import WIRE_POLICY, Sender, apology_email, payment_failed_email, reminder_email
 from dunning.email.templating import TEMPLATE_NAMES, check_templates
 from dunning.errors import ConfigError
+from dunning.run.settings import parse_settings
 from tests.conftest import invoice
 from tests.helpers import reminder_row
 from tests.smtp_server import ScriptedHandler, SmtpServer
@@ -254,7 +255,7 @@ def test_a_broken_template_stops_the_run_before_anything_is_claimed(deployment, 
 
 def test_a_missing_templates_dir_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="templates_dir: not a directory"):
-        parse_config({"templates_dir": str(tmp_path / "nowhere")})
+        parse_settings({"templates_dir": str(tmp_path / "nowhere")})
 
 
 def test_a_relative_templates_dir_is_taken_from_the_config_files_directory(tmp_path, monkeypatch):

@@ -43,8 +43,8 @@ from dunning.email.render import (
     draft_for,
 )
 from dunning.email.wire import WireEmail
+from dunning.keys import idempotency_key_in
 from dunning.safe_text import address_header
-from dunning.send.providers.base import idempotency_key_in
 
 _CRLF = b"\r\n"
 _EOL = re.compile(rb"\r\n|\r|\n")  # what email.generator turns into the policy's line separator

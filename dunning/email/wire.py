@@ -21,7 +21,7 @@ from email.message import Message
 from typing import Any
 
 from dunning.email.render import WIRE_POLICY
-from dunning.send.providers.base import idempotency_key_of
+from dunning.keys import idempotency_key_of
 
 _EOL = re.compile(rb"\r\n|\r|\n")  # what email.generator turns into the policy's line separator
 _CRLF = b"\r\n"

@@ -8,30 +8,14 @@ in words an operator can act on.
 
 from __future__ import annotations
 
-import datetime as dt
-
-import babel.core
-import babel.numbers
 import pandera.polars as pa
 import polars as pl
 
+from dunning.currencies import CURRENCIES
 from dunning.ingest.csv_lines import LINE_PROBLEM
 from dunning.safe_text import CONTROL_CLASS
 
 STATUSES = ("draft", "open", "paid", "void", "uncollectible")
-# Currencies some territory uses as legal tender today (CLDR): not XXX/XAU/XTS (no-currency, gold, testing),
-# not historic codes such as DEM, which no customer can pay in
-CURRENCIES = tuple(
-    sorted(
-        {
-            code
-            for territory in babel.core.get_global("territory_currencies")
-            for code in babel.numbers.get_territory_currencies(
-                territory, dt.date.today(), tender=True, non_tender=False
-            )
-        }
-    )
-)
 # longest accepted text per column: ids stay short enough for keys (<= 256) and SMTP lines (<= 998)
 MAX_LENGTH = {"invoice_id": 200, "customer_id": 200, "customer_email": 254, "customer_name": 256, "billing_period": 64}
 TEXT_COLUMNS = ("invoice_id", "customer_id", "customer_email", "customer_name", "billing_period", "currency", "status")

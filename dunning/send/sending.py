@@ -23,13 +23,13 @@ from dunning.config import DunningConfig
 from dunning.email.render import Sender
 from dunning.email.wire import WireEmail
 from dunning.errors import DunningError, LedgerLost
-from dunning.keys import email_id_of_joined
+from dunning.keys import email_id_of_joined, idempotency_key_for
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.claims import ClaimCap
 from dunning.ledger.stores.payloads import PAYLOAD_SCHEMA
 from dunning.plan.policy import email_groups
 from dunning.send.handover import Deadline, HandOverGate, open_journal, read_journal, remove_journal
-from dunning.send.providers.base import EmailProvider, SendOutcome, idempotency_key_for
+from dunning.send.providers.base import EmailProvider, SendOutcome
 from dunning.send.render_pool import BUILD_ERRORS, MIN_POOL_EMAILS, Built, RenderPool, RenderSettings, not_built
 from dunning.storage_faults import storage_fault_of
 from dunning.vocabulary import SendStatus

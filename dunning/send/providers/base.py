@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from email.message import Message
 from typing import TYPE_CHECKING
@@ -45,25 +45,6 @@ class SendOutcome:
     provider_message_id: str | None = None  # the provider's own id of the accepted message, when it gives one
     payload: str | None = None  # the exact request of an `unknown` send, to resubmit under the same key
     retry_after_seconds: float | None = None  # a `failed` send the provider asked us not to retry sooner (429)
-
-
-def idempotency_key_for(keys: Sequence[str], email_id: str) -> str:
-    """The key a provider dedupes an email on: its one ledger key when that is a short printable-ASCII header
-    value, else its email id (a hash of every key it covers, the left part of its Message-ID)."""
-    if len(keys) == 1 and len(keys[0]) <= 256 and keys[0].isascii() and keys[0].isprintable():
-        return keys[0]
-    return email_id
-
-
-def idempotency_key_of(message: Message) -> str:
-    """`idempotency_key_for` the keys and Message-ID that `message` carries in its headers."""
-    return idempotency_key_in(str(message["X-Dunning-Keys"] or ""), str(message["Message-ID"]))
-
-
-def idempotency_key_in(keys_header: str, message_id: str) -> str:
-    """`idempotency_key_for` the keys of an `X-Dunning-Keys` header's value and a Message-ID, as read back."""
-    keys = [k.strip() for k in keys_header.split(",") if k.strip()]
-    return idempotency_key_for(keys, message_id.strip().strip("<>").partition("@")[0])
 
 
 class HealthStop:

@@ -46,8 +46,9 @@ import resend.exceptions
 from resend.http_client import HTTPClient
 
 from dunning.config import Provider
+from dunning.keys import idempotency_key_of
 from dunning.secret_env import read_secret, scrub
-from dunning.send.providers.base import LEASE_ENDED, EmailProvider, HealthStop, SendOutcome, idempotency_key_of
+from dunning.send.providers.base import LEASE_ENDED, EmailProvider, HealthStop, SendOutcome
 from dunning.vocabulary import LookupStatus, ProviderStatus, SendStatus
 
 # raised while the request is prepared, before a connection is made: nothing left this machine
