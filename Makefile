@@ -51,6 +51,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy dunning
+	$(BIN)/lint-imports
 
 TIERS ?= 100k,1m
 REPEAT ?= 3

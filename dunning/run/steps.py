@@ -28,13 +28,14 @@ import polars as pl
 
 from dunning.config import DunningConfig
 from dunning.errors import InvalidRowsHalt
-from dunning.ingest.events import event_keys, notice_rows
+from dunning.ingest.events import event_keys
 from dunning.ingest.snapshot_rules import DUPLICATED
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.operations import PauseState
 from dunning.plan import invoice_emails
 from dunning.plan.clock import CycleClock, RunMode
 from dunning.plan.exclusions import in_force
+from dunning.plan.notices import notice_rows
 from dunning.plan.policy import assign_cycles, business_date, stages_frame
 from dunning.run import cycle
 from dunning.safe_text import for_terminal
