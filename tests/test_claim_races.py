@@ -153,6 +153,7 @@ def test_a_claim_on_postgres_takes_its_customers_lock_rows_in_customer_order(pos
     assert len(result["r"].won) == 100
 
 
+@pytest.mark.slow
 def test_a_deadlock_on_postgres_loses_the_chunk_and_leaves_nothing(postgres_dsn):
     with open_postgres_ledger(postgres_dsn, "$TEST_DSN") as ledger:
         ledger.con.execute("SET deadlock_timeout = '100ms'")  # the claim, not the blocker, detects the deadlock

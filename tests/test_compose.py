@@ -167,6 +167,7 @@ drafts = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(draft=drafts)
 def test_any_draft_composes_to_the_message_paths_bytes_or_is_refused_alike(draft):
@@ -194,6 +195,7 @@ def _send(home, due, config: DunningConfig, render=None):
     return report, statuses.sort("idempotency_key"), {p.name: p.read_bytes() for p in outbox.directory.iterdir()}
 
 
+@pytest.mark.slow
 def test_the_send_step_hands_a_provider_of_bytes_the_message_paths_bytes(tmp_path, monkeypatch):
     """The file outbox takes bytes: the run's own process composes them, building no message; rendering messages
     instead (as a custom `render` does) writes the same outbox, file for file, and the same ledger."""

@@ -141,6 +141,7 @@ def test_bad_rows_are_quarantined_valid_rows_proceed_and_the_ledger_is_untouched
     assert quarantine == [("c", "amount_due is negative", True), ("d", "currency is not an ISO 4217 code", True)]
 
 
+@pytest.mark.slow
 def test_halt_policy_stops_before_anything_is_sent(deployment, tmp_path):
     config = tmp_path / "halt.yaml"
     config.write_text("on_invalid_rows: halt\n")
@@ -232,6 +233,7 @@ def test_an_audit_row_exists_for_every_due_key_and_not_owed_is_zero(deployment):
     assert deployment.query("SELECT not_owed_reminded, sent FROM dunning_runs") == [(0, 3)]
 
 
+@pytest.mark.slow
 def test_the_installed_command_reports_a_missing_snapshot_without_traceback(tmp_path):
     import shutil
     import subprocess
@@ -249,6 +251,7 @@ def test_the_installed_command_reports_a_missing_snapshot_without_traceback(tmp_
     assert result.stderr.strip() == f"dunning: snapshot file not found: {tmp_path / 'missing.csv'}"
 
 
+@pytest.mark.slow
 def test_the_installed_command_flushes_its_output_before_it_ends_the_process(tmp_path):
     """`dunning` ends with `os._exit` (no interpreter teardown): what it printed must still reach a pipe whole."""
     import json

@@ -176,6 +176,7 @@ def test_auto_advance_false_is_excluded_only_when_configured(deployment, tmp_pat
     assert audit(deployment)["dunning:manual:1:day3"] == ("held", "excluded")
 
 
+@pytest.mark.slow
 def test_the_resume_proof_respects_exclusions(deployment, tmp_path):
     config = config_file(tmp_path, "group_by: invoice\n")
     rows = [invoice(invoice_id=f"f{i}", customer_id="cus_flood", customer_email="f@example.com") for i in range(5)]
@@ -241,6 +242,7 @@ def test_status_lists_the_exclusions_in_force(deployment):
 # --- the table, on both ledgers ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_exclusions_keep_their_history_on_both_ledgers(backend, tmp_path):
     customer, invoice_scope = ExclusionScope.CUSTOMER, ExclusionScope.INVOICE
     later = WALL + dt.timedelta(hours=1)

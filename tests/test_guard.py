@@ -202,6 +202,7 @@ def test_after_a_flood_each_customer_gets_one_apology_plus_normal_reminders(depl
     assert per_customer == [("cus_flood", 1)]
 
 
+@pytest.mark.slow
 def test_recovery_from_a_provider_send_log_before_the_ledger_existed(deployment, tmp_path):
     log = tmp_path / "sent.csv"
     lines = ["to,sent_at,subject"] + [f"Flood@Example.com,2026-11-05T09:{m:02d}:00Z,Past due" for m in range(6)]

@@ -399,6 +399,7 @@ def test_deep_json_is_parsed_without_finalizers_failing_at_the_recursion_limit()
     assert _deep_parse_reports(parse_json) == 0, "no traceback block reaches stderr for a file we were given"
 
 
+@pytest.mark.slow
 def test_a_stripe_snapshot_nested_too_deeply_is_a_clear_error(deployment, tmp_path):
     path = tmp_path / "invoices.json"
     path.write_text('{"object": "list", "data": ' + "[" * 200_000 + "]" * 200_000 + "}")

@@ -38,6 +38,7 @@ def keys(deployment, kind: str = "invoice") -> dict[str, str]:
     return {r["idempotency_key"]: r["status"] for r in deployment.ledger(f"kind = '{kind}'")}
 
 
+@pytest.mark.slow
 def test_off_by_default_nothing_is_recorded(deployment):
     code, _, err = deployment.run([issued("in_1")], "2026-11-05T09:00:00Z")
     assert code == 0, err
@@ -115,6 +116,7 @@ def test_invoice_emails_count_toward_the_breaker(deployment, tmp_path):
     assert deployment.outbox() == []
 
 
+@pytest.mark.slow
 def test_a_dry_run_records_nothing(deployment, tmp_path):
     code, out, err = deployment.run([issued("in_1")], "2026-11-05T09:00:00Z", "--config", config(tmp_path), "--dry-run")
     assert code == 0, err

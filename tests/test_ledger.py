@@ -113,6 +113,7 @@ def test_send_due_claims_before_sending_and_records_outcomes(tmp_path, backend):
         assert (again.claimed, again.lost, again.emails) == (0, 5, 0)
 
 
+@pytest.mark.slow
 def test_a_held_lock_ends_in_a_clear_busy_error(tmp_path):
     import subprocess
     import sys

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.conftest import write_snapshot
+from tests.conftest import Deployment, write_snapshot
 from tests.helpers import DUNNING, customers
 from tests.postgres_server import start_cluster
 from tests.smtp_server import ScriptedHandler, SmtpServer
@@ -39,7 +39,7 @@ def run(home, snapshot, config, env, as_of=AS_OF, **popen):
 
 
 def test_a_ledger_stopped_mid_send_stops_the_sending_with_exit_4_and_the_next_run_sends_nothing_twice(
-    tmp_path, own_cluster
+    tmp_path, own_cluster, monkeypatch
 ):
     env = {**os.environ, "DUNNING_POSTGRES_DSN": own_cluster.fresh_database()}
     snapshot = write_snapshot(tmp_path / "s.csv", customers(40))
@@ -67,29 +67,24 @@ def test_a_ledger_stopped_mid_send_stops_the_sending_with_exit_4_and_the_next_ru
     assert len(delivered_first) <= at_halt + 5 + 1, "at most the chunk in hand when the ledger went"
     assert len(delivered_first) < 40
 
-    status = subprocess.run(
-        [DUNNING, "--home", str(home), "status", "--json", "--config", str(config)],
-        capture_output=True, text=True, env=env, timeout=60,
-    )  # fmt: skip
-    assert status.returncode != 0 or "failed" in status.stdout  # the ledger is down: status says so, or fails clean
-    assert "Traceback" not in status.stderr
+    monkeypatch.setenv("DUNNING_POSTGRES_DSN", env["DUNNING_POSTGRES_DSN"])
+    deployment = Deployment(tmp_path)  # its home is `home`: the rest runs in this process, through the same command
+    code, out, err = deployment.cli("status", "--json", "--config", str(config))
+    assert code == 4 and "Traceback" not in err  # the ledger is down: status says so, with the last failure
+    assert json.loads(out)["last_failure"]["exit_code"] == 4
 
     own_cluster.resume()
-    status = subprocess.run(
-        [DUNNING, "--home", str(home), "status", "--json", "--config", str(config)],
-        capture_output=True, text=True, env=env, timeout=60,
-    )  # fmt: skip
-    assert status.returncode == 0, status.stderr
-    failure = json.loads(status.stdout)["last_failure"]
+    code, out, err = deployment.cli("status", "--json", "--config", str(config))
+    assert code == 0, err
+    failure = json.loads(out)["last_failure"]
     assert failure["exit_code"] == 4 and "failed while sending" in failure["message"]
 
     healthy = ScriptedHandler()
     with SmtpServer(healthy) as server:
         config.write_text(config.read_text().replace(str(handler_port(config)), str(server.port)))
         for as_of in ("2026-11-05T10:00:00Z", "2026-11-05T12:00:00Z"):
-            again = run(home, snapshot, str(config), env, as_of=as_of)
-            out, err = again.communicate(timeout=120)
-            assert again.returncode == 0, err
+            code, _, err = deployment.cli("run", "--snapshot", str(snapshot), "--as-of", as_of, "--config", str(config))
+            assert code == 0, err
     assert not set(healthy.keys()) & set(delivered_first), "nothing delivered twice"
     assert len(set(healthy.keys()) | set(delivered_first)) >= 40 - 6, "the rest went, bar what waits for a human"
 

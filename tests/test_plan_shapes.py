@@ -163,5 +163,6 @@ def test_a_month_due_on_one_day_plans_one_reminder_each(tmp_path):
     state_kind=st.sampled_from(["none", "same"]),
     group_by=st.sampled_from(["customer", "invoice"]),
 )
+@pytest.mark.slow
 def test_small_frames_of_any_shape_plan_without_error(tmp_path, n, shape, state_kind, group_by):
     whole_plan(tmp_path, n, shape, state_kind, DunningConfig(group_by=group_by))

@@ -234,6 +234,7 @@ def test_a_table_written_by_an_analyst_who_was_killed_does_not_break_the_next_pu
     assert_opens_and_answers(tmp_path, 8)
 
 
+@pytest.mark.slow
 def test_an_analyst_still_holding_the_replaced_file_cannot_break_readers_of_the_new_one(tmp_path, analysts):
     """Their session opened before a publication writes by name to analytics.duckdb.wal: that commit is refused."""
     wal = tmp_path / "analytics.duckdb.wal"
@@ -257,6 +258,7 @@ def test_an_analyst_still_holding_the_replaced_file_cannot_break_readers_of_the_
     assert_opens_and_answers(tmp_path, 8)
 
 
+@pytest.mark.slow
 def test_own_tables_in_own_file_attaching_the_published_one_from_elsewhere_survive_publication(
     tmp_path, analysts, monkeypatch
 ):

@@ -126,6 +126,7 @@ def test_a_message_of_another_shape_goes_through_the_generator():
     assert wire_bytes(single) == single.as_bytes(policy=WIRE_POLICY)
 
 
+@pytest.mark.slow
 def test_a_pool_renders_the_same_bytes_in_the_same_order(tmp_path):
     config = DunningConfig()
     groups = send_groups(_due(tmp_path, _rows(120), config), config)
@@ -150,6 +151,7 @@ def test_an_email_that_cannot_be_built_fails_alone_in_a_worker_too(tmp_path):
     assert second.startswith("email not built: EmailBuildError: recipient is not a single valid address")
 
 
+@pytest.mark.slow
 def test_the_send_step_writes_the_same_outbox_with_a_pool(tmp_path, monkeypatch):
     monkeypatch.setattr(sending, "MIN_POOL_EMAILS", 1)
     config = DunningConfig(claim_chunk_size=25)  # several chunks: the next is claimed while one is handed over
@@ -165,6 +167,7 @@ def test_the_send_step_writes_the_same_outbox_with_a_pool(tmp_path, monkeypatch)
     assert alone_ledger.sort("idempotency_key").equals(pooled_ledger.sort("idempotency_key"))
 
 
+@pytest.mark.slow
 def test_a_render_worker_that_dies_sends_nothing_twice_and_leaves_nothing_claimed(tmp_path, monkeypatch):
     """The run's process hands the bytes over (as to SMTP): what the pool did not render was never handed over."""
     monkeypatch.setattr(sending, "MIN_POOL_EMAILS", 1)
@@ -199,6 +202,7 @@ def test_a_render_worker_that_dies_sends_nothing_twice_and_leaves_nothing_claime
     assert sent.height + not_rendered.height == statuses.height - 40
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_while_writing_the_outbox_leaves_unknowns_the_next_run_settles_once(tmp_path, monkeypatch):
     """With the file outbox the workers write the emails themselves: a dead worker may have written emails it never
     reported, so those are `unknown`, never `failed`; the next run's lookup finds each file or not, and in the end
@@ -261,6 +265,7 @@ def test_a_cycle_through_the_cli_renders_in_the_pool_with_the_same_bytes(tmp_pat
     assert parsed["X-Dunning-Kind"] == "reminder"
 
 
+@pytest.mark.slow
 def test_amounts_formatted_without_babel_read_as_babel_writes_them():
     import random
     from decimal import Decimal

@@ -135,6 +135,7 @@ def test_a_refused_key_stops_the_batch_with_exit_6_and_one_alert(deployment, tmp
         assert {r["status"] for r in deployment.ledger()} == {"failed"}
 
 
+@pytest.mark.slow
 def test_a_missing_key_variable_is_a_config_error_naming_it(deployment, tmp_path, monkeypatch):
     monkeypatch.delenv("RESEND_API_KEY")
     with FakeResend() as api:

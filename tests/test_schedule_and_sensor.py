@@ -50,6 +50,7 @@ def _sense_failure(instance, result, home):
     page_on_run_failure(context)
 
 
+@pytest.mark.slow
 def test_a_failed_run_pages_once(tmp_path, monkeypatch):
     home = tmp_path / "home"
     monkeypatch.setenv("DUNNING_HOME", str(home))

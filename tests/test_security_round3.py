@@ -47,6 +47,7 @@ def grep_tree(root: Path, needle: str) -> list[str]:
 # 1. The Resend key with a trailing newline, and a wrong key quoted back: in no record, no output
 
 
+@pytest.mark.slow
 def test_a_key_read_with_a_trailing_newline_is_stripped_and_works(deployment, tmp_path, monkeypatch):
     monkeypatch.setenv("RESEND_API_KEY", KEY + "\n")
     with FakeResend() as api:
@@ -56,6 +57,7 @@ def test_a_key_read_with_a_trailing_newline_is_stripped_and_works(deployment, tm
     assert [r["status"] for r in deployment.ledger()] == ["sent"]
 
 
+@pytest.mark.slow
 def test_a_key_with_a_control_character_inside_is_refused_naming_the_variable_only(deployment, tmp_path, monkeypatch):
     monkeypatch.setenv("RESEND_API_KEY", "re_first_half\nsecond_half")
     with FakeResend() as api:

@@ -44,6 +44,7 @@ def age_first_attempt(deployment, hours: float) -> None:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("answer", ["500-after-accept", "200-garbage"])
 def test_an_ambiguous_answer_is_unknown_and_a_payment_since_sends_nothing_more(deployment, tmp_path, answer):
     """Accepted, then a 5xx (or an unreadable 200): `unknown`. One invoice is paid before the next run: the
@@ -60,6 +61,7 @@ def test_an_ambiguous_answer_is_unknown_and_a_payment_since_sends_nothing_more(d
         assert all(r["last_error"] == "not resubmitted: not_owed; still unknown" for r in rows)
 
 
+@pytest.mark.slow
 def test_a_partial_payment_since_keeps_the_request_from_going_again(deployment, tmp_path):
     with FakeResend(script={1: "500-after-accept"}) as api:
         config = api.config(tmp_path / "resend.yaml")
@@ -70,6 +72,7 @@ def test_a_partial_payment_since_keeps_the_request_from_going_again(deployment, 
         assert row["status"] == "unknown" and "amount_changed" in row["last_error"]
 
 
+@pytest.mark.slow
 def test_an_unknown_with_the_present_unchanged_is_resubmitted_byte_for_byte_and_delivered_once(deployment, tmp_path):
     with FakeResend(script={1: "500-after-accept"}) as api:
         config = api.config(tmp_path / "resend.yaml")
@@ -82,6 +85,7 @@ def test_an_unknown_with_the_present_unchanged_is_resubmitted_byte_for_byte_and_
         assert result.result.unknown_settled.by_resubmission == 2
 
 
+@pytest.mark.slow
 def test_a_409_on_resubmission_is_unknown_never_failed(deployment, tmp_path):
     with FakeResend(script={1: "hang", 2: "409-concurrent"}) as api:
         config = api.config(tmp_path / "resend.yaml")
@@ -92,6 +96,7 @@ def test_a_409_on_resubmission_is_unknown_never_failed(deployment, tmp_path):
         assert len(api.delivered) == 1
 
 
+@pytest.mark.slow
 def test_a_key_seen_with_another_body_is_unknown_and_never_replanned(deployment, tmp_path):
     """409 invalid_idempotent_request means an email was accepted under the key: never a new one."""
     with FakeResend() as api:
@@ -103,6 +108,7 @@ def test_a_key_seen_with_another_body_is_unknown_and_never_replanned(deployment,
         assert api.delivered == []
 
 
+@pytest.mark.slow
 def test_past_the_providers_memory_nothing_goes_and_one_alert_asks_a_human(deployment, tmp_path):
     """Emulated: Resend forgot the key (24 h later). A resubmission now would be a second email."""
     with FakeResend(script={1: "500-after-accept"}) as api:
@@ -119,6 +125,7 @@ def test_past_the_providers_memory_nothing_goes_and_one_alert_asks_a_human(deplo
         assert deployment.query("SELECT count(*) FROM provider_payloads") == [(0,)]
 
 
+@pytest.mark.slow
 def test_an_excluded_customer_is_not_resubmitted_to(deployment, tmp_path):
     with FakeResend(script={1: "500-after-accept"}) as api:
         config = api.config(tmp_path / "resend.yaml")
@@ -134,6 +141,7 @@ def test_an_excluded_customer_is_not_resubmitted_to(deployment, tmp_path):
         assert statuses(deployment) == {"dunning:in_1:1:day3": "sent"}
 
 
+@pytest.mark.slow
 def test_a_rate_limit_is_retried_no_sooner_than_retry_after(deployment, tmp_path):
     with FakeResend(script={1: "429"}, retry_after=7200) as api:
         config = api.config(tmp_path / "resend.yaml")
@@ -156,6 +164,7 @@ def test_the_config_refuses_a_window_longer_than_the_provider_remembers(provider
     assert parse_config({"provider": {"kind": "file", "idempotency_window_hours": 48}})
 
 
+@pytest.mark.slow
 def test_the_run_summary_counts_what_it_settled(deployment, tmp_path):
     with FakeResend(script={1: "500-after-accept"}) as api:
         config = api.config(tmp_path / "resend.yaml")

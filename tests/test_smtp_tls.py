@@ -292,6 +292,7 @@ def test_cli_without_ca_file_fails_against_a_private_ca_and_sends_nothing(deploy
     assert handler.received == [] and handler.attempts == 0
 
 
+@pytest.mark.slow
 def test_cli_with_a_missing_ca_file_exits_2_naming_the_key(deployment, tmp_path):
     config = tls_config(tmp_path / "tls.yaml", free_port(), str(tmp_path / "nope.pem"))
     code, out, err = deployment.run([invoice()], "2026-11-05T09:00:00Z", "--config", config)

@@ -181,6 +181,7 @@ def test_conflicting_duplicates_are_quarantined_together(tmp_path):
     assert loaded.rejected.select("source_row", "rule").rows() == [(2, DUPLICATED), (3, DUPLICATED)]
 
 
+@pytest.mark.slow
 def test_a_live_run_alerts_once_naming_the_conflicting_ids(deployment):
     rows = [invoice(invoice_id="in_1"), invoice(invoice_id="dup", amount_due=100), invoice(invoice_id="dup")]
     for as_of in ("2026-11-05T09:00:00Z", "2026-11-05T10:00:00Z"):

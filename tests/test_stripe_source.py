@@ -133,6 +133,7 @@ def test_a_paid_invoice_closes_its_cycle_and_a_reopened_one_starts_a_new_cycle(d
         assert ledger.pause_state().reason == f"resumed: guard proven on {latest}"
 
 
+@pytest.mark.slow
 def test_a_wrong_key_exits_7_in_one_line_without_the_key_and_sends_nothing(deployment, fake, monkeypatch):
     fake.invoices = [stripe_invoice(n, AS_OF) for n in range(3)]
     stripe_home(deployment, fake, monkeypatch, key=WRONG_KEY)
@@ -146,6 +147,7 @@ def test_a_wrong_key_exits_7_in_one_line_without_the_key_and_sends_nothing(deplo
     assert pulled(deployment) == [] and not list((deployment.home / "snapshots").glob(".*part"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failure", ["rate_limited", "unreachable"])
 def test_rate_limited_after_retries_or_unreachable_exits_7_and_sends_nothing(deployment, fake, monkeypatch, failure):
     fake.invoices = [stripe_invoice(n, AS_OF) for n in range(3)]

@@ -113,6 +113,7 @@ def test_a_changed_configuration_runs(tmp_path):
     assert second.sent_keys == [f"dunning:in_{i}:1:day4" for i in range(4)]
 
 
+@pytest.mark.slow
 def test_an_inclusion_after_the_run_makes_the_next_one_send(tmp_path):
     home, snapshot = tmp_path / "home", _snapshot(tmp_path)
     with open_ledger(home / "dunning.duckdb") as ledger:
@@ -150,6 +151,7 @@ def test_a_retry_whose_backoff_ended_runs_and_is_sent(tmp_path):
     assert len(retried.sent_keys) == 1 and retried.sent_keys[0] not in first.sent_keys
 
 
+@pytest.mark.slow
 def test_a_retry_that_came_due_while_runs_were_skipped_is_not_missed(tmp_path):
     home, snapshot = tmp_path / "home", _snapshot(tmp_path)
     with SmtpServer(ScriptedHandler({1: "554"})) as server:
@@ -360,6 +362,7 @@ def test_a_changed_row_of_the_ledger_changes_its_digest_with_the_row_count_uncha
         assert ledger.state_digest() not in (before, failed)
 
 
+@pytest.mark.slow
 def test_shards_of_one_hour_each_skip_the_next_unchanged_hour_whatever_the_others_wrote(tmp_path):
     """Shard 1 runs after shard 0 has ended and writes its own customers' claims, cycles and history: for shard 0
     that is no change (its state is hashed over its own invoices), so both skip the next hour; a write to one of
