@@ -176,7 +176,7 @@ def test_any_draft_composes_to_the_message_paths_bytes_or_is_refused_alike(draft
 
 @pytest.mark.slow
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
 @given(snapshot_rows=snapshots)
 def test_emails_from_hostile_snapshots_have_the_message_paths_bytes(snapshot_rows, tmp_path):

@@ -35,9 +35,9 @@ def test_polled_daily_and_again_on_crossing_days_gets_one_email_per_stage(deploy
     )  # a second poll where a stage is crossed
 
     def poll(until_days: int) -> None:
-        """The first poll and the second poll of day 7's crossing go through the CLI, the rest in process."""
+        """The second poll of day 7's crossing goes through the CLI, the rest in process."""
         for when in [w for w in polls if w - due < dt.timedelta(days=until_days + 1) and w not in done]:
-            if when in (polls[0], due + dt.timedelta(days=7, hours=12)):
+            if when == due + dt.timedelta(days=7, hours=12):  # the crossing's second poll, through the CLI
                 code, _, err = deployment.run([invoice()], when.isoformat())
                 assert code == 0, err
             else:
@@ -69,7 +69,7 @@ def test_first_seen_ten_days_overdue_sends_day7_once_and_records_day3_skipped(de
 def test_ninety_percent_paid_never_gets_the_final_stage(deployment):
     for day in (1, 4, 8, 14, 15, 20, 25, 30):
         when = f"2026-11-{day:02d}T09:00:00Z"
-        if day in (1, 15):  # the CLI's wiring, on the day before and after the final stage's
+        if day == 15:  # the CLI's wiring, on the day after the final stage's
             assert deployment.run([invoice(amount_paid=9000)], when)[0] == 0
         else:
             deployment.run_in_process([invoice(amount_paid=9000)], when)
@@ -82,7 +82,7 @@ def test_ninety_percent_paid_never_gets_the_final_stage(deployment):
 def test_paid_then_reopened_starts_a_new_cycle_and_keeps_the_old(deployment):
     for day in (4, 8):
         deployment.run_in_process([invoice()], f"2026-11-{day:02d}T09:00:00Z")
-    assert deployment.run([invoice(status="paid", amount_paid=10000)], "2026-11-09T09:00:00Z")[0] == 0
+    deployment.run_in_process([invoice(status="paid", amount_paid=10000)], "2026-11-09T09:00:00Z")
     reopened = invoice(due_date="2026-11-20")
     for day in range(20, 31):
         when = f"2026-11-{day:02d}T09:00:00Z"

@@ -161,7 +161,7 @@ def _assert_inert(records: list[dict], raw: bytes) -> None:
 
 @pytest.mark.slow
 @settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
 @given(snapshot_rows=snapshots)
 def test_every_email_from_any_snapshot_is_well_formed_and_inert(snapshot_rows, tmp_path):
