@@ -18,6 +18,17 @@ def audit_run_id(context: dg.AssetExecutionContext, clock: CycleClock, policy_id
     return context.run.run_id if clock.reads_live_state else f"backfill:{clock.partition_date}:{policy_id}"
 
 
+def rejected_in_this_run(context: dg.AssetExecutionContext) -> int | None:
+    """The rows this run's validation rejected, as `invoice_snapshot` reported them (a dry run quarantines none, so
+    the quarantine cannot be counted); None when it did not say."""
+    for record in context.instance.all_logs(context.run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
+        materialization = record.asset_materialization
+        if materialization is not None and materialization.asset_key == dg.AssetKey("invoice_snapshot"):
+            value = materialization.metadata.get("rejected_rows")
+            return int(str(value.value)) if value is not None else None
+    return None
+
+
 @dg.asset(**ASSET_DEFAULTS, kinds={"polars", "duckdb"}, pool=LEDGER_POOL, ins={"invoice_snapshot": SNAPSHOT_FOR_AUDIT})
 def dunning_audit(
     context: dg.AssetExecutionContext,
@@ -42,6 +53,7 @@ def dunning_audit(
             dry_run=not clock.live,
             # the file applied, also when the run pulled it or took it from the landing folder (`resume` proves on it)
             snapshot_path=cycle_request.snapshot_path or ledger.applied_snapshot_path(context.run.run_id),
+            rejected_rows=rejected_in_this_run(context),
         )
         if clock.live:  # the state this run leaves, for a later hour to compare with (`dunning.plan.unchanged`)
             unchanged.finish(ledger, context.run.run_id, send_batch, cycle_request.shard_spec(), invoice_snapshot)

@@ -300,6 +300,25 @@ class Source(_Strict):
         return http_url(value, "source.api_base") or value
 
 
+class Schedule(_Strict):
+    """When the hourly schedule starts a cycle."""
+
+    cron: str = Field(
+        default="0 * * * *",
+        description="A five-field cron expression in the business `timezone`: the ticks at which the schedule "
+        "starts a cycle (`0 * * * *`: every hour on the hour; `0 8-18 * * 1-5`: business hours on weekdays).",
+    )
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, value: str) -> str:
+        from croniter import croniter  # here, not at import: only the schedule needs it
+
+        if len(value.split()) != 5 or not croniter.is_valid(value):
+            raise ValueError("schedule.cron must be a cron expression of five fields, e.g. '0 * * * *'")
+        return value
+
+
 class Events(_Strict):
     """Billing events (`invoice.payment_failed`): who their notices go to."""
 
@@ -322,6 +341,7 @@ class DunningConfig(_Strict):
     source: Source = Source()
     invoice_emails: InvoiceEmails = InvoiceEmails()
     events: Events = Events()
+    schedule: Schedule = Schedule()
     locale: str = "en_US"
     # a group whose members may read the analysts' copy (`analytics.duckdb` and its Parquet files: 0640, their
     # directory 0750); unset, they are the home's owner's alone (0600), like everything under the home

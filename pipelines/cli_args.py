@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from importlib import metadata
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -27,10 +28,19 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> None:
     parser.error = error  # type: ignore[method-assign]
 
 
+def release() -> str:
+    """The installed release of the project (`dunning --version`)."""
+    try:
+        return metadata.version("dunning-pipeline")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dunning", description="Send each payment reminder once; never flood.")
     _one_line_errors(parser)  # unknown arguments of any command are reported here
     parser.add_argument("--home", help="deployment directory (default: $DUNNING_HOME or ./.dunning)")
+    parser.add_argument("--version", action="version", version=f"dunning {release()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run one dunning cycle through the Dagster job")

@@ -27,8 +27,13 @@ DUNNING = shutil.which("dunning", path=str(Path(sys.executable).parent))
 SCHEDULE_HOUR = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
 
 
-def scheduled_requests(home: Path, at: dt.datetime = SCHEDULE_HOUR):
-    """What the hourly schedule asks for at `at` on the home `home` (a RunRequest, a list of them, or a skip)."""
+def scheduled_requests(home: Path, at: dt.datetime = SCHEDULE_HOUR, land: bool = True):
+    """What the hourly schedule asks for at `at` on the home `home` (a RunRequest, a list of them, or a skip); with
+    `land`, a snapshot is landed for the day first (without one and without a source, a tick skips)."""
+    if land:
+        landing = home / "landing"
+        landing.mkdir(parents=True, exist_ok=True)
+        (landing / f"{at.date().isoformat()}.csv").write_text("invoice_id\n")
     context = dg.build_schedule_context(
         scheduled_execution_time=at, resources={"dunning_home": DunningHome(home=str(home))}
     )

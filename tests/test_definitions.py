@@ -39,7 +39,7 @@ def test_definitions_load_with_the_expected_graph(monkeypatch, tmp_path):
     assert graph.get(dg.AssetKey("send_batch")).parent_keys == {dg.AssetKey("reminders_due")}
     checks = {c.name: c for c in graph.asset_check_keys}
     assert REMINDERS_SOUND in checks
-    assert defs.resolve_schedule_def("hourly_dunning").cron_schedule == "0 * * * *"
+    assert defs.resolve_schedule_def("hourly_dunning").cron_schedule == "* * * * *"  # `schedule.cron` picks ticks
 
 
 @pytest.mark.slow

@@ -1,5 +1,7 @@
 """The schedule skips while paused; a failed run pages through the run-failure sensor, once."""
 
+import datetime as dt
+
 import dagster as dg
 import pytest
 
@@ -79,3 +81,28 @@ def test_a_breaker_trip_is_not_paged_twice(tmp_path, monkeypatch):
         _sense_failure(instance, result, home)
     with open_ledger(home / "dunning.duckdb") as ledger:
         assert ledger.frame("SELECT kind FROM alerts").rows() == [("breaker",)]
+
+
+def test_a_tick_without_a_landed_snapshot_or_a_source_skips_with_the_reason(tmp_path):
+    skipped = scheduled_requests(tmp_path, land=False)
+    assert isinstance(skipped, dg.SkipReason) and "no snapshot landed for 2026-11-05" in skipped.skip_message
+    assert not (tmp_path / "dunning.duckdb").exists(), "no run, nothing opened"
+
+
+def test_the_cron_comes_from_the_config_in_the_business_timezone(tmp_path):
+    (tmp_path / "config.yaml").write_text("timezone: Europe/Berlin\nschedule: {cron: '30 9 * * 1-5'}\n")
+    thursday_0930_berlin = dt.datetime(2026, 11, 5, 8, 30, tzinfo=dt.UTC)
+    request = scheduled_requests(tmp_path, thursday_0930_berlin)
+    assert isinstance(request, dg.RunRequest), request
+    for not_a_tick in (dt.datetime(2026, 11, 5, 9, 30, tzinfo=dt.UTC), dt.datetime(2026, 11, 7, 8, 30, tzinfo=dt.UTC)):
+        skipped = scheduled_requests(tmp_path, not_a_tick)
+        assert isinstance(skipped, dg.SkipReason) and "not a tick of schedule.cron" in skipped.skip_message
+
+
+@pytest.mark.parametrize("cron", ["61 * * * *", "0 * * *", "every hour"])
+def test_a_bad_cron_is_a_config_error_naming_the_key(cron):
+    from dunning.config import parse_config
+    from dunning.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="schedule.cron"):
+        parse_config({"schedule": {"cron": cron}})

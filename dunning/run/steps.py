@@ -27,7 +27,7 @@ from email.message import Message
 import polars as pl
 
 from dunning.config import DunningConfig
-from dunning.errors import InvalidRowsHalt
+from dunning.errors import InvalidRowsHalt, SnapshotError
 from dunning.ingest.events import event_keys
 from dunning.ingest.snapshot_rules import DUPLICATED
 from dunning.ledger.base import Ledger
@@ -81,6 +81,8 @@ def apply_snapshot(
             alert_duplicates(ledger, loaded.rejected, config, clock.as_of, run_id)
     if whole.rejected.height and config.on_invalid_rows == "halt":
         raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {whole.summary}")
+    if whole.rejected.height and whole.valid.is_empty():  # nobody would be dunned: never a quiet success
+        raise SnapshotError(f"snapshot {path}: none of its rows was accepted: {whole.summary}")
     state = ledger.invoice_state() if clock.reads_live_state else ledger.state_as_of(clock.as_of, stages_frame(config))
     cycled = assign_cycles(loaded.valid, state, clock.as_of, config, taken_at)
     if clock.live:

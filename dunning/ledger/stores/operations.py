@@ -162,8 +162,10 @@ class Operations(SqlConnection):
         snapshot_rows: int,
         snapshot_path: str | None = None,
         run_outcome: RunOutcome = RunOutcome.COMPLETED,
+        rejected_rows: int | None = None,
     ) -> None:
-        """The audit rows and the run's summary; `counts` as `audit.summarize` gives them."""
+        """The audit rows and the run's summary; `counts` as `audit.summarize` gives them. `rejected_rows`: what
+        validation rejected (a dry run quarantines nothing); None counts the run's quarantine."""
         summary = pl.DataFrame(
             [
                 {
@@ -173,7 +175,9 @@ class Operations(SqlConnection):
                     "finished_wall_at": dt.datetime.now(dt.UTC),
                     "snapshot_path": snapshot_path,
                     "snapshot_rows": snapshot_rows,
-                    "rejected_rows": self.scalar("SELECT count(*) FROM snapshot_quarantine WHERE run_id = ?", [run_id]),
+                    "rejected_rows": rejected_rows
+                    if rejected_rows is not None
+                    else self.scalar("SELECT count(*) FROM snapshot_quarantine WHERE run_id = ?", [run_id]),
                     "due": counts["due"],
                     "sent": counts["sent"],
                     "failed": counts["failed"],
