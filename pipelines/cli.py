@@ -21,7 +21,7 @@ from pathlib import Path
 import dagster as dg
 
 from dunning.config import DunningConfig, LedgerSettings, load_ledger_settings
-from dunning.errors import DunningError, GuardNotLive, LedgerBusy, StorageError, UserInputError
+from dunning.errors import DunningError, GuardNotLive, LedgerBusy, ProviderUnhealthy, StorageError, UserInputError
 from dunning.ingest.stripe import read_events
 from dunning.ledger.factory import open_ledger_for
 from dunning.plan import exclusions
@@ -411,8 +411,75 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _home_path(args: argparse.Namespace) -> Path:
+    """The home as `_home` finds it, without creating it (`preview` writes nothing)."""
+    return Path(args.home or os.environ.get("DUNNING_HOME") or ".dunning").expanduser().resolve()
+
+
+def _preview_snapshot(args: argparse.Namespace, home: Path, ledger, config: DunningConfig, as_of) -> str:
+    """`--snapshot`, else the file landed for the business day, else the last live run's snapshot."""
+    if args.snapshot:
+        return _existing(args.snapshot, "snapshot")
+    from dunning.ingest.landing import latest_for_day
+
+    landed = latest_for_day(home / "landing", as_of.astimezone(config.zone).date())
+    if landed is not None:
+        return str(landed)
+    last = (ledger.last_run() or {}).get("snapshot_path")
+    if last and Path(last).is_file():
+        return str(last)
+    raise UserInputError(
+        "no snapshot to preview: pass --snapshot PATH (none landed today, no earlier run recorded one)"
+    )
+
+
+def cmd_preview(args: argparse.Namespace) -> int:
+    """What a live run at --as-of would send; claims nothing, writes nothing, records no run, reads no secret."""
+    from dunning.ledger.factory import open_ledger_to_read
+    from dunning.run.preview import preview
+
+    home = _home_path(args)
+    config = load_settings(_config_path(args, home))
+    as_of = parse_as_of(args.as_of)
+    with open_ledger_to_read(config, home) as ledger:
+        snapshot = _preview_snapshot(args, home, ledger, config, as_of)
+        result = preview(ledger, snapshot, config, as_of)
+    if args.out:
+        result.write_emails(Path(args.out))
+    if args.json:
+        say(json.dumps(result.as_json(), indent=2))
+        return 0
+    say(report.preview_text(result, snapshot, args.out))
+    return 0
+
+
+def cmd_test_send(args: argparse.Namespace) -> int:
+    """One marked sample email through the configured provider; never a ledger row."""
+    from dunning.run.sample_send import sample_message, send_sample
+
+    home = _home(args)
+    config = load_settings(_config_path(args, home))
+    message = sample_message(args.kind, args.to, config, stage=args.stage, locale=args.locale)
+    outcome = send_sample(message, config, home)
+    where = report.where_emails_go(config, home)
+    if outcome.status == "sent":
+        say(f"test email ({args.kind}) sent to {args.to} through {where}; Message-ID {outcome.message_id}")
+        return 0
+    if (
+        outcome.error
+        and "refused our credentials" in (outcome.error or "")
+        or config.provider.kind == "resend"
+        and (outcome.error or "").startswith(("resend 401", "resend 403"))
+    ):
+        raise ProviderUnhealthy(f"test email not sent: {where} refused our credentials ({outcome.error})")
+    say(f"dunning: test email {outcome.status} through {where}: {outcome.error or 'no reason given'}", file=sys.stderr)
+    return ProviderUnhealthy.exit_code if outcome.transport_error else 1
+
+
 COMMANDS = {
     "run": cmd_run,
+    "preview": cmd_preview,
+    "test-send": cmd_test_send,
     "backfill": cmd_backfill,
     "pause": cmd_pause,
     "resume": cmd_resume,

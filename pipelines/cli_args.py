@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from importlib import metadata
 from collections.abc import Callable
+from importlib import metadata
 from typing import NoReturn
 
 from dunning.safe_text import for_terminal
@@ -67,6 +67,33 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
         help="progress bar for the sends on stderr (default: when stderr is a terminal)",
     )
     run.set_defaults(handler=handlers["run"])
+
+    preview = commands.add_parser(
+        "preview", help="what a live run would send now: every email rendered, nothing claimed, sent or written"
+    )
+    preview.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+    preview.add_argument(
+        "--snapshot", help="invoice snapshot (default: the file landed today, else the last run's snapshot)"
+    )
+    preview.add_argument("--as-of", help="the clock of the run to preview, ISO 8601 (default: now)")
+    preview.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present, else defaults)")
+    preview.add_argument("--out", metavar="DIR", help="also write each email there as an .eml file, exactly as sent")
+    preview.add_argument("--json", action="store_true", help="machine-readable: emails (to, kind, keys, subject), held")
+    preview.set_defaults(handler=handlers["preview"])
+
+    test_send = commands.add_parser(
+        "test-send", help="one sample email through the configured provider ([TEST] subject; never on record)"
+    )
+    test_send.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+    test_send.add_argument("--to", required=True, metavar="ADDRESS", help="where to send it: one plain address")
+    test_send.add_argument(
+        "--kind", choices=("reminder", "invoice", "payment_failed", "apology"), default="reminder",
+        help="which email (default: reminder)",
+    )  # fmt: skip
+    test_send.add_argument("--stage", help="the reminder stage whose tone to show (default: the first stage)")
+    test_send.add_argument("--locale", help="the language, e.g. de_DE (default: the config's locale)")
+    test_send.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present, else defaults)")
+    test_send.set_defaults(handler=handlers["test-send"])
 
     backfill = commands.add_parser("backfill", help="rebuild history and audit for past days; never sends")
     backfill.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)

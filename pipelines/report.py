@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dagster as dg
 import polars as pl
@@ -431,3 +432,40 @@ def status_text(s: dict) -> str:
     if s["config_error"]:
         lines.append(f"config: {s['config_error']} (default thresholds used above)")
     return "\n".join(lines)
+
+
+def preview_text(result, snapshot: str, out: str | None) -> str:
+    """`dunning preview` for a person: one line per email, then what waits and why (`dunning.run.preview`)."""
+    lines = [
+        f"dunning preview as of {result.as_of.isoformat()} of {snapshot} (nothing claimed, sent or written)",
+        f"snapshot: {result.snapshot_rows} invoices accepted, {result.rejected_rows} rejected",
+    ]
+    if not result.breaker.passed:
+        lines.append(f"the breaker would halt this run: {result.breaker.describe()}")
+    lines.append(f"{len(result.emails)} email(s) would be sent" + (":" if result.emails else ""))
+    for email in result.emails:
+        flag = (
+            f"  [already emailed {email.emailed_in_window} time(s) in the breaker's window]"
+            if email.emailed_in_window
+            else ""
+        )
+        stages = ",".join(email.stages) or "-"
+        lines.append(f"  {email.customer_id}  {email.to}  {email.kind}  {stages}  {email.subject!r}{flag}")
+    for keys, why in result.not_built:
+        lines.append(f"  not built ({', '.join(keys[:3])}): {why}")
+    lines.append("waiting: " + (", ".join(f"{r} {n}" for r, n in sorted(result.held.items())) or "nothing"))
+    if out:
+        lines.append(f"each email is in {out} as it would be sent")
+    lines.append("next: `dunning test-send --to you@example.com` to see one in a mailbox, then `dunning run`")
+    return "\n".join(lines)
+
+
+def where_emails_go(config: DunningConfig, home: Path) -> str:
+    """Where a provider hands emails: the outbox directory, the SMTP server, or the HTTP API's host."""
+    provider = config.provider
+    if provider.kind == "smtp":
+        return f"SMTP {provider.host}:{provider.port}"
+    if provider.kind == "resend":
+        return f"Resend at {urlsplit(provider.api_base).hostname}"
+    outbox = home / Path(provider.outbox_dir).expanduser() if provider.outbox_dir else home / "outbox"
+    return f"the outbox {outbox}"

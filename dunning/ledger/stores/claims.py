@@ -44,7 +44,7 @@ class ClaimResult:
     lost: bool = False
 
 
-def _within_cap(due: pl.DataFrame, recent: pl.DataFrame, cap: ClaimCap) -> pl.DataFrame:
+def within_cap(due: pl.DataFrame, recent: pl.DataFrame, cap: ClaimCap) -> pl.DataFrame:
     """The rows of `due` whose email still fits under the customer's cap, emails in group order."""
     emails = (
         due.select("customer_id", "email_group")
@@ -167,7 +167,7 @@ class ClaimStore(SqlConnection):
                     allowed = due
                 else:
                     recent = self.emails_in_window(cap.window_start, cap.window_end, only_customers=customers)
-                    allowed = _within_cap(due, recent, cap)
+                    allowed = within_cap(due, recent, cap)
                 result.throttled = set(due.get_column("idempotency_key")) - set(allowed.get_column("idempotency_key"))
                 is_retry = pl.col("role") == PlanRole.RETRY if "role" in allowed.columns else pl.lit(False)
                 lease = pl.lit(lease_until, dtype=pl.Datetime("us", "UTC")).alias("lease_expires_at")

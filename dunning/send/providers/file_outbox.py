@@ -33,7 +33,7 @@ UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _file_name(message_id: str) -> str:
+def file_name(message_id: str) -> str:
     stem = UNSAFE_IN_NAME.sub("_", message_id.strip("<>"))
     if len(stem) > MAX_STEM:
         stem = stem[: MAX_STEM - 17] + "_" + hashlib.sha256(stem.encode()).hexdigest()[:16]
@@ -63,7 +63,7 @@ class FileOutbox(EmailProvider):
         return str(self.directory)
 
     def path_for(self, message_id: str) -> Path:
-        return self.directory / _file_name(message_id)
+        return self.directory / file_name(message_id)
 
     def send(self, message: Message) -> SendOutcome:
         return self._write(message["Message-ID"], wire_bytes(message))
@@ -77,7 +77,7 @@ class FileOutbox(EmailProvider):
         of an email's cost in the outbox (`bench/RESULTS.md`, 2026-12-01, writes on disk)."""
         if not self.may_hand_over(message_id):
             return SendOutcome(SendStatus.RELEASED, message_id, LEASE_ENDED)
-        target = os.path.join(self._directory, _file_name(message_id))
+        target = os.path.join(self._directory, file_name(message_id))
         temporary = target + ".partial"
         try:
             descriptor = _create(temporary)

@@ -61,7 +61,7 @@ NEVER_LEFT = (
 )
 TRANSPORT_STATUS = 599  # not an HTTP status: our client's answer when the request failed on the way
 NOT_SENT, MAYBE_SENT = "transport_not_sent", "transport_maybe_sent"
-PASSED_HEADERS = ("Message-ID", "X-Dunning-Kind", "X-Dunning-Keys")
+PASSED_HEADERS = ("Message-ID", "X-Dunning-Kind", "X-Dunning-Keys", "X-Dunning-Test")
 DELIVERED_EVENTS = frozenset({"sent", "delivered", "delivery_delayed", "opened", "clicked", "complained"})
 FAILED_EVENTS = frozenset({"bounced", "failed", "canceled"})
 

@@ -1,0 +1,164 @@
+"""What a live run at a given clock would send: the same steps in dry-run mode, each email rendered, nothing written.
+
+`dunning preview` answers the question a billing team asks before going live
+and after every template change: which customers get which email, with which
+subject, and what waits and why. It runs the cycle's real steps
+(`steps.apply_snapshot`, `steps.plan_step`, the breaker) in `RunMode.DRY_RUN`,
+on a ledger opened for reading only (`ledger.factory.open_ledger_to_read`),
+then renders each email exactly as the send step would hand it over
+(`email.compose`: the outbox's bytes). Nothing is claimed, nothing is written,
+no provider is built and no Dagster run is recorded.
+
+What waits: keys the plan holds (excluded, below the minimum, an event's
+address not trusted, …), keys without a usable address, keys of customers
+already at the cap when they would be claimed (`throttled`), and, when the
+breaker would trip, the whole batch (`breaker`). A customer emailed within the
+breaker's window is flagged on each of their emails.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from dunning.config import DunningConfig
+from dunning.email.compose import wire_for
+from dunning.email.wire import WireEmail
+from dunning.ledger.base import Ledger
+from dunning.ledger.stores.claims import within_cap
+from dunning.plan.breaker import BreakerVerdict
+from dunning.plan.clock import CycleClock, RunMode
+from dunning.run import cycle, steps
+from dunning.send.providers.file_outbox import file_name
+from dunning.send.sending import render_settings, with_email_ids
+from dunning.vocabulary import HoldReason
+
+PREVIEW_RUN = "preview"
+
+
+@dataclass(frozen=True)
+class PreviewEmail:
+    customer_id: str
+    to: str
+    kind: str
+    keys: list[str]
+    stages: list[str]
+    subject: str
+    emailed_in_window: int  # emails already on record for this customer in the breaker's window
+    wire: WireEmail = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Preview:
+    as_of: dt.datetime
+    snapshot_rows: int
+    rejected_rows: int
+    emails: list[PreviewEmail]
+    held: dict[str, int]  # reason -> keys that wait
+    breaker: BreakerVerdict
+    not_built: list[tuple[list[str], str]]  # keys of an email that could not be built, and why
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "as_of": self.as_of.isoformat(),
+            "snapshot_rows": self.snapshot_rows,
+            "rejected_rows": self.rejected_rows,
+            "emails": [
+                {
+                    "to": e.to,
+                    "kind": e.kind,
+                    "keys": e.keys,
+                    "subject": e.subject,
+                    "customer_id": e.customer_id,
+                    "stages": e.stages,
+                    "emailed_in_window": e.emailed_in_window,
+                }
+                for e in self.emails
+            ],  # fmt: skip
+            "held": self.held,
+            "breaker_passed": self.breaker.passed,
+        }
+
+    def write_emails(self, directory: Path) -> list[Path]:
+        """Each email as an `.eml` file under `directory`, named as the outbox would name it, byte for byte."""
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for email in self.emails:
+            path = directory / file_name(email.wire.message_id)
+            path.write_bytes(email.wire.data)
+            paths.append(path)
+        return paths
+
+
+def _count(counts: dict[str, int], reason: str, n: int) -> None:
+    if n:
+        counts[reason] = counts.get(reason, 0) + n
+
+
+def preview(ledger: Ledger, snapshot: str, config: DunningConfig, as_of: dt.datetime) -> Preview:
+    """What a live run at `as_of` would send, from `snapshot`, on `ledger` as it stands (read, never written)."""
+    clock = CycleClock(as_of, RunMode.DRY_RUN, as_of.astimezone(config.zone).date())
+    applied = steps.apply_snapshot(
+        ledger, snapshot, config, clock, run_id=PREVIEW_RUN, allow_stale=True, wall=dt.datetime.now(dt.UTC)
+    )
+    plan = steps.plan_step(ledger, applied.cycled, None, config, clock)
+    verdict = cycle.check_breaker(ledger, plan, as_of, config)
+    held: dict[str, int] = {}
+    due = cycle.due_rows(plan)
+    for reason, n in due.filter(pl.col("hold").is_not_null()).group_by("hold").len().iter_rows():
+        _count(held, str(reason), n)
+    _count(held, str(HoldReason.NO_EMAIL_ADDRESS), due.filter(pl.col("hold").is_null() & ~pl.col("sendable")).height)
+    sendable = with_email_ids(cycle.sendable_due(plan), config)
+    recent = cycle.recent_emails(ledger, as_of, config)
+    emails: list[PreviewEmail] = []
+    not_built: list[tuple[list[str], str]] = []
+    if not verdict.passed:
+        _count(held, str(HoldReason.BREAKER), sendable.height)
+    else:
+        allowed = within_cap(sendable, recent, cycle.claim_cap(as_of, config))
+        _count(held, str(HoldReason.THROTTLED), sendable.height - allowed.height)
+        emails, not_built = _rendered(allowed, recent, config, as_of)
+    return Preview(as_of, applied.loaded.valid.height, applied.loaded.rejected.height, emails, held, verdict, not_built)
+
+
+def _rendered(
+    allowed: pl.DataFrame, recent: pl.DataFrame, config: DunningConfig, as_of: dt.datetime
+) -> tuple[list[PreviewEmail], list[tuple[list[str], str]]]:
+    settings = render_settings(config, as_of)
+    in_window = dict(recent.select("customer_id", "emails").iter_rows()) if recent.height else {}
+    emails, not_built = [], []
+    for _, group in allowed.group_by("email_group", maintain_order=True):
+        records = group.to_dicts()
+        keys = [r["idempotency_key"] for r in records]
+        try:
+            wire = wire_for(records, sender=settings.sender, as_of=as_of, locale=settings.locale,
+                            templates_dir=settings.templates_dir)  # fmt: skip
+        except (ValueError, TypeError, LookupError, OSError) as error:  # what the send step records as not built
+            not_built.append((keys, f"{type(error).__name__}: {error}"[:300]))
+            continue
+        first = records[0]
+        emails.append(
+            PreviewEmail(
+                customer_id=str(first["customer_id"]),
+                to=wire.to,
+                kind=str(first["kind"]),
+                keys=keys,
+                stages=sorted({str(r["stage"]) for r in records if r.get("stage")}),
+                subject=_subject(wire.data),
+                emailed_in_window=int(in_window.get(first["customer_id"], 0)),
+                wire=wire,
+            )
+        )
+    return emails, not_built
+
+
+def _subject(data: bytes) -> str:
+    """The Subject header of an email's bytes, decoded (RFC 2047) for a person to read."""
+    from email.header import decode_header, make_header
+    from email.parser import BytesHeaderParser
+
+    value = BytesHeaderParser().parsebytes(data)["Subject"] or ""
+    return str(make_header(decode_header(str(value))))
