@@ -470,8 +470,31 @@ def cmd_test_send(args: argparse.Namespace) -> int:
     return ProviderUnhealthy.exit_code if outcome.transport_error else 1
 
 
+def cmd_adopt(args: argparse.Namespace) -> int:
+    """Going live after another system: the stages each open invoice has reached are recorded skipped (adopted)."""
+    from dunning.run.adopt import adopt
+
+    home = _home(args)
+    config = load_settings(_config_path(args, home))
+    snapshot = _existing(args.snapshot, "snapshot")
+    as_of = parse_as_of(args.as_of)
+    with open_ledger_for(config, home) as ledger:
+        done = adopt(ledger, snapshot, config, as_of)
+    say(
+        f"adopted {done.invoices} open invoice(s) as of {as_of.isoformat()}: {done.keys} stage(s) they had reached "
+        f"recorded skipped (reason adopted); the first live run sends only the stages reached after that"
+        + (f"; {done.not_yet_due} open invoice(s) reached no stage yet" if done.not_yet_due else "")
+    )
+    if done.left_alone:
+        shown = ", ".join(done.left_alone[:20]) + (f" and {len(done.left_alone) - 20} more" if len(done.left_alone) > 20
+                                                     else "")  # fmt: skip
+        say(f"left alone, already on record: {len(done.left_alone)} invoice(s): {shown}")
+    return 0
+
+
 COMMANDS = {
     "run": cmd_run,
+    "adopt": cmd_adopt,
     "preview": cmd_preview,
     "test-send": cmd_test_send,
     "backfill": cmd_backfill,

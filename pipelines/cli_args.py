@@ -95,6 +95,15 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     test_send.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present, else defaults)")
     test_send.set_defaults(handler=handlers["test-send"])
 
+    adopt = commands.add_parser(
+        "adopt", help="going live after another system: record the stages already reached as skipped (adopted)"
+    )
+    adopt.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+    adopt.add_argument("--snapshot", required=True, help="the invoices as they stand now (CSV, Parquet or Stripe JSON)")
+    adopt.add_argument("--as-of", help="the clock: stages reached by then are the old system's (default: now)")
+    adopt.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present, else defaults)")
+    adopt.set_defaults(handler=handlers["adopt"])
+
     backfill = commands.add_parser("backfill", help="rebuild history and audit for past days; never sends")
     backfill.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     backfill.add_argument("--from", dest="start", required=True, help="first day, YYYY-MM-DD")

@@ -47,6 +47,7 @@ _LEDGER_COLUMNS_V7 = (
     "email_id, message_id, run_id, claimed_at, sent_at, attempts, last_error, next_attempt_at, outcome_wall_at, "
     "lease_expires_at, provider_message_id"
 )
+_LEDGER_COLUMNS_V12 = _LEDGER_COLUMNS_V7 + ", settled_run_id"  # what migration 13's rebuild copies
 MIGRATIONS = (
     Migration(1, "baseline: the tables of release 0.1", ()),  # an empty file gets the current DDL below
     Migration(
@@ -130,6 +131,18 @@ MIGRATIONS = (
         (
             "ALTER TABLE provider_payloads ADD COLUMN IF NOT EXISTS held_reason VARCHAR",
             "ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS settled_run_id VARCHAR",
+        ),
+    ),
+    Migration(
+        13,
+        "the collections schedule and going live: kind 'escalation' in the ledger's check (the table is rebuilt, as "
+        "for 7), the policy that governed each key (existing rows: default) and why a stage was skipped (adopted)",
+        (
+            _LEDGER_DDL.replace("CREATE TABLE IF NOT EXISTS reminder_ledger (", "CREATE TABLE reminder_ledger_v13 ("),
+            f"INSERT INTO reminder_ledger_v13 ({_LEDGER_COLUMNS_V12}) "
+            f"SELECT {_LEDGER_COLUMNS_V12} FROM reminder_ledger",
+            "DROP TABLE reminder_ledger",
+            "ALTER TABLE reminder_ledger_v13 RENAME TO reminder_ledger",
         ),
     ),
 )

@@ -31,7 +31,7 @@ DDL = (
     """
     CREATE TABLE IF NOT EXISTS reminder_ledger (
         idempotency_key VARCHAR PRIMARY KEY,
-        kind VARCHAR NOT NULL CHECK (kind IN ('reminder', 'apology', 'payment_failed', 'invoice')),
+        kind VARCHAR NOT NULL CHECK (kind IN ('reminder', 'apology', 'payment_failed', 'invoice', 'escalation')),
         invoice_id VARCHAR,
         customer_id VARCHAR NOT NULL,
         customer_email VARCHAR,
@@ -51,7 +51,9 @@ DDL = (
         outcome_wall_at TIMESTAMPTZ,
         lease_expires_at TIMESTAMPTZ,
         provider_message_id VARCHAR,
-        settled_run_id VARCHAR
+        settled_run_id VARCHAR,
+        policy VARCHAR NOT NULL DEFAULT 'default',
+        skip_reason VARCHAR
     )
     """,
     """

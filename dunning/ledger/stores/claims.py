@@ -360,3 +360,51 @@ class ClaimStore(SqlConnection):
             "SELECT idempotency_key, kind, invoice_id, customer_id, cycle, stage, status, currency, message_id "
             "FROM reminder_ledger WHERE status IN ('failed', 'unknown')"
         )
+
+    def invoices_on_record(self, invoice_ids: pl.Series) -> set[str]:
+        """Which of `invoice_ids` have any row in the ledger (a key of any status, of any cycle)."""
+        frame = invoice_ids.to_frame("invoice_id").unique()
+        with self.registered("asked_invoices", frame):
+            return {
+                str(i)
+                for (i,) in self.con.execute(
+                    "SELECT DISTINCT invoice_id FROM reminder_ledger "
+                    "WHERE invoice_id IN (SELECT invoice_id FROM asked_invoices)"
+                ).fetchall()
+            }
+
+    def record_adopted(self, rows: pl.DataFrame, opened: pl.DataFrame, at: dt.datetime) -> int:
+        """Going live after another system (`dunning adopt`): in one transaction, the cycles of `opened` (invoice_id,
+        cycle) opened at `at`, and `rows` (LEDGER_COLUMNS) recorded `skipped` with reason `adopted`, each invoice's
+        cycle advanced to its highest stage; a key already on record is left alone. Returns the rows recorded."""
+        stamped = rows.with_columns(
+            pl.lit(LedgerStatus.SKIPPED).alias("status"), pl.lit("adopted").alias("skip_reason")
+        )
+        advanced = rows.group_by("invoice_id", "cycle").agg(
+            pl.col("stage").sort_by("stage_days").last(), pl.col("stage_days").max()
+        )
+        with (
+            self.transaction() as con,
+            self.registered("adopted_cycles", opened.select("invoice_id", "cycle")),
+            self.registered("adopted_rows", stamped.select(*LEDGER_COLUMNS, "skip_reason")),
+            self.registered("adopted_stages", advanced),
+        ):
+            con.execute(
+                "INSERT INTO invoice_cycles (invoice_id, cycle, cycle_open, opened_at, changed_snapshot_at) "
+                "SELECT invoice_id, cycle, true, ?, ? FROM adopted_cycles ORDER BY invoice_id "
+                "ON CONFLICT (invoice_id) DO NOTHING",
+                [at, at],
+            )
+            recorded = self.insert_by_name(
+                "reminder_ledger", "adopted_rows", on_conflict_do_nothing=True, returning="idempotency_key",
+                order_by="idempotency_key",
+            )  # fmt: skip
+            con.execute(
+                """
+                UPDATE invoice_cycles SET last_stage = a.stage, last_stage_days = a.stage_days
+                FROM adopted_stages a
+                WHERE invoice_cycles.invoice_id = a.invoice_id AND invoice_cycles.cycle = a.cycle
+                  AND coalesce(invoice_cycles.last_stage_days, -1) < a.stage_days
+                """
+            )
+        return len(recorded)
