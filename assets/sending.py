@@ -169,6 +169,7 @@ def send_batch(
             "released": report.released,
             "provider_stopped": report.provider_stopped or "",
             "stale_claims_marked_unknown": stale,
+            "first_emails": dg.MetadataValue.json([{"to": t, "subject": s} for t, s in step.first_emails]),
             "unknown_settled_by_lookup": resolved.by_lookup,
             "unknown_settled_by_resubmission": resolved.by_resubmission,
             "unknown_held_from_resubmission": dg.MetadataValue.json(resolved.held),

@@ -208,7 +208,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         text, code = report.failed_run_report(result)  # the ledger may be what failed: not opened again
     else:
         with open_ledger_for(config, home) as ledger:
-            text, code = report.run_report(result, ledger, as_of=as_of, dry_run=bool(args.dry_run))
+            text, code = report.run_report(
+                result, ledger, as_of=as_of, dry_run=bool(args.dry_run), config=config, home=home
+            )
     if code not in (0, 3) and not args.dry_run:  # a breaker halt is on record in the ledger itself
         report.record_failure(home, result.run_id, text, code)
     if code == 0:

@@ -6,6 +6,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -170,7 +171,15 @@ def last_failure(home: Path | None, after: dt.datetime | None) -> dict | None:
             "message": str(failure.get("message", ""))[:1000]}  # fmt: skip
 
 
-def run_report(result: dg.ExecuteJobResult, ledger: Ledger, *, as_of: dt.datetime, dry_run: bool) -> tuple[str, int]:
+def run_report(
+    result: dg.ExecuteJobResult,
+    ledger: Ledger,
+    *,
+    as_of: dt.datetime,
+    dry_run: bool,
+    config: DunningConfig | None = None,
+    home: Path | None = None,
+) -> tuple[str, int]:
     run_id = result.run_id
     shard = result.dagster_run.tags.get("dunning/shard")  # a sharded run counts only its customers
     header = (
@@ -195,7 +204,44 @@ def run_report(result: dg.ExecuteJobResult, ledger: Ledger, *, as_of: dt.datetim
     summary = ledger.run_summary(run_id)
     if summary is None:
         return f"dunning: run {run_id[:8]} completed but recorded no summary (see the Dagster UI)", 1
-    return _summary_text(header, summary, ledger.pause_state(), dry_run)
+    text, code = _summary_text(header, summary, ledger.pause_state(), dry_run)
+    if config is not None and home is not None:
+        text += "\n" + _where_and_next(result, summary, config, home, dry_run)
+    return text, code
+
+
+def _first_emails(result: dg.ExecuteJobResult) -> list[dict]:
+    for event in result.all_events:
+        materialization = event.step_materialization_data.materialization if event.is_step_materialization else None
+        if materialization is not None and materialization.asset_key == dg.AssetKey("send_batch"):
+            value = materialization.metadata.get("first_emails")
+            return list(value.value) if value is not None else []  # type: ignore[arg-type]
+    return []
+
+
+def _where_and_next(
+    result: dg.ExecuteJobResult, summary: RunSummary, config: DunningConfig, home: Path, dry_run: bool
+) -> str:
+    """Where the emails went, the first recipients and their subjects, and what to run next."""
+    lines = []
+    if not dry_run and summary.counts["emails"]:
+        lines.append(f"emails went to {where_emails_go(config, home)}; the first ones:")
+        lines += [f"  {e['to']}: {e['subject']}" for e in _first_emails(result)]
+        more = summary.counts["emails"] - len(_first_emails(result))
+        if more > 0:
+            lines.append(f"  … and {more} more")
+    analytics = home / "analytics.duckdb"
+    query = (
+        f"{Path(sys.executable).parent / 'python'} -c \"import duckdb; print(duckdb.connect('{analytics}', "
+        "read_only=True).sql('SELECT status, count(*) FROM reminder_ledger GROUP BY ALL'))\""
+    )
+    lines += [
+        "next:",
+        f"  dunning --home {home} status            # pause, last run, unknown keys, alerts",
+        f"  make ui HOME_DIR={home}                 # runs, lineage and backfills in the Dagster UI",
+        f"  {query}",
+    ]
+    return "\n".join(lines)
 
 
 def _unchanged_text(header: str, skipped: dict) -> str:

@@ -27,6 +27,7 @@ from email.message import Message
 import polars as pl
 
 from dunning.config import DunningConfig
+from dunning.email.render import draft_for
 from dunning.errors import InvalidRowsHalt, SnapshotError
 from dunning.ingest.events import event_keys
 from dunning.ingest.snapshot_rules import DUPLICATED
@@ -44,7 +45,7 @@ from dunning.send.alerts import Alert, raise_alert
 from dunning.send.handover import read_journal
 from dunning.send.providers.base import EmailProvider
 from dunning.send.resubmission import Settled, resolve_unknown, settle_rows
-from dunning.send.sending import Record, SendReport, held_outcomes, send_due
+from dunning.send.sending import Record, SendReport, held_outcomes, render_settings, send_due, with_email_ids
 from dunning.sharding import EVERYONE, Shard
 from dunning.vocabulary import EmailKind, SendStatus
 
@@ -178,6 +179,7 @@ class SendStepResult:
     pause: PauseState
     stale_claims_expired: int = 0
     unknown_settled: Settled = field(default_factory=Settled)
+    first_emails: list[tuple[str, str]] = field(default_factory=list)  # (recipient, subject) of the first sent
 
 
 def send_step(
@@ -211,4 +213,31 @@ def send_step(
             render_processes=render_processes, journal_dir=journal_dir,
         )  # fmt: skip
         ledger.commit_cursor(run_id, now())  # this run's polled events have their notices claimed: poll on from them
-    return SendStepResult(report, outcomes, pause, stale, resolved)
+    return SendStepResult(report, outcomes, pause, stale, resolved, first_sent(due, outcomes, config, clock))
+
+
+FIRST_SHOWN = 10
+
+
+def first_sent(
+    due: pl.DataFrame, outcomes: pl.DataFrame, config: DunningConfig, clock: CycleClock, limit: int = FIRST_SHOWN
+) -> list[tuple[str, str]]:
+    """The recipient and subject of the first `limit` emails this run sent, for the summary a person reads:
+    rendered again from their rows (a few milliseconds), not carried through the send loop."""
+    sent = outcomes.filter(pl.col("status") == "sent").get_column("idempotency_key")
+    if sent.is_empty():
+        return []
+    rows = with_email_ids(due.filter(pl.col("idempotency_key").is_in(sent.implode())), config)
+    settings = render_settings(config, clock.as_of)
+    shown: list[tuple[str, str]] = []
+    for _, group in rows.group_by("email_group", maintain_order=True):
+        if len(shown) == limit:
+            break
+        records = group.to_dicts()
+        try:
+            draft = draft_for(records, sender=settings.sender, as_of=clock.as_of, locale=settings.locale,
+                              templates_dir=settings.templates_dir)  # fmt: skip
+        except Exception:  # noqa: BLE001 - only for the summary: an email that cannot be shown is left out
+            continue
+        shown.append((str(draft.to), str(draft.subject)))
+    return shown
