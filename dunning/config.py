@@ -342,6 +342,20 @@ class DunningConfig(_Strict):
     invoice_emails: InvoiceEmails = InvoiceEmails()
     events: Events = Events()
     schedule: Schedule = Schedule()
+    company_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=120,
+        description="Your company's name, under the signature of every default template (text and HTML alike); "
+        "none by default.",
+    )
+    signature: str = Field(
+        default="Billing team",
+        min_length=1,
+        max_length=120,
+        description="Who signs every default template, text and HTML alike. The default is shown in each "
+        "packaged language (German: Ihre Buchhaltung); your own is used as it is.",
+    )
     locale: str = "en_US"
     # a group whose members may read the analysts' copy (`analytics.duckdb` and its Parquet files: 0640, their
     # directory 0750); unset, they are the home's owner's alone (0600), like everything under the home
@@ -408,6 +422,13 @@ class DunningConfig(_Strict):
             raise ValueError(
                 f"{', '.join(repr(c) for c in unknown[:5])} is not an upper-case ISO 4217 currency code (e.g. EUR)"
             )
+        return value
+
+    @field_validator("company_name", "signature")
+    @classmethod
+    def _one_line(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and (has_control(value) or not value.strip()):
+            raise ValueError(f"{info.field_name} must be one line of text, without control characters")
         return value
 
     @field_validator("locale")

@@ -28,7 +28,7 @@ from dunning.plan import exclusions
 from dunning.plan.clock import parse_as_of, utc_now
 from dunning.private_files import keep_private, private_dir
 from dunning.run.guard import prove_guard
-from dunning.run.settings import load_settings
+from dunning.run.settings import load_settings, template_warnings
 from dunning.safe_text import for_terminal
 from dunning.secret_env import scrub
 from dunning.send import heap
@@ -166,10 +166,16 @@ def _source_ready(config: DunningConfig) -> None:
     return None
 
 
+def _warn_about(config: DunningConfig) -> None:
+    for warning in template_warnings(config):
+        say(f"dunning: warning: {warning}", file=sys.stderr)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     home = _home(args)
     config_path = _config_path(args, home)
     config = load_settings(config_path)  # fail fast, before Dagster starts, on a bad config
+    _warn_about(config)
     snapshot = _existing(args.snapshot, "snapshot") if args.snapshot else _source_ready(config)
     as_of = parse_as_of(args.as_of)
     events = _existing(args.events, "events") if args.events else None
@@ -442,6 +448,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
 
     home = _home_path(args)
     config = load_settings(_config_path(args, home))
+    _warn_about(config)
     as_of = parse_as_of(args.as_of)
     with open_ledger_to_read(config, home) as ledger:
         snapshot = _preview_snapshot(args, home, ledger, config, as_of)
@@ -461,6 +468,7 @@ def cmd_test_send(args: argparse.Namespace) -> int:
 
     home = _home(args)
     config = load_settings(_config_path(args, home))
+    _warn_about(config)
     message = sample_message(args.kind, args.to, config, stage=args.stage, locale=args.locale)
     outcome = send_sample(message, config, home)
     where = report.where_emails_go(config, home)

@@ -20,7 +20,7 @@ import functools
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 import babel
 import babel.dates
@@ -115,8 +115,33 @@ def currency_totals(
     return [{"currency": c, "amount": format_amount(v, c, locale)} for c, v in sorted(totals.items())]
 
 
+DEFAULT_SIGNATURE = "Billing team"
+# the default signature in each packaged language (an operator's own `signature` is used as it is, in every one)
+_DEFAULT_SIGNATURES = {"en": DEFAULT_SIGNATURE, "de": "Ihre Buchhaltung"}
+
+
+class _Signer(Protocol):
+    @property
+    def company_name(self) -> str | None: ...
+
+    @property
+    def signature(self) -> str: ...
+
+
+def signing(sender: _Signer, locale: str) -> Context:
+    """Who signs an email, as every template sees it: `company_name` (None when not configured) and `signature`
+    (the configured one, or the default in the email's language)."""
+    signature = sender.signature
+    if signature == DEFAULT_SIGNATURE:
+        signature = _DEFAULT_SIGNATURES.get(language_of(locale), DEFAULT_SIGNATURE)
+    return {"company_name": sender.company_name, "signature": signature}
+
+
 def _common(locale: str, as_of: dt.datetime | None = None) -> Context:
     context: Context = {"locale": locale, "language": language_of(locale)}
+    # who signs: the defaults, so a template checked on samples sees them; each email's own come from its sender
+    context["company_name"] = None
+    context["signature"] = _DEFAULT_SIGNATURES.get(context["language"], DEFAULT_SIGNATURE)
     if as_of is not None:
         context["as_of_date"], context["as_of_date_iso"] = _day(as_of.date(), locale)
     return context

@@ -25,6 +25,7 @@ from typing import Any
 
 from dunning.email import templating
 from dunning.email.context import (
+    DEFAULT_SIGNATURE,
     Context,
     apology_context,
     currency_totals,
@@ -32,6 +33,7 @@ from dunning.email.context import (
     invoice_context,
     payment_failed_context,
     reminder_context,
+    signing,
 )
 from dunning.email.locales import email_locale, known_locale
 from dunning.safe_text import address_header, header_value, is_address
@@ -45,11 +47,14 @@ MAX_LINE = 998  # octets per line, RFC 5322 section 2.1.1
 @dataclass(frozen=True)
 class Sender:
     """Who every email is from: `address` (the From address, also the SMTP envelope sender), an optional display
-    `name` for the From header, and an optional `reply_to` address."""
+    `name` for the From header, an optional `reply_to` address, and who signs it."""
 
     address: str
     name: str | None = None
     reply_to: str | None = None
+    # who signs every default template, text and HTML alike (`company_name`, `signature` in the config)
+    company_name: str | None = None
+    signature: str = DEFAULT_SIGNATURE
 
 
 def body_encoding(body: str) -> tuple[str, bytes]:
@@ -203,10 +208,13 @@ def _sender(sender: str | Sender) -> Sender:
     return Sender(sender) if isinstance(sender, str) else sender
 
 
-def _render(templates_dir: str | None, locale: str, kind: EmailKind, context: Context) -> tuple[str, str, str]:
-    """(subject, text, html); a template that fails on this email's data fails this email only (`EmailBuildError`)."""
+def _render(
+    templates_dir: str | None, locale: str, kind: EmailKind, context: Context, sender: Sender
+) -> tuple[str, str, str]:
+    """(subject, text, html); a template that fails on this email's data fails this email only (`EmailBuildError`).
+    Every template also sees who signs: `company_name` and `signature` (`context.signing`)."""
     try:
-        return templating.render(templates_dir, locale, kind, context)
+        return templating.render(templates_dir, locale, kind, {**context, **signing(sender, locale)})
     except Exception as exc:  # noqa: BLE001 - whatever a template raises, the send goes on without this email
         raise EmailBuildError(f"template {templating.where(exc)}: {type(exc).__name__}: {exc}"[:500]) from None
 
@@ -255,9 +263,10 @@ def _invoices_draft(
     """An email of `kind` listing `rows` (one invoice each, one recipient), sorted by invoice id."""
     rows = sorted(rows, key=lambda r: r["invoice_id"])
     locale = email_locale(rows, locale)
-    subject, text, html = _render(templates_dir, locale, kind, _INVOICES_CONTEXT[kind](rows, as_of, locale))
+    sender = _sender(sender)
+    subject, text, html = _render(templates_dir, locale, kind, _INVOICES_CONTEXT[kind](rows, as_of, locale), sender)
     to, keys = rows[0]["customer_email"], [r["idempotency_key"] for r in rows]  # in the order the headers need them
-    return Draft(to, _sender(sender), subject, message_id, kind, keys, text, html, as_of)
+    return Draft(to, sender, subject, message_id, kind, keys, text, html, as_of)
 
 
 def apology_email(
@@ -275,8 +284,9 @@ def apology_email(
     """One apology: what happened (`flood`: emails, first_at, last_at) and what is owed now (`statement` rows)."""
     locale = known_locale(flood.get("customer_locale")) or locale
     context = apology_context(flood, statement, as_of, locale)
-    subject, text, html = _render(templates_dir, locale, EmailKind.APOLOGY, context)
-    return message_of(Draft(to, _sender(sender), subject, message_id, EmailKind.APOLOGY, [key], text, html, as_of))
+    signer = _sender(sender)
+    subject, text, html = _render(templates_dir, locale, EmailKind.APOLOGY, context, signer)
+    return message_of(Draft(to, signer, subject, message_id, EmailKind.APOLOGY, [key], text, html, as_of))
 
 
 def payment_failed_email(
@@ -296,9 +306,10 @@ def _payment_failed_draft(
 ) -> Draft:
     locale = email_locale([record], locale)
     context = payment_failed_context(record, locale)
-    subject, text, html = _render(templates_dir, locale, EmailKind.PAYMENT_FAILED, context)
+    signer = _sender(sender)
+    subject, text, html = _render(templates_dir, locale, EmailKind.PAYMENT_FAILED, context, signer)
     to, message_id, keys = record["customer_email"], record["message_id"], [record["idempotency_key"]]
-    return Draft(to, _sender(sender), subject, message_id, EmailKind.PAYMENT_FAILED, keys, text, html, as_of)
+    return Draft(to, signer, subject, message_id, EmailKind.PAYMENT_FAILED, keys, text, html, as_of)
 
 
 def draft_for(

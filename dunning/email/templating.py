@@ -243,3 +243,23 @@ def check_templates(templates_dir: str | None, locale: str = "en_US") -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - a syntax error, an undefined name, the sandbox, or a bug in the template
         raise _problem(exc) from None
+
+
+def lone_halves(templates_dir: str | None) -> list[str]:
+    """Warnings for the operator's templates that override one part of a pair (`reminder.txt.j2` without
+    `reminder.html.j2`, or the reverse): the other part stays the packaged one, and the two may then say different
+    things. One line each, naming the file that is missing."""
+    if not templates_dir or not Path(templates_dir).is_dir():
+        return []
+    root = Path(templates_dir)
+    found = []
+    for folder in [root, *sorted(root / name for name in _language_dirs(root))]:
+        for kind in EmailKind:
+            text, html = folder / f"{kind}.txt.j2", folder / f"{kind}.html.j2"
+            if text.is_file() != html.is_file():
+                given, missing = (text, html) if text.is_file() else (html, text)
+                found.append(
+                    f"templates_dir overrides {given.relative_to(root)} without {missing.relative_to(root)}: that "
+                    "part stays the packaged one, and the two parts of the email may say different things"
+                )
+    return found

@@ -35,3 +35,12 @@ def load_settings(path: str | Path | None) -> DunningConfig:
 def parse_settings(data: object, source: str = "config", base_dir: Path | None = None) -> DunningConfig:
     """`config.parse_config`, templates checked."""
     return checked(parse_config(data, source, base_dir), source)
+
+
+def template_warnings(config: DunningConfig) -> list[str]:
+    """What the operator should hear about their templates, though nothing is wrong enough to refuse them."""
+    if config.templates_dir is None:
+        return []
+    from dunning.email.templating import lone_halves
+
+    return lone_halves(config.templates_dir)

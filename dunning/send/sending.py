@@ -74,8 +74,10 @@ class SendReport:
 
 
 def sender_of(config: DunningConfig) -> Sender:
-    """Who the deployment's emails are from: `provider.from`, `from_name` and `reply_to`."""
-    return Sender(config.provider.from_address, config.provider.from_name, config.provider.reply_to)
+    """Who the deployment's emails are from (`provider.from`, `from_name`, `reply_to`) and who signs them
+    (`company_name`, `signature`)."""
+    provider = config.provider
+    return Sender(provider.from_address, provider.from_name, provider.reply_to, config.company_name, config.signature)
 
 
 def render_settings(config: DunningConfig, as_of: dt.datetime) -> RenderSettings:
