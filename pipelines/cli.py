@@ -381,6 +381,13 @@ def cmd_exclude(args: argparse.Namespace) -> int:
     home = _home(args)
     with open_ledger_for(_ledger_settings(args, home), home) as ledger:
         done = ledger.exclude(scope, target, reason, until, _operator(), utc_now())
+        seen = ledger.ever_seen(scope, target)
+    if not seen:  # a typo excludes no one: said, though the exclusion stands (the id may come in a later snapshot)
+        say(
+            f"dunning: warning: no snapshot has shown {scope} {target} yet (a typo?); the exclusion is kept and holds "
+            "once it appears",
+            file=sys.stderr,
+        )
     lasts = f"through {until} (business date, inclusive)" if until else "until `dunning include`"
     why = f": {reason}" if reason else ""
     if done.new:

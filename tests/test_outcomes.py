@@ -74,7 +74,9 @@ def test_a_server_that_is_down_fails_and_delivers_when_back(deployment, tmp_path
     assert code == 0, err
     assert "failed: 1" in out
     [row] = deployment.ledger("status <> 'skipped'")
-    assert row["status"] == "failed" and "rejected before data" in row["last_error"]
+    assert (
+        row["status"] == "failed" and row["last_error"] == f"connection refused by provider.host:port 127.0.0.1:{port}"
+    )
     handler = ScriptedHandler()
     with SmtpServer(handler, port=port):
         assert deployment.run([invoice()], "2026-11-05T10:00:00Z", "--config", config)[0] == 0

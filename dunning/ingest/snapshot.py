@@ -61,9 +61,17 @@ def _scan_file(path: Path, zone: ZoneInfo) -> pl.LazyFrame:
     raise SnapshotError(f"snapshot {path}: unsupported file type {suffix!r} (use .csv, .parquet or Stripe .json)")
 
 
+# `Ada Lovelace <ada@example.com>` (what a mail client or a CRM export writes) is read as its address: the part in
+# angle brackets when there is exactly one pair, at the end. The address rule (`safe_text.is_address`) then judges it
+_NAMED_ADDRESS = r"^[^<>]*<([^<>\s]+)>$"
+
+
 def _as_text(column: str, dtype: pl.DataType) -> pl.Expr:
     if dtype == pl.String:
-        return pl.col(column).str.strip_chars()
+        text = pl.col(column).str.strip_chars()
+        if column == "customer_email":
+            return pl.when(text.str.contains(_NAMED_ADDRESS)).then(text.str.extract(_NAMED_ADDRESS)).otherwise(text)
+        return text
     return pl.col(column).cast(pl.String)
 
 

@@ -79,3 +79,12 @@ class ExclusionStore(SqlConnection):
             f"SELECT {OPEN_COLUMNS} FROM exclusions WHERE active_target IS NOT NULL "
             "ORDER BY excluded_at, scope, target_id"
         )
+
+    def ever_seen(self, scope: ExclusionScope, target_id: str) -> bool:
+        """Whether any snapshot a run applied, or any key on record, has shown this customer or invoice."""
+        column = "customer_id" if scope == ExclusionScope.CUSTOMER else "invoice_id"
+        for table in ("reminder_ledger", "invoice_history_daily"):
+            row = self.con.execute(f"SELECT 1 FROM {table} WHERE {column} = ? LIMIT 1", [target_id]).fetchall()
+            if row:
+                return True
+        return False

@@ -67,9 +67,9 @@ class HealthStop:
             self._last = (self._last + [outcome.error or "transport error"])[-3:]
             if self._in_a_row != self.limit:
                 return None
-            return f"{self.who} stopped as unhealthy after {self.limit} consecutive transport errors; last: " + (
-                " | ".join(self._last)
-            )
+            distinct = list(dict.fromkeys(self._last))  # the same error said once, not three times
+            last = distinct[0] if len(distinct) == 1 else " | ".join(distinct)
+            return f"{self.who} stopped as unhealthy after {self.limit} consecutive transport errors; last: {last}"
 
 
 class EmailProvider(abc.ABC):

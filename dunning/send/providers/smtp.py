@@ -118,6 +118,9 @@ class _Connection:
                 f"rejected before data: {exc!r}"[:500],
                 transport_error=_code_of(exc) == 421,
             )
+        except ConnectionRefusedError:  # nothing listens there: said plainly, with the address the config names
+            where = f"{self.settings.host}:{self.settings.port}"
+            return self._lost(message_id, SendStatus.FAILED, f"connection refused by provider.host:port {where}", None)
         except (smtplib.SMTPException, OSError) as exc:  # connect, TLS, login, timeout, dropped connection
             return self._lost(message_id, SendStatus.FAILED, "rejected before data", exc)
         return self._data(client, message_id, data, may_hand_over)
@@ -154,10 +157,11 @@ class _Connection:
             return self._refused(message_id, code, reply, "data rejected")
         return SendOutcome(SendStatus.SENT, message_id)
 
-    def _lost(self, message_id: str, status: ProviderStatus, what: str, exc: BaseException) -> SendOutcome:
+    def _lost(self, message_id: str, status: ProviderStatus, what: str, exc: BaseException | None) -> SendOutcome:
         """The connection failed (a transport error): drop it, and say which side of the hand-over it was on."""
         self.drop()
-        return SendOutcome(status, message_id, f"{what}: {exc!r}"[:500], transport_error=True)
+        said = what if exc is None else f"{what}: {exc!r}"
+        return SendOutcome(status, message_id, said[:500], transport_error=True)
 
     def _refused(self, message_id: str, code: int, reply: bytes, what: str) -> SendOutcome:
         if code == 421:  # the server is closing the session: a transport problem, and the connection is gone
