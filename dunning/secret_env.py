@@ -30,7 +30,7 @@ from dunning.errors import ConfigError
 from dunning.safe_text import has_control
 
 SECRET_PREFIXES = ("sk_", "rk_", "re_", "whsec_", "pk_live_", "xoxb-", "xoxp-", "ghp_", "AKIA")
-LOOKS_LIKE_A_SECRET = "this looks like the secret itself: put it in an environment variable and name the variable here"
+LOOKS_LIKE_A_SECRET = "this looks like the secret itself: put the secret in an environment variable and name it here"
 _CONVENTIONAL_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 # shorter values would mask ordinary words in every text ("billing", "admin"); a secret that short is not one
 MIN_MASKED = 8

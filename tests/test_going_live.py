@@ -211,3 +211,27 @@ def test_a_named_address_is_read_as_its_address(deployment):
     result = deployment.run_in_process([invoice(customer_email="Ada Lovelace <ada@example.com>")], DAY)
     assert result.sent_keys == ["dunning:in_1:1:day3"]
     assert [e["To"] for e in deployment.outbox()] == ["ada@example.com"]
+
+
+def test_a_secret_pasted_where_a_variable_name_belongs_is_refused_without_echoing_it(deployment, tmp_path):
+    secret = "re_9fQk2LmZx7TbWc4Rn8YpHs3Dv6Ja1Ue5"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"provider: {{kind: resend, api_key_env: {secret}}}\n")
+    code, out, err = deployment.cli("run", "--snapshot", str(deployment.snapshot([invoice()])), "--as-of", DAY,
+                                    "--config", str(config))
+    assert code == 2
+    assert "put the secret in an environment variable and name it here" in err
+    assert secret not in out + err
+
+
+def test_status_accepts_config_and_a_yaml_error_names_the_file(deployment, tmp_path):
+    deployment.run_in_process([invoice()], DAY)
+    good = tmp_path / "good.yaml"
+    good.write_text("business_timezone: Europe/Berlin\n")
+    code, out, err = deployment.cli("status", "--config", str(good))
+    assert code == 0, err
+    assert "last live run" in out and "ledger: sent 1" in out
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("stages: [\n")
+    code, _, err = deployment.cli("status", "--config", str(broken))
+    assert code == 2 and f"config file {broken} is not valid YAML" in err and "Traceback" not in err
