@@ -541,11 +541,14 @@ def load_ledger_settings(path: str | Path | None) -> LedgerSettings:
     if path is None:
         return LedgerSettings()
     path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        reason = str(exc) if isinstance(exc, OSError) else _where_yaml_broke(exc)
-        raise ConfigError(f"config file {path} cannot be read for its ledger section: {reason}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {_where_yaml_broke(exc)}") from None
     section = data.get("ledger") if isinstance(data, dict) else None
     try:
         return _LedgerOnly.model_validate({} if section is None else {"ledger": section}).ledger
