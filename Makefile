@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 HOME_DIR ?= .dunning
 UV := $(shell command -v uv 2>/dev/null)
 
-.PHONY: run test test-fast lint setup bench clean ui
+.PHONY: run test test-fast lint setup bench clean ui docs docs-serve
 
 $(BIN)/dunning: pyproject.toml
 ifdef UV
@@ -20,6 +20,26 @@ endif
 	touch $(BIN)/dunning
 
 setup: $(BIN)/dunning
+
+# the docs extra on top of the same .venv (MkDocs, Material, gen-files)
+$(VENV)/.docs-installed: pyproject.toml $(BIN)/dunning
+ifdef UV
+	$(UV) pip install --python $(BIN)/python -e '.[test,docs]'
+else
+	$(BIN)/pip install --quiet -e '.[test,docs]'
+endif
+	touch $@
+
+# Material for MkDocs and gen-files print a notice about MkDocs 2.0 on every build; it is not about this site
+MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs
+
+# the docs site into site/; --strict: a broken link or anchor, or a page missing from the nav, fails the build
+docs: $(VENV)/.docs-installed
+	$(MKDOCS) build --strict
+
+# the same site at http://127.0.0.1:8000 (this machine only), rebuilt on every change
+docs-serve: $(VENV)/.docs-installed
+	$(MKDOCS) serve --dev-addr 127.0.0.1:8000
 
 run: setup
 	$(BIN)/python -m dunning.demo --out $(HOME_DIR)/demo/snapshot.csv
@@ -63,8 +83,10 @@ bench: setup
 	$(BIN)/python -m bench.run --tiers $(TIERS) --repeat $(REPEAT)
 	$(BIN)/python -m bench.workers --tiers $(WORKER_TIERS) --repeat $(REPEAT)
 
+# the Dagster UI (webserver and daemon) on a home: `make ui` for the demo's .dunning, `make ui HOME_DIR=path` for
+# another (the path `dunning run` printed); open http://127.0.0.1:3000
 ui: setup
 	DAGSTER_HOME=$(abspath $(HOME_DIR))/dagster DUNNING_HOME=$(abspath $(HOME_DIR)) $(BIN)/dagster dev -w workspace.yaml
 
 clean:
-	rm -rf $(VENV) $(HOME_DIR) $(TEST_TMP)
+	rm -rf $(VENV) $(HOME_DIR) $(TEST_TMP) site

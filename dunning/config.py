@@ -34,7 +34,7 @@ from dunning.sharding import MAX_SHARDS
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 # Strict scalars: YAML `true` is not the number 1, "5" is not 5, and every number has a bound that keeps the
@@ -99,8 +99,14 @@ class Stage(_Strict):
     """One reminder stage: reached at `days_overdue`, allowed while enough is still owed."""
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    """The stage's name: part of each of its emails' idempotency key (`dunning:{invoice}:{cycle}:{name}`); letters,
+    digits, `_` and `-`. Renaming a stage makes its emails new ones."""
     days_overdue: Count = Field(ge=0, le=3650)
+    """Whole days past the due date, counted in the business `timezone`, at which the stage is reached. Stages are
+    listed in increasing order."""
     min_remaining_ratio: Number = Field(default=0.0, ge=0.0, le=1.0)
+    """The stage is sent only while at least this share of the invoice is still owed (`remaining / amount_due`); 0
+    sends it whatever is left."""
 
 
 DEFAULT_STAGES = (
@@ -112,46 +118,63 @@ DEFAULT_STAGES = (
 
 class Breaker(_Strict):
     max_emails: Count = Field(default=2, ge=1, le=1000)
+    """The circuit breaker: at most this many emails to one customer within `window_hours`. A batch that would exceed
+    it halts before sending anything and pages."""
     window_hours: Count = Field(default=24, ge=1, le=24 * 366)
+    """The breaker's sliding window, in hours, over everything on record as sent or possibly sent."""
 
 
 class Provider(_Strict):
     """Where accepted emails go: `file` writes .eml files to DIR/outbox, `smtp` talks to a server."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, use_attribute_docstrings=True)
 
     kind: Literal["file", "smtp", "resend"] = "file"
+    """Where emails go: `file` writes each one as an `.eml` file to the outbox, `smtp` hands it to an SMTP server,
+    `resend` posts it to the Resend API."""
     host: str = "127.0.0.1"
+    """`smtp`: the server's host name or address."""
     port: Count = Field(default=25, ge=1, le=65535)
+    """`smtp`: the server's port (587 with `starttls`, 465 with `tls: implicit`)."""
     timeout_seconds: Number = Field(default=10.0, gt=0, le=600)
+    """`smtp` and `resend`: seconds to wait for the provider before the outcome of a send is `unknown` (asked again
+    later, never resent blindly)."""
     starttls: Flag = False
-    # `implicit`: TLS from the first byte (SMTPS, usually port 465); `none`: plain, or STARTTLS when `starttls`
+    """`smtp`: upgrade the connection with STARTTLS (verified against the system CAs or `ca_file`)."""
     tls: Literal["none", "implicit"] = "none"
-    # a PEM CA bundle to verify the server against instead of the system store (a private CA)
+    """`smtp`: `implicit` is TLS from the first byte (SMTPS, usually port 465); `none` is plain, or STARTTLS when
+    `starttls` is true."""
     ca_file: str | None = None
-    # names of environment variables, never the secrets themselves (the pattern refuses a pasted password
-    # without echoing it: pydantic's pattern message does not include the input)
+    """`smtp`: a PEM CA bundle to verify the server against instead of the system store (a private CA)."""
     username_env: EnvName | None = None
+    """`smtp`: the name of the environment variable holding the login user (never the value itself)."""
     password_env: EnvName | None = None
+    """`smtp`: the name of the environment variable holding the password (never the password itself)."""
     allow_insecure_auth: Flag = False
+    """`smtp`: allow a login over an unencrypted connection (refused unless this is true)."""
     from_address: str = Field(default="billing@example.com", alias="from")
-    # the From header's display name (`Acme Billing <billing@example.com>`, RFC 2047-encoded when not ASCII) and a
-    # Reply-To address, on every email; the SMTP envelope sender stays the bare `from` address
+    """Key `from`: the sender address of every email and the SMTP envelope sender; its domain names the Message-IDs."""
     from_name: str | None = Field(default=None, min_length=1, max_length=64)
+    """The From header's display name (`Acme Billing <billing@example.com>`, RFC 2047-encoded when not ASCII)."""
     reply_to: str | None = None
+    """A Reply-To address on every email (where customers' answers go)."""
     connections: Count = Field(default=4, ge=1, le=32)
-    # consecutive transport errors (connect, TLS, login, timeout, 421, dropped connection) before the send stops
+    """`smtp` and `resend`: parallel connections used to send one batch."""
     max_consecutive_errors: Count = Field(default=5, ge=1, le=10_000)
+    """Consecutive transport errors (connect, TLS, login, timeout, 421, dropped connection) after which the send stops
+    and the run says why."""
     outbox_dir: str | None = Field(default=None, min_length=1, max_length=4096)
-    # `resend`: an HTTP email API that honours an Idempotency-Key header; the key is read from `api_key_env`
+    """`file`: the directory the `.eml` files are written to (default: HOME/outbox)."""
     api_key_env: EnvName = "RESEND_API_KEY"
+    """`resend`: the name of the environment variable holding the API key."""
     api_base: str = "https://api.resend.com"
-    # SMTP relays that honour the same contract through a header (Resend: Resend-Idempotency-Key, EmailEngine:
-    # X-EE-Idempotency-Key): when set, the key travels in it and `unknown` sends are resubmitted like HTTP ones
+    """`resend`: the API's base URL (https, or http to this machine only)."""
     idempotency_header: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$")
-    # how long (wall clock, from the first attempt) an `unknown` send may be resubmitted under its key: within what
-    # the provider remembers (at most `PROVIDER_KEY_MEMORY_HOURS` for a provider that resubmits), with an hour spare
+    """`smtp`: a relay that honours an idempotency header (Resend: `Resend-Idempotency-Key`; EmailEngine:
+    `X-EE-Idempotency-Key`). When set, the key travels in it and `unknown` sends are resubmitted under it."""
     idempotency_window_hours: Number = Field(default=23.0, gt=0, le=24 * 30)
+    """How long (wall clock, from the first attempt) an `unknown` send may be resubmitted under its key: within what
+    the provider remembers (24 h for Resend), with an hour to spare."""
 
     @field_validator("from_address")
     @classmethod
@@ -239,13 +262,18 @@ class Alerts(_Strict):
     """Where alerts go besides the `alerts` table and the log: a JSON webhook and/or PagerDuty."""
 
     webhook_url: str | None = None
+    """A URL that receives every alert as JSON (a Slack incoming webhook works); https, or http to this machine only."""
     pagerduty_routing_key_env: EnvName | None = None
+    """The name of the environment variable holding a PagerDuty Events v2 routing key: alerts then page."""
     pagerduty_url: str = "https://events.pagerduty.com/v2/enqueue"
+    """PagerDuty's Events v2 endpoint."""
     timeout_seconds: Number = Field(default=5.0, gt=0, le=60)
-    # the dead man's switch: page when no live run has completed for this long (a fresh deployment that never
-    # ran one is not paged), and when an `unknown` outcome has waited this long for a human
+    """Seconds to wait for the webhook or PagerDuty."""
     stale_after_hours: Number = Field(default=3.0, gt=0, le=24 * 366)
+    """The dead man's switch: page when no live run has completed for this long (a deployment that never ran one is not
+    paged)."""
     unknown_after_hours: Number = Field(default=24.0, gt=0, le=24 * 366)
+    """Page when an `unknown` outcome has waited this long for a human (`dunning resolve`)."""
 
     @field_validator("webhook_url", "pagerduty_url")
     @classmethod
@@ -257,7 +285,9 @@ class Retry(_Strict):
     """Backoff for `failed` sends: a later cycle may retry them, never an `unknown`."""
 
     max_attempts: Count = Field(default=5, ge=1, le=100)
+    """Attempts for a `failed` send (the provider refused it) before it stays failed."""
     backoff_minutes: Number = Field(default=30.0, ge=0, le=60 * 24 * 366)
+    """Minutes a `failed` send waits before a later cycle retries it (doubling with each attempt)."""
 
 
 class LedgerSettings(_Strict):
@@ -266,7 +296,11 @@ class LedgerSettings(_Strict):
     this file: it may hold a password."""
 
     kind: Literal["duckdb", "postgres"] = "duckdb"
+    """`duckdb`: HOME/dunning.duckdb, one machine. `postgres`: a PostgreSQL database shared by several homes and shard
+    workers."""
     dsn_env: EnvName = "DUNNING_POSTGRES_DSN"
+    """`postgres`: the name of the environment variable holding the libpq URL (it may hold a password, so never this
+    file)."""
 
 
 class InvoiceEmails(_Strict):
@@ -274,6 +308,7 @@ class InvoiceEmails(_Strict):
     many billing systems send the invoice themselves."""
 
     enabled: Flag = False
+    """Send the invoice email itself, once per invoice and billing period (many billing systems send it themselves)."""
 
 
 class Source(_Strict):
@@ -281,18 +316,23 @@ class Source(_Strict):
     `stripe` (the Stripe API at `api_base`, with the key read from the environment variable `api_key_env`)."""
 
     kind: Literal["none", "stripe"] = "none"
+    """Where `dunning run` gets invoices without `--snapshot`: `none` (a snapshot file is required) or `stripe` (the
+    Stripe API)."""
     api_key_env: EnvName = "STRIPE_API_KEY"
+    """`stripe`: the name of the environment variable holding a (restricted, read-only) API key."""
     api_base: str = "https://api.stripe.com"
-    # pulled snapshots kept under HOME/snapshots/ so a run can be replayed from what it saw
+    """`stripe`: the API's base URL (https, or http to this machine only)."""
     snapshot_retention_days: Count = Field(default=90, ge=1, le=3660)
-    # the SDK's own retries (exponential backoff, 0.5 s doubling up to 5 s) on 429, 409, 5xx and network errors
+    """Days pulled snapshots are kept under HOME/snapshots/, so a run can be replayed from what it saw."""
     max_network_retries: Count = Field(default=3, ge=0, le=10)
+    """The Stripe SDK's own retries (exponential backoff) on 429, 409, 5xx and network errors."""
     timeout_seconds: Number = Field(default=30.0, gt=0, le=600)
-    # payment-failed events older than this (before the cycle's clock) get no notice: the first poll of a new
-    # deployment, and a notice that waited (paused, capped) this long, is stale news
+    """Seconds to wait for one Stripe API request."""
     events_lookback_days: Count = Field(default=3, ge=1, le=30)
-    # Stripe invoices created through the API often carry `auto_advance: false`: exclude them only when asked
+    """Payment-failed events older than this (before the cycle's clock) get no notice: stale news on a new deployment's
+    first poll or after a pause."""
     exclude_auto_advance_false: Flag = False
+    """Leave out Stripe invoices with `auto_advance: false` (often created through the API and collected by hand)."""
 
     @field_validator("api_base")
     @classmethod
@@ -322,26 +362,41 @@ class Schedule(_Strict):
 class Events(_Strict):
     """Billing events (`invoice.payment_failed`): who their notices go to."""
 
-    # a notice for an invoice the snapshot does not know goes to the address in the event only when this is true;
-    # otherwise it waits (audit reason `event_address_not_trusted`) until a snapshot shows the invoice. A known
-    # invoice's notice always goes to the snapshot's address: an event never chooses the recipient
     trust_event_email: Flag = False
+    """A notice for an invoice no snapshot knows goes to the address in the event only when true; otherwise it waits
+    (`event_address_not_trusted`). A known invoice's notice always goes to the snapshot's address."""
 
 
 class DunningConfig(_Strict):
     stages: tuple[Stage, ...] = DEFAULT_STAGES
+    """The reminder stages, in increasing `days_overdue` (default: day3, day7, day14 with a 25 % balance rule). The
+    first stage's emails are gentle, the last's final, those between firm."""
     group_by: Literal["customer", "invoice"] = "customer"
+    """`customer`: one email per customer per run, listing each invoice due; `invoice`: one email per invoice."""
     timezone: str = "UTC"
+    """The business timezone (IANA name, e.g. Europe/Berlin): it decides which day it is, days overdue and the
+    schedule's cron."""
     on_invalid_rows: Literal["proceed", "halt"] = "proceed"
+    """A snapshot row that fails validation is quarantined; `proceed` dunns the valid rows, `halt` stops the run (exit
+    2) before anything is sent."""
     breaker: Breaker = Breaker()
+    """The circuit breaker against floods."""
     provider: Provider = Provider()
+    """How emails are sent."""
     alerts: Alerts = Alerts()
+    """Where alerts go besides the `alerts` table and the log."""
     retry: Retry = Retry()
+    """Backoff for `failed` sends: a later cycle may retry them; an `unknown` is never retried blindly."""
     ledger: LedgerSettings = LedgerSettings()
+    """Where the ledger lives."""
     source: Source = Source()
+    """Where invoices come from when `--snapshot` is not given."""
     invoice_emails: InvoiceEmails = InvoiceEmails()
+    """The invoice email (off by default)."""
     events: Events = Events()
+    """Billing events (`invoice.payment_failed`) and who their notices go to."""
     schedule: Schedule = Schedule()
+    """When the Dagster schedule starts a cycle."""
     company_name: str | None = Field(
         default=None,
         min_length=1,
@@ -357,27 +412,29 @@ class DunningConfig(_Strict):
         "packaged language (German: Ihre Buchhaltung); your own is used as it is.",
     )
     locale: str = "en_US"
-    # a group whose members may read the analysts' copy (`analytics.duckdb` and its Parquet files: 0640, their
-    # directory 0750); unset, they are the home's owner's alone (0600), like everything under the home
+    """The default language and number format of emails (`en_US`, `de_DE`, …); a row's own `customer_locale` wins."""
     analytics_group: str | None = Field(
         default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
     )
-    # a directory of the operator's email templates, overriding packaged ones by name (`dunning.email.templating`);
-    # relative to the config file's directory; checked when the config loads
+    """A Unix group whose members may read the analysts' copy (analytics.duckdb and its Parquet files); unset, it is
+    the home owner's alone."""
     templates_dir: str | None = Field(default=None, min_length=1, max_length=4096)
-    # emails claimed per ledger transaction (`claim_chunk`): a number from 1 to 100,000, or `auto`
+    """A directory of your own email templates, overriding packaged ones by file name; relative to the config file;
+    checked when the config loads."""
     claim_chunk_size: Literal["auto"] | int = "auto"
-    # how long (wall clock) a claim stays ours without renewal; renewed while its chunk is being sent
+    """Emails claimed per ledger transaction, from 1 to 100,000, or `auto`: 10,000 where the provider can settle an
+    `unknown` outcome (the file outbox, Resend, SMTP with an `idempotency_header`), 2,000 for plain SMTP, whose
+    unknowns a human resolves."""
     claim_lease_minutes: Number = Field(default=30.0, gt=0, le=24 * 60)
-    # processes that render emails (`dunning.send.render_pool`): `auto` is the usable cores divided by the cycle runs in
-    # progress on this home; 1 renders in the run's own process; never part of what decides a send
+    """How long (wall clock) a claim stays this run's without renewal; renewed while its chunk is being sent."""
     render_processes: Literal["auto"] | int = "auto"
-    # how many shards split a day's cycle by customer (`dunning.sharding`): the schedule asks for one run per
-    # shard and the CLI gives the `dunning_ledger` pool this many slots; never part of what decides a send
+    """Processes that render emails: `auto` is the usable cores divided by the cycle runs in progress on this home; 1
+    renders in the run's own process."""
     shards: Count = Field(default=1, ge=1, le=MAX_SHARDS)
-    # per currency (upper-case ISO 4217): an invoice whose remaining balance (amount_due - amount_paid, minor units)
-    # is below this is not dunned (audit reason `below_minimum`); a currency not listed has no minimum
+    """How many shards split a day's cycle by customer: the schedule starts one run per shard."""
     min_remaining_minor: dict[str, MinorAmount] = Field(default_factory=dict)
+    """Per currency (ISO 4217, e.g. `{EUR: 500}`): an invoice whose remaining balance in minor units is below this is
+    not dunned (`below_minimum`)."""
 
     @field_validator("claim_chunk_size", mode="before")
     @classmethod
@@ -558,3 +615,4 @@ def load_ledger_settings(path: str | Path | None) -> LedgerSettings:
 
 class _LedgerOnly(_Strict):
     ledger: LedgerSettings = LedgerSettings()
+    """Where the ledger lives."""
