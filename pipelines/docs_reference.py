@@ -119,13 +119,17 @@ def config_reference_markdown() -> str:
         "`HOME/config.yaml` when it exists, else every default applies. Every key is optional; an unknown key, a "
         'wrong type (`true` is not 1, `"5"` is not 5) or a value out of bounds is refused (exit 2) naming the '
         "key. Keys ending in `_env` name an environment variable; the secret itself never goes in this file.",
-        "",
-        "| key | type | default | meaning |",
-        "|---|---|---|---|",
     ]
+    sections: dict[str, list[str]] = {}
     for key, field in config_keys():
-        description = field.description or ""
-        lines.append(f"| `{key}` | {_type_of(key, field)} | {_default_of(field)} | {_cell(description)} |")
+        section = key.split(".", 1)[0].removesuffix("[]") if "." in key else "top"
+        default = _default_of(field).replace("see below", f"[see below](#{key})")
+        row = f"| `{key}` | {_type_of(key, field)} | {default} | {_cell(field.description or '')} |"
+        sections.setdefault(section, []).append(row)
+    header = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    lines += ["", "## Top-level keys", "", *header, *sections.pop("top")]
+    for section, rows in sections.items():
+        lines += ["", f"## `{section}`", "", *header, *rows]
     lines += ["", "A starting point is [`examples/config.yaml`](going-live.md#2-a-config)."]
     return "\n".join(lines) + "\n"
 

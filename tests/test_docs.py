@@ -1,0 +1,105 @@
+"""The README and the docs site: short, generated where they could drift, every command in them valid, and the
+examples they walk through working."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from dunning.run.settings import load_settings, template_warnings
+from pipelines.docs_reference import cli_reference_markdown, commands, config_keys, config_reference_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_every_configuration_key_has_a_description():
+    missing = [key for key, field in config_keys() if not (field.description or "").strip()]
+    assert not missing, f"config keys without a description (add a docstring under the field): {missing}"
+
+
+def test_the_configuration_reference_lists_every_key():
+    page = config_reference_markdown()
+    keys = [key for key, _ in config_keys()]
+    assert len(keys) > 60
+    for key in keys:
+        assert f"| `{key}` |" in page, key
+
+
+def test_the_cli_reference_lists_every_command_and_option():
+    page = cli_reference_markdown()
+    for name, parser in commands().items():
+        assert f"## `dunning {name}`" in page
+        for action in parser._actions:
+            if action.help != "==SUPPRESS==" and action.option_strings and action.dest != "help":
+                assert f"`{action.option_strings[-1]}`" in page, (name, action.option_strings)
+
+
+def test_the_readme_is_short_and_shows_the_two_commands_first():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250
+    first_block = readme.split("```sh", 1)[1].split("```", 1)[0]
+    assert "make run" in first_block and "make test" in first_block
+
+
+def _shell_commands(page: Path) -> list[str]:
+    """The `dunning …` commands of a page's ```sh blocks, one per line (`\\` continuations joined)."""
+    found = []
+    for block in re.findall(r"```sh\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #", 1)[0].strip()
+            line = line.removeprefix(".venv/bin/")
+            if line.startswith("dunning "):
+                found.append(line)
+    return found
+
+
+DOCUMENTED = [(page.name, command) for page in PAGES for command in _shell_commands(page)]
+
+
+def test_the_docs_show_a_command_for_most_subcommands():
+    shown = {shlex.split(command)[1] for _, command in DOCUMENTED}
+    assert {"run", "preview", "test-send", "adopt", "status", "pause", "resume", "recover", "resolve"} <= shown
+
+
+@pytest.mark.parametrize(("page", "command"), DOCUMENTED)
+def test_every_dunning_command_in_the_docs_parses(page, command):
+    """A command as written in the README or a docs page: a subcommand and options the parser knows."""
+    from pipelines.cli_args import build_parser
+
+    parser = build_parser({name: (lambda _args: 0) for name in commands()})
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            parser.parse_args(shlex.split(command)[1:])
+        except SystemExit as stop:
+            assert stop.code == 0, f"{page}: `{command}` does not parse: {err.getvalue().strip()}"
+
+
+def test_the_example_config_loads_with_its_templates_and_no_warning():
+    config = load_settings(ROOT / "examples" / "config.yaml")
+    assert config.provider.kind == "smtp" and config.templates_dir and config.company_name == "Acme Tools GmbH"
+    assert template_warnings(config) == []
+
+
+def test_previewing_the_example_invoices_with_the_example_config(deployment):
+    code, out, err = deployment.cli(
+        "preview", "--snapshot", str(ROOT / "examples" / "invoices.csv"),
+        "--config", str(ROOT / "examples" / "config.yaml"), "--as-of", "2026-12-02T09:00:00Z", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    plan = json.loads(out)
+    assert [(e["to"], e["subject"]) for e in plan["emails"]] == [
+        ("ap@northwind.example", "Acme Tools: a reminder about invoice INV-1001"),
+        ("rechnung@mueller-bau.example", "Zweite Erinnerung: 2 Rechnungen sind noch unbezahlt"),
+        ("finance@contoso.example", "Acme Tools: please settle invoice INV-1004 now"),
+        ("ap@adventure-works.example", "Acme Tools: please settle invoice INV-1009 now"),
+    ]
+    assert plan["held"] == {"below_minimum": 1, "no_email_address": 1}
+    assert not deployment.home.exists()
