@@ -217,8 +217,9 @@ def test_a_secret_pasted_where_a_variable_name_belongs_is_refused_without_echoin
     secret = "re_9fQk2LmZx7TbWc4Rn8YpHs3Dv6Ja1Ue5"
     config = tmp_path / "config.yaml"
     config.write_text(f"provider: {{kind: resend, api_key_env: {secret}}}\n")
-    code, out, err = deployment.cli("run", "--snapshot", str(deployment.snapshot([invoice()])), "--as-of", DAY,
-                                    "--config", str(config))
+    code, out, err = deployment.cli(
+        "run", "--snapshot", str(deployment.snapshot([invoice()])), "--as-of", DAY, "--config", str(config)
+    )
     assert code == 2
     assert "put the secret in an environment variable and name it here" in err
     assert secret not in out + err

@@ -150,7 +150,8 @@ def test_a_secret_pasted_as_a_variable_name_is_refused_without_echo(pasted):
     for section, key in (("provider", "api_key_env"), ("source", "api_key_env"), ("ledger", "dsn_env")):
         with pytest.raises(ConfigError) as refused:
             parse_config({section: {key: pasted}})
-        assert f"'{section}.{key}'" in str(refused.value) and "put the secret in an environment variable and name it here" in str(refused.value)
+        assert f"'{section}.{key}'" in str(refused.value)
+        assert "put the secret in an environment variable and name it here" in str(refused.value)
         assert pasted not in str(refused.value)
 
 
