@@ -24,6 +24,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class RefusedPort:
+    """A port on 127.0.0.1 that refuses connections while the `with` block runs: bound and never listening, so no
+    parallel worker's server can take it meanwhile. (A port merely found free, `free_port`, was handed to another
+    worker's SMTP server, which then accepted what a test expected refused, and took its emails.)"""
+
+    def __init__(self) -> None:
+        self._socket: socket.socket | None = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self.port: int = self._socket.getsockname()[1]
+
+    def release(self) -> int:
+        """Free the port (for a server the test starts on it next); its number."""
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        return self.port
+
+    def __enter__(self) -> RefusedPort:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class ScriptedHandler:
     def __init__(self, script: dict[int, str] | None = None, slow_seconds: float = 3.0, delay_seconds: float = 0.0):
         self.script = dict(script or {})

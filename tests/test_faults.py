@@ -7,7 +7,7 @@ import pytest
 
 from dunning.ledger.backends.duckdb_ledger import open_ledger
 from tests.helpers import customers, due_frame
-from tests.smtp_server import RawSmtpServer, ScriptedHandler, SmtpServer, free_port
+from tests.smtp_server import RawSmtpServer, RefusedPort, ScriptedHandler, SmtpServer
 
 
 def rows_by_status(deployment) -> dict[str, list[int]]:
@@ -76,15 +76,15 @@ def test_only_a_silence_after_the_final_dot_is_unknown_and_a_stalled_server_stop
 
 @pytest.mark.slow
 def test_refused_connections_stop_after_five_and_the_next_cycle_retries_after_backoff(deployment, tmp_path):
-    port = free_port()
-    cfg = smtp(tmp_path, port)
+    refused = RefusedPort()
+    cfg = smtp(tmp_path, refused.port)
     code, _, err = deployment.run(customers(9), "2026-11-05T09:00:00Z", "--config", cfg)
     assert code == 6 and "consecutive transport errors" in err
     assert sorted(rows_by_status(deployment)["failed"]) == [0, 0, 0, 0, 1, 1, 1, 1, 1]
     assert len(deployment.query("SELECT * FROM alerts WHERE kind = 'provider_unhealthy'")) == 1
     # inside the backoff nothing is tried; after it, a live server gets each key exactly once
     handler = ScriptedHandler()
-    with SmtpServer(handler, port=port):
+    with SmtpServer(handler, port=refused.release()):
         assert deployment.run(customers(9), "2026-11-05T09:10:00Z", "--config", cfg)[0] == 0
         assert handler.received == []
         assert deployment.run(customers(9), "2026-11-05T09:31:00Z", "--config", cfg)[0] == 0

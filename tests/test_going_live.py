@@ -10,7 +10,7 @@ import duckdb
 import pytest
 
 from tests.conftest import invoice
-from tests.smtp_server import free_port
+from tests.smtp_server import RefusedPort
 
 DAY = "2026-11-05T09:00:00Z"
 ROWS = [
@@ -103,10 +103,12 @@ def test_test_send_refuses_a_bad_address_and_an_unknown_stage(deployment):
 
 
 def test_test_send_through_smtp_that_refuses_the_connection_is_exit_6_naming_host_and_port(deployment, tmp_path):
-    port = free_port()
+    refused = RefusedPort()
+    port = refused.port
     config = tmp_path / "smtp.yaml"
     config.write_text(f"provider: {{kind: smtp, host: 127.0.0.1, port: {port}, from: b@example.com}}\n")
-    code, _, err = deployment.cli("test-send", "--to", "me@example.com", "--config", str(config))
+    with refused:
+        code, _, err = deployment.cli("test-send", "--to", "me@example.com", "--config", str(config))
     assert code == 6 and f"connection refused by provider.host:port 127.0.0.1:{port}" in err
     assert len(err.strip().splitlines()) == 1
 

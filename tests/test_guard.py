@@ -257,9 +257,10 @@ def test_recover_names_a_bad_sent_log(deployment, tmp_path):
 
 @pytest.mark.slow
 def test_the_resume_proof_runs_the_real_steps_retries_included(deployment, tmp_path):
-    from tests.smtp_server import free_port, smtp_config
+    from tests.smtp_server import RefusedPort, smtp_config
 
-    config = smtp_config(tmp_path / "down.yaml", free_port())  # nothing listens: the send fails
+    refused = RefusedPort()  # bound, never listening: the send fails
+    config = smtp_config(tmp_path / "down.yaml", refused.port)
     assert deployment.run([invoice()], "2026-11-05T09:00:00Z", "--config", config)[0] == 0
     assert deployment.ledger("status = 'failed'")[0]["idempotency_key"] == "dunning:in_1:1:day3"
     assert deployment.cli("pause", "--reason", "checking")[0] == 0

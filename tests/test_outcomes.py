@@ -3,7 +3,7 @@
 import pytest
 
 from tests.conftest import invoice
-from tests.smtp_server import ScriptedHandler, SmtpServer, free_port, smtp_config
+from tests.smtp_server import RefusedPort, ScriptedHandler, SmtpServer, smtp_config
 
 KEY = "dunning:in_1:1:day3"
 
@@ -68,7 +68,8 @@ def test_rejections_are_failed_then_retried_after_the_backoff_and_delivered_once
 
 @pytest.mark.slow
 def test_a_server_that_is_down_fails_and_delivers_when_back(deployment, tmp_path):
-    port = free_port()
+    refused = RefusedPort()
+    port = refused.port
     config = smtp_config(tmp_path / "down.yaml", port)
     code, out, err = deployment.run([invoice()], "2026-11-05T09:00:00Z", "--config", config)
     assert code == 0, err
@@ -78,7 +79,7 @@ def test_a_server_that_is_down_fails_and_delivers_when_back(deployment, tmp_path
         row["status"] == "failed" and row["last_error"] == f"connection refused by provider.host:port 127.0.0.1:{port}"
     )
     handler = ScriptedHandler()
-    with SmtpServer(handler, port=port):
+    with SmtpServer(handler, port=refused.release()):
         assert deployment.run([invoice()], "2026-11-05T10:00:00Z", "--config", config)[0] == 0
     assert handler.keys() == [KEY]
     assert statuses(deployment) == {KEY: ("sent", 2)}
@@ -86,8 +87,8 @@ def test_a_server_that_is_down_fails_and_delivers_when_back(deployment, tmp_path
 
 @pytest.mark.slow
 def test_failures_stop_after_max_attempts(deployment, tmp_path):
-    port = free_port()
-    config = smtp_config(tmp_path / "down.yaml", port)
+    refused = RefusedPort()
+    config = smtp_config(tmp_path / "down.yaml", refused.port)
     for hour in range(9, 20):  # 11 cycles, server never up: 3 attempts at most (30, 60 min backoff)
         when = f"2026-11-05T{hour:02d}:00:00Z"
         if hour in (9, 19):  # the first and the last through the CLI
