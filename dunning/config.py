@@ -27,10 +27,12 @@ from pydantic import (
     model_validator,
 )
 
+from dunning.config_schedule import DEFAULT_POLICY, MAX_HOURS, NAME_PATTERN, Escalation, PolicyMatch, SendWindow
 from dunning.errors import ConfigError
 from dunning.safe_text import has_control, is_address
 from dunning.secret_env import not_a_secret, remember_configured
 from dunning.sharding import MAX_SHARDS
+from dunning.vocabulary import Tone
 
 
 class _Strict(BaseModel):
@@ -61,6 +63,7 @@ PROVIDER_KEY_MEMORY_HOURS = 24.0  # the name of an environment variable, never a
 
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+MIN_STAGE_DAYS = -60  # a reminder at most 60 days before the due date
 
 
 def is_loopback(host: str | None) -> bool:
@@ -101,12 +104,14 @@ class Stage(_Strict):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     """The stage's name: part of each of its emails' idempotency key (`dunning:{invoice}:{cycle}:{name}`); letters,
     digits, `_` and `-`. Renaming a stage makes its emails new ones."""
-    days_overdue: Count = Field(ge=0, le=3650)
-    """Whole days past the due date, counted in the business `timezone`, at which the stage is reached. Stages are
-    listed in increasing order."""
+    days_overdue: Count = Field(ge=MIN_STAGE_DAYS, le=3650)
+    """Whole days past the due date, counted in the business `timezone`, at which the stage is reached; negative
+    before the due date (`-3`: due in 3 days; at least -60). Stages are listed in increasing order."""
     min_remaining_ratio: Number = Field(default=0.0, ge=0.0, le=1.0)
     """The stage is sent only while at least this share of the invoice is still owed (`remaining / amount_due`); 0
     sends it whatever is left."""
+    tone: Tone | None = None
+    """`gentle`, `firm` or `final`; unset, the first stage is gentle, the last final, those between firm."""
 
 
 DEFAULT_STAGES = (
@@ -367,6 +372,62 @@ class Events(_Strict):
     (`event_address_not_trusted`). A known invoice's notice always goes to the snapshot's address."""
 
 
+def check_stages(stages: tuple[Stage, ...], key: str) -> None:
+    """At least one stage, names unique, days strictly increasing; ValueError naming `key`."""
+    if not stages:
+        raise ValueError(f"{key}: at least one stage is required")
+    names = [s.name for s in stages]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{key}: duplicate stage names {names}")
+    days = [s.days_overdue for s in stages]
+    if days != sorted(days) or len(set(days)) != len(days):
+        raise ValueError(f"{key}: days_overdue must be strictly increasing, got {days}")
+
+
+FirstContactTone = Literal["gentle", "stage"]
+
+
+class Policy(_Strict):
+    """A collections policy for a segment: the first policy whose `match` holds governs an invoice. A key it does not
+    set is the top level's."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=NAME_PATTERN)
+    """The policy's name, in `reminder_ledger.policy`, the audit, the analysts' views and templates (`policy`);
+    letters, digits, `_` and `-`; not `default` (the top-level settings' name)."""
+    match: PolicyMatch = PolicyMatch()
+    """Which invoices it governs: `segment`, `currency`, `min_amount_minor`, `max_amount_minor`, all optional and
+    ANDed."""
+    stages: tuple[Stage, ...] | None = None
+    """Its own stages (default: the top-level `stages`). A stage name shared with another policy must be at the same
+    `days_overdue` there: the name is part of the key."""
+    send_window: SendWindow | None = None
+    """Its own send window (`null`: any time; unset: the top level's)."""
+    min_hours_between_reminders: Number | None = Field(default=None, ge=0, le=MAX_HOURS)
+    """Its own spacing between reminders to a customer (unset: the top level's)."""
+    first_contact_tone: FirstContactTone | None = None
+    """Its own first-contact tone (unset: the top level's)."""
+    escalation: Escalation | None = None
+    """Its own escalation (`null`: none; unset: the top level's)."""
+    templates_dir: str | None = Field(default=None, min_length=1, max_length=4096)
+    """Its own templates, overriding the packaged ones by name (unset: the top level's `templates_dir`); relative
+    to the config file."""
+
+
+class ResolvedPolicy(BaseModel):
+    """A policy with every key decided: its own where it set one, the top level's otherwise."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    match: PolicyMatch
+    stages: tuple[Stage, ...]
+    send_window: SendWindow | None
+    min_hours_between_reminders: float
+    first_contact_tone: FirstContactTone
+    escalation: Escalation | None
+    templates_dir: str | None
+
+
 class DunningConfig(_Strict):
     stages: tuple[Stage, ...] = DEFAULT_STAGES
     """The reminder stages, in increasing `days_overdue` (default: day3, day7, day14 with a 25 % balance rule). The
@@ -397,6 +458,20 @@ class DunningConfig(_Strict):
     """Billing events (`invoice.payment_failed`) and who their notices go to."""
     schedule: Schedule = Schedule()
     """When the Dagster schedule starts a cycle."""
+    first_contact_tone: FirstContactTone = "gentle"
+    """`gentle`: the first reminder of a cycle speaks gently whatever stage it records (an invoice first seen at day
+    20 is not greeted with a final notice); `stage`: it takes its stage's tone."""
+    min_hours_between_reminders: Number = Field(default=0.0, ge=0, le=MAX_HOURS)
+    """Spacing: a customer sent a reminder less than this many hours before the run's clock gets none now; the keys
+    wait (audit reason `spacing`). 0: off."""
+    send_window: SendWindow | None = None
+    """When emails may go (none: any time); outside it due keys wait (audit reason `outside_send_window`)."""
+    escalation: Escalation | None = None
+    """A signed webhook to a collections system once per invoice and cycle, `after_days` past due (none: no
+    escalation)."""
+    policies: tuple[Policy, ...] = ()
+    """Collections policies by segment, currency and amount, first match wins; an invoice no policy matches follows
+    the top-level settings (policy `default`)."""
     company_name: str | None = Field(
         default=None,
         min_length=1,
@@ -499,15 +574,50 @@ class DunningConfig(_Strict):
 
     @model_validator(mode="after")
     def _stages_well_formed(self) -> DunningConfig:
-        if not self.stages:
-            raise ValueError("stages: at least one stage is required")
-        names = [s.name for s in self.stages]
+        check_stages(self.stages, "stages")
+        names = [p.name for p in self.policies]
+        if DEFAULT_POLICY in names:
+            raise ValueError(f"policies: {DEFAULT_POLICY!r} names the top-level settings; give the policy another name")
         if len(set(names)) != len(names):
-            raise ValueError(f"stages: duplicate stage names {names}")
-        days = [s.days_overdue for s in self.stages]
-        if days != sorted(days) or len(set(days)) != len(days):
-            raise ValueError(f"stages: days_overdue must be strictly increasing, got {days}")
+            raise ValueError(f"policies: duplicate policy names {names}")
+        days_of: dict[str, tuple[int, str]] = {s.name: (s.days_overdue, "stages") for s in self.stages}
+        for index, policy in enumerate(self.policies):
+            key = f"policies[{index}] ({policy.name}).stages"
+            if policy.stages is None:
+                continue
+            check_stages(policy.stages, key)
+            for stage in policy.stages:
+                days, where = days_of.setdefault(stage.name, (stage.days_overdue, key))
+                if days != stage.days_overdue:
+                    raise ValueError(
+                        f"{key}: stage {stage.name!r} is at {stage.days_overdue} days here and at {days} in {where}: "
+                        "a stage's name is part of its emails' keys, so one name is one day in every policy"
+                    )
         return self
+
+    def resolved_policies(self) -> tuple[ResolvedPolicy, ...]:
+        """Every policy in matching order, each key decided, then the top level as policy `default` (matches all)."""
+        top = ResolvedPolicy(
+            name=DEFAULT_POLICY, match=PolicyMatch(), stages=self.stages, send_window=self.send_window,
+            min_hours_between_reminders=self.min_hours_between_reminders, first_contact_tone=self.first_contact_tone,
+            escalation=self.escalation, templates_dir=self.templates_dir,
+        )  # fmt: skip
+        resolved = []
+        for policy in self.policies:
+            given = policy.model_fields_set
+            inherited = {k: getattr(top, k) for k in ResolvedPolicy.model_fields if k not in given and k != "name"}
+            own = {k: getattr(policy, k) for k in given if k in ResolvedPolicy.model_fields}
+            resolved.append(ResolvedPolicy.model_validate({**inherited, **own, "name": policy.name}))
+        return (*resolved, top)
+
+    @property
+    def every_stage(self) -> tuple[Stage, ...]:
+        """Each stage of every policy once, by name (a name is one day in every policy)."""
+        seen: dict[str, Stage] = {}
+        for policy in self.resolved_policies():
+            for stage in policy.stages:
+                seen.setdefault(stage.name, stage)
+        return tuple(seen.values())
 
     @property
     def zone(self) -> ZoneInfo:
@@ -519,6 +629,7 @@ class DunningConfig(_Strict):
             self.provider.password_env, self.provider.api_key_env,
             self.alerts.pagerduty_routing_key_env, self.ledger.dsn_env, self.source.api_key_env,
         ]  # fmt: skip
+        names += [p.escalation.secret_env for p in self.resolved_policies() if p.escalation is not None]
         return [n for n in names if n]
 
     @property
@@ -534,6 +645,12 @@ class DunningConfig(_Strict):
             decisive["exclude_auto_advance_false"] = True
         if self.invoice_emails.enabled:
             decisive["invoice_emails"] = True
+        schedule = self.model_dump(
+            include={"first_contact_tone", "min_hours_between_reminders", "send_window", "escalation", "policies"},
+            mode="json", exclude_defaults=True,
+        )  # fmt: skip
+        if schedule:  # the collections schedule, when used (a deployment without it keeps its id)
+            decisive["schedule"] = repr(sorted(schedule.items()))
         return hashlib.sha256(repr(sorted(decisive.items())).encode()).hexdigest()[:12]
 
 
@@ -544,7 +661,7 @@ def _describe(error: ValidationError) -> str:
         if item["type"] == "extra_forbidden":
             parts.append(f"unknown key '{key}'")
         else:
-            parts.append(f"'{key}': {item['msg']}")
+            parts.append(f"'{key}': {item['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)
 
 
@@ -561,9 +678,18 @@ def parse_config(data: object, source: str = "config", base_dir: Path | None = N
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_describe(exc)}") from None
     remember_configured(config.secret_names())  # masked in every text from here on, before any is read
+
+    def resolved(directory: str) -> str:
+        return str(((base_dir or Path.cwd()) / Path(directory).expanduser()).resolve())
+
     if config.templates_dir is not None:  # checked by `run.settings`, which may load the template engine
-        directory = str(((base_dir or Path.cwd()) / Path(config.templates_dir).expanduser()).resolve())
-        config = config.model_copy(update={"templates_dir": directory})
+        config = config.model_copy(update={"templates_dir": resolved(config.templates_dir)})
+    if any(p.templates_dir is not None for p in config.policies):
+        policies = tuple(
+            p if p.templates_dir is None else p.model_copy(update={"templates_dir": resolved(p.templates_dir)})
+            for p in config.policies
+        )
+        config = config.model_copy(update={"policies": policies})
     return config
 
 

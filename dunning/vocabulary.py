@@ -58,6 +58,12 @@ class EmailKind(StrEnum):
     APOLOGY = "apology"
     PAYMENT_FAILED = "payment_failed"
     INVOICE = "invoice"  # the invoice email itself, once per invoice and billing period (`invoice_emails`)
+    # not an email: the hand-over of an invoice to a collections system, a signed webhook (`dunning.send.escalation`)
+    ESCALATION = "escalation"
+
+
+# kinds that are emails to a customer: what the breaker and the per-customer cap count
+EMAIL_KINDS = (EmailKind.REMINDER, EmailKind.APOLOGY, EmailKind.PAYMENT_FAILED, EmailKind.INVOICE)
 
 
 class PlanRole(StrEnum):
@@ -76,7 +82,7 @@ PLAN_ROLE_DTYPE = pl.Enum(plain(PlanRole))
 
 
 class Tone(StrEnum):
-    """How firmly a reminder speaks: by the stage's place among the configured stages."""
+    """How firmly a reminder speaks: the stage's `tone`, else its place among the policy's stages."""
 
     GENTLE = "gentle"
     FIRM = "firm"
@@ -150,6 +156,12 @@ class HoldReason(StrEnum):
     # a payment-failed notice for an invoice the snapshot does not know: the event's own address is not trusted
     # (`events.trust_event_email`); it waits for a snapshot that shows the invoice
     EVENT_ADDRESS_NOT_TRUSTED = "event_address_not_trusted"
+    # the collections schedule (`dunning.plan.schedule`): the key waits, still newly due, and goes at the first run
+    # allowed; the audit's `waits_until` says when that is
+    OUTSIDE_SEND_WINDOW = "outside_send_window"  # outside the policy's send window, or on a holiday
+    SPACING = "spacing"  # the customer had a reminder less than `min_hours_between_reminders` ago
+    # the invoice was handed to a collections system in this cycle (`escalation.stop_reminders`): no more reminders
+    ESCALATED = "escalated"
     # why an `unknown` send's kept request is not resubmitted now (`dunning.send.resubmission`): it stays `unknown`
     NOT_OWED = "not_owed"  # an invoice it covers is paid, void or settled since
     AMOUNT_CHANGED = "amount_changed"  # an invoice it covers owes another amount than the email states

@@ -214,7 +214,7 @@ def test_credentials_over_a_plain_connection_are_refused_naming_the_keys():
     with pytest.raises(ConfigError) as error:
         parse_config(provider_config(username_env="SMTP_USERNAME", password_env="SMTP_PASSWORD"))
     text = str(error.value)
-    assert "'provider': Value error, provider.username_env/password_env: credentials would be sent unencrypted" in text
+    assert "'provider': provider.username_env/password_env: credentials would be sent unencrypted" in text
     assert (
         "provider.starttls: true" in text
         and "provider.tls: implicit" in text
@@ -234,7 +234,7 @@ def test_the_file_provider_ignores_the_credentials_check():
 
 def test_starttls_and_implicit_tls_together_are_refused():
     with pytest.raises(
-        ConfigError, match=r"'provider': Value error, provider\.starttls and provider\.tls: implicit cannot both be set"
+        ConfigError, match=r"'provider': provider\.starttls and provider\.tls: implicit cannot both be set"
     ):
         parse_config(provider_config(starttls=True, tls="implicit"))
 

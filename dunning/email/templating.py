@@ -45,10 +45,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from dunning.email.context import Context, sample_contexts
 from dunning.email.locales import known_locale, language_of
 from dunning.safe_text import has_control
-from dunning.vocabulary import EmailKind
+from dunning.vocabulary import EMAIL_KINDS, EmailKind
 
 PARTS = ("subject", "txt", "html")
-TEMPLATE_NAMES = {f"{kind}.{part}.j2": kind for kind in EmailKind for part in PARTS}
+TEMPLATE_NAMES = {f"{kind}.{part}.j2": kind for kind in EMAIL_KINDS for part in PARTS}
 PACKAGED = Path(__file__).parent / "templates"
 
 
@@ -224,8 +224,8 @@ def check_templates(templates_dir: str | None, locale: str = "en_US") -> None:
     if templates_dir is not None:
         operator_languages, partials = _operator_files(Path(templates_dir))
         languages |= operator_languages
-    samples = {kind: {d: sample_contexts(kind, d or locale) for d in languages} for kind in EmailKind}
-    everything = {name for kind in EmailKind for context in samples[kind][""] for name in context}
+    samples = {kind: {d: sample_contexts(kind, d or locale) for d in languages} for kind in EMAIL_KINDS}
+    everything = {name for kind in EMAIL_KINDS for context in samples[kind][""] for name in context}
     try:
         for name in partials:
             _undeclared(env, env.get_template(name), everything)
@@ -254,7 +254,7 @@ def lone_halves(templates_dir: str | None) -> list[str]:
     root = Path(templates_dir)
     found = []
     for folder in [root, *sorted(root / name for name in _language_dirs(root))]:
-        for kind in EmailKind:
+        for kind in EMAIL_KINDS:
             text, html = folder / f"{kind}.txt.j2", folder / f"{kind}.html.j2"
             if text.is_file() != html.is_file():
                 given, missing = (text, html) if text.is_file() else (html, text)

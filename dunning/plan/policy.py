@@ -17,8 +17,9 @@ import polars as pl
 
 from dunning.config import DunningConfig
 from dunning.keys import reminder_key_expr
+from dunning.plan.policies import NO_STAGE, policy_expr, stages_frame
 from dunning.safe_text import ADDRESS_PATTERN, MAX_ADDRESS
-from dunning.vocabulary import PLAN_ROLE_DTYPE, EmailKind, PlanRole, Tone, plain
+from dunning.vocabulary import PLAN_ROLE_DTYPE, EmailKind, PlanRole
 
 CYCLE_ACTION = pl.Enum(["open", "close"])
 STATE_SCHEMA = pl.Schema(
@@ -32,27 +33,6 @@ CHANGED_AT_TYPE = pl.Datetime("us", "UTC")
 def business_date(as_of: dt.datetime, config: DunningConfig) -> dt.date:
     """The calendar day `as_of` falls on in the business timezone."""
     return as_of.astimezone(config.zone).date()
-
-
-def stages_frame(config: DunningConfig) -> pl.DataFrame:
-    last = len(config.stages) - 1
-    return pl.DataFrame(
-        {
-            "stage": [s.name for s in config.stages],
-            "stage_rank": list(range(1, len(config.stages) + 1)),
-            "stage_days": [s.days_overdue for s in config.stages],
-            "min_remaining_ratio": [s.min_remaining_ratio for s in config.stages],
-            "tone": plain(_tone(i, last) for i in range(last + 1)),
-        },
-        schema_overrides={"stage_rank": pl.Int32, "stage_days": pl.Int32},
-    )
-
-
-def _tone(index: int, last: int) -> Tone:
-    """The first stage is gentle, the last (of two or more) final, any between firm."""
-    if index == last and last > 0:
-        return Tone.FINAL
-    return Tone.GENTLE if index == 0 else Tone.FIRM
 
 
 def with_balances(snapshot: pl.DataFrame) -> pl.DataFrame:
@@ -77,7 +57,8 @@ def assign_cycles(
     config: DunningConfig,
     snapshot_taken_at: dt.datetime | None = None,
 ) -> pl.DataFrame:
-    """The snapshot with `remaining_minor`, `days_overdue`, `owed`, and the dunning `cycle`.
+    """The snapshot with `remaining_minor`, `days_overdue`, `owed`, the governing `policy`
+    (`dunning.plan.policies`) and the dunning `cycle`.
 
     A cycle opens when an invoice is first seen open, unpaid and past due; it
     closes when the invoice is seen paid, void, or with nothing remaining. An
@@ -91,13 +72,14 @@ def assign_cycles(
     # plain comparisons, each flag computed once: at 1M invoices `is_in` on the status strings and a
     # string-valued when/then were half of this function's time
     today = business_date(as_of, config)
-    first_stage_days = min(1, min(s.days_overdue for s in config.stages))
+    first_stage_days = min(1, min(s.days_overdue for s in config.every_stage))
     status = pl.col("status")
     # the state joined to the ids alone, in the snapshot's order, then set beside its columns: joining the whole
     # snapshot copied every text column (a gigabyte at 10M invoices) for a few integers per invoice
     known = snapshot.select("invoice_id").join(_state(state), on="invoice_id", how="left", maintain_order="left")
     joined = with_balances(snapshot).with_columns(
         (pl.lit(today) - pl.col("due_date")).dt.total_days().cast(pl.Int32).alias("days_overdue"),
+        policy_expr(config, set(snapshot.columns)).alias("policy"),
         *known.drop("invoice_id"),
     )
     is_settled = (status == "paid") | (status == "void") | ((status == "open") & (pl.col("remaining_minor") <= 0))
@@ -153,18 +135,22 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     # the invoices that have a target; the due key is a join on the target's days, and only invoices that
     # jump a stage are crossed with the stages to spell out their skipped keys. (Crossing every in-cycle
     # invoice with the stages, with all its columns, was half of this step.)
-    above_record = pl.col("last_stage_days").fill_null(-1)
-    reached = [
-        (
-            s.days_overdue,
-            (pl.col("days_overdue") >= s.days_overdue)
-            & (above_record < s.days_overdue)
-            & (pl.col("remaining_minor") >= s.min_remaining_ratio * pl.col("amount_due")),
-        )
-        for s in config.stages
-    ]
+    above_record = pl.col("last_stage_days").fill_null(NO_STAGE)
+    policies = config.resolved_policies()
+    reached = []
+    for policy in policies:
+        governs = pl.col("policy") == policy.name if len(policies) > 1 else pl.lit(True)
+        for s in policy.stages:
+            rule = (
+                governs
+                & (pl.col("days_overdue") >= s.days_overdue)
+                & (above_record < s.days_overdue)
+                & (pl.col("remaining_minor") >= s.min_remaining_ratio * pl.col("amount_due"))
+            )
+            reached.append((s.days_overdue, rule))
     target = pl.max_horizontal([pl.when(rule).then(pl.lit(days, dtype=pl.Int32)) for days, rule in reached])
-    jumps = pl.any_horizontal([(above_record < days) & (pl.col("target_days") > days) for days, _ in reached])
+    every_days = sorted({days for days, _ in reached})
+    jumps = pl.any_horizontal([(above_record < days) & (pl.col("target_days") > days) for days in every_days])
     stages = stages_frame(config).drop("min_remaining_ratio")
     targets = (
         cycled.select(
@@ -174,19 +160,22 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
             "last_stage_days",
             "remaining_minor",
             "amount_due",
+            "policy",
             (pl.col("in_cycle") & pl.col("owed")).alias("candidate"),
         )
         .filter("candidate")
-        .select("row", "source_row", "last_stage_days", target.alias("target_days"))
+        .select("row", "source_row", "policy", "last_stage_days", target.alias("target_days"))
         .drop_nulls("target_days")
     )
     # the keys decided on a few narrow columns, then every snapshot column gathered once, in the plan's order
     # (gathering the wide rows first and carrying them through the join, the cross join and the sort copied
     # them four times: half a gigabyte at 10M invoices)
-    due = targets.join(stages.with_columns(pl.col("stage_days").alias("target_days")), on="target_days", how="inner")
+    due = targets.join(
+        stages.with_columns(pl.col("stage_days").alias("target_days")), on=["policy", "target_days"], how="inner"
+    )
     skipped = (
         targets.filter(jumps)
-        .join(stages, how="cross")
+        .join(stages, on="policy", how="inner")
         .filter((pl.col("stage_days") > above_record) & (pl.col("stage_days") < pl.col("target_days")))
     )
     keys = (
@@ -196,8 +185,10 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
             "row",
             "stage",
             "stage_rank",
+            "stage_count",
             "stage_days",
             "tone",
+            "gentle_first",
             pl.when(pl.col("stage_days") == pl.col("target_days"))
             .then(pl.lit(PlanRole.DUE))
             .otherwise(pl.lit(PlanRole.SKIPPED))
@@ -219,8 +210,10 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
             "sendable",
             "stage",
             "stage_rank",
+            "stage_count",
             "stage_days",
             "tone",
+            "gentle_first",
             "role",
             "idempotency_key",
             "kind",
@@ -235,15 +228,15 @@ def plan_retries(cycled: pl.DataFrame, failed: pl.DataFrame, due: pl.DataFrame, 
     `failed` holds the ledger's retryable rows (`idempotency_key, invoice_id,
     cycle, stage, email_id, message_id`). A retry keeps its key and its
     Message-ID; an invoice that has a newer stage due this cycle gets that one
-    instead.
+    instead; one whose policy changed keeps it only when its new policy has the stage.
     """
     current = cycled.filter(pl.col("in_cycle") & pl.col("owed")).join(
         due.select("invoice_id"), on="invoice_id", how="anti"
     )
     return (
         failed.select("idempotency_key", "invoice_id", "cycle", "stage", "email_id", "message_id")
-        .join(stages_frame(config).drop("min_remaining_ratio"), on="stage", how="inner")
         .join(current, on=["invoice_id", "cycle"], how="inner")
+        .join(stages_frame(config).drop("min_remaining_ratio"), on=["policy", "stage"], how="inner")
         .filter(pl.col("stage_days") == pl.col("last_stage_days"))
         .with_columns(
             pl.lit(PlanRole.RETRY, dtype=PLAN_ROLE_DTYPE).alias("role"),
@@ -259,4 +252,6 @@ def email_groups(due: pl.DataFrame, config: DunningConfig) -> pl.Expr:
     """The expression naming the email each due reminder belongs to."""
     if config.group_by == "invoice":
         return pl.col("idempotency_key")
-    return pl.concat_str([pl.col("customer_id"), pl.col("customer_email").str.to_lowercase()], separator="|")
+    # an email groups the invoices of one policy only: a customer with invoices under two policies gets two
+    policy = pl.col("policy").fill_null("") if "policy" in due.columns else pl.lit("")
+    return pl.concat_str([pl.col("customer_id"), pl.col("customer_email").str.to_lowercase(), policy], separator="|")

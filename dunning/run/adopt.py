@@ -24,7 +24,8 @@ import polars as pl
 from dunning.config import DunningConfig
 from dunning.keys import reminder_key_expr
 from dunning.ledger.base import Ledger
-from dunning.plan.policy import assign_cycles, stages_frame
+from dunning.plan.policies import stages_frame
+from dunning.plan.policy import assign_cycles
 from dunning.run import cycle
 from dunning.vocabulary import EmailKind
 
@@ -48,9 +49,9 @@ def adopt(ledger: Ledger, snapshot: str, config: DunningConfig, as_of: dt.dateti
     open_invoices = cycled.filter(pl.col("in_cycle") & pl.col("owed"))
     on_record = ledger.invoices_on_record(open_invoices.get_column("invoice_id"))
     fresh = open_invoices.filter(~pl.col("invoice_id").is_in(sorted(on_record)))
-    stages = stages_frame(config).select("stage", "stage_days")
+    stages = stages_frame(config).select("policy", "stage", "stage_days")
     reached = (
-        fresh.join(stages, how="cross")
+        fresh.join(stages, on="policy", how="inner")
         .filter(pl.col("days_overdue") >= pl.col("stage_days"))
         .with_columns(
             reminder_key_expr().alias("idempotency_key"),

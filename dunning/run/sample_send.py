@@ -21,7 +21,7 @@ from typing import Any
 from dunning.config import DunningConfig
 from dunning.email.render import apology_email, invoice_email, payment_failed_email, reminder_email
 from dunning.errors import UserInputError
-from dunning.plan.policy import stages_frame
+from dunning.plan.policies import stages_frame
 from dunning.safe_text import header_value, is_address
 from dunning.send.providers.base import SendOutcome
 from dunning.send.providers.factory import build_provider
@@ -67,8 +67,8 @@ def sample_message(
     key = f"test:{kind}:{token}"
     message_id = f"<test-{token}@{config.provider.message_domain}>"
     as_of = dt.datetime.now(dt.UTC)
-    stages = stages_frame(config)
-    chosen = stages.filter(stages["stage"] == stage) if stage else stages.head(1)
+    stages = stages_frame(config).unique("stage", keep="last", maintain_order=True)  # a name: one day everywhere
+    chosen = stages.filter(stages["stage"] == stage) if stage else stages.filter(stages["policy"] == "default").head(1)
     if chosen.is_empty():
         raise UserInputError(f"--stage {stage!r} is not a configured stage: {', '.join(stages['stage'].to_list())}")
     tone, days = str(chosen["tone"][0]), int(chosen["stage_days"][0])

@@ -37,7 +37,8 @@ from dunning.plan import invoice_emails
 from dunning.plan.clock import CycleClock, RunMode
 from dunning.plan.exclusions import in_force
 from dunning.plan.notices import notice_rows
-from dunning.plan.policy import assign_cycles, business_date, stages_frame
+from dunning.plan.policies import stage_days_frame
+from dunning.plan.policy import assign_cycles, business_date
 from dunning.run import cycle
 from dunning.safe_text import for_terminal
 from dunning.send import heap
@@ -84,7 +85,10 @@ def apply_snapshot(
         raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {whole.summary}")
     if whole.rejected.height and whole.valid.is_empty():  # nobody would be dunned: never a quiet success
         raise SnapshotError(f"snapshot {path}: none of its rows was accepted: {whole.summary}")
-    state = ledger.invoice_state() if clock.reads_live_state else ledger.state_as_of(clock.as_of, stages_frame(config))
+    if clock.reads_live_state:
+        state = ledger.invoice_state()
+    else:
+        state = ledger.state_as_of(clock.as_of, stage_days_frame(config))
     cycled = assign_cycles(loaded.valid, state, clock.as_of, config, taken_at)
     if clock.live:
         ledger.set_feature(invoice_emails.FEATURE, config.invoice_emails.enabled, clock.partition_date, clock.as_of,

@@ -67,7 +67,7 @@ from dunning.send import heap
 from dunning.send.handover import Deadline, HandOverGate
 from dunning.send.providers.base import SendOutcome
 from dunning.send.providers.file_outbox import FileOutbox
-from dunning.vocabulary import EmailKind
+from dunning.vocabulary import EMAIL_KINDS
 
 Record = dict[str, Any]
 Built = WireEmail | str | SendOutcome  # an email's bytes, why it could not be built, or (outbox_dir) its outcome
@@ -180,7 +180,7 @@ def _start_worker(
     _OUTBOX = FileOutbox(settings.outbox_dir) if settings.outbox_dir else None
     if _OUTBOX is not None and deadline is not None:
         _OUTBOX.gate = HandOverGate(Deadline(deadline), journal)
-    for kind in EmailKind:
+    for kind in EMAIL_KINDS:
         for part in ("subject", "txt", "html"):
             # only a warm-up: an email that needs a template that fails reports the problem itself
             with contextlib.suppress(Exception):

@@ -264,7 +264,7 @@ class ClaimStore(SqlConnection):
                 UPDATE invoice_cycles SET last_stage = w.stage, last_stage_days = w.stage_days
                 FROM won_rows w
                 WHERE invoice_cycles.invoice_id = w.invoice_id AND invoice_cycles.cycle = w.cycle
-                  AND coalesce(invoice_cycles.last_stage_days, -1) < w.stage_days
+                  AND coalesce(invoice_cycles.last_stage_days, -10000) < w.stage_days
                 """
             )
 
@@ -404,7 +404,7 @@ class ClaimStore(SqlConnection):
                 UPDATE invoice_cycles SET last_stage = a.stage, last_stage_days = a.stage_days
                 FROM adopted_stages a
                 WHERE invoice_cycles.invoice_id = a.invoice_id AND invoice_cycles.cycle = a.cycle
-                  AND coalesce(invoice_cycles.last_stage_days, -1) < a.stage_days
+                  AND coalesce(invoice_cycles.last_stage_days, -10000) < a.stage_days
                 """
             )
         return len(recorded)
