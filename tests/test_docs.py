@@ -97,9 +97,9 @@ def test_previewing_the_example_invoices_with_the_example_config(deployment):
     plan = json.loads(out)
     assert [(e["to"], e["subject"]) for e in plan["emails"]] == [
         ("ap@northwind.example", "Acme Tools: a reminder about invoice INV-1001"),
-        ("rechnung@mueller-bau.example", "Zweite Erinnerung: 2 Rechnungen sind noch unbezahlt"),
-        ("finance@contoso.example", "Acme Tools: please settle invoice INV-1004 now"),
-        ("ap@adventure-works.example", "Acme Tools: please settle invoice INV-1009 now"),
+        ("rechnung@mueller-bau.example", "Zahlungserinnerung: 2 Rechnungen sind überfällig"),
+        ("finance@contoso.example", "Acme Tools: a reminder about invoice INV-1004"),
+        ("ap@adventure-works.example", "Acme Tools: a reminder about invoice INV-1009"),
     ]
     assert plan["held"] == {"below_minimum": 1, "no_email_address": 1}
     assert not deployment.home.exists()

@@ -165,17 +165,41 @@ def _invoice_line(r: dict[str, Any], locale: str) -> dict[str, Any]:
     }
 
 
+def first_contact(rows: Sequence[dict[str, Any]]) -> bool:
+    """No reminder reached the customer earlier in the cycle of any invoice of this email (adopted ones count)."""
+    return all(not r.get("reminders_sent_before") for r in rows)
+
+
 def reminder_tone(rows: Sequence[dict[str, Any]]) -> Tone:
-    """The firmest tone among the invoices of one email."""
+    """The firmest tone among the invoices of one email; gentle for a first contact under a policy whose
+    `first_contact_tone` is `gentle` (the default): the stage recorded is still the highest reached."""
+    if first_contact(rows) and all(r.get("gentle_first", False) for r in rows):
+        return Tone.GENTLE
     return max((Tone(r["tone"]) for r in rows), key=TONE_ORDER.__getitem__)
+
+
+def _reminder_line(r: dict[str, Any], locale: str) -> dict[str, Any]:
+    """An invoice of a reminder: its line, and its place in the cycle."""
+    line = _invoice_line(r, locale)
+    days = int(r["days_overdue"])
+    line.update(
+        stage=r.get("stage"),
+        stage_index=r.get("stage_rank"),
+        stage_count=r.get("stage_count"),
+        reminders_sent_before=int(r.get("reminders_sent_before") or 0),
+        days_until_due=-days,
+    )
+    return line
 
 
 def reminder_context(rows: Sequence[dict[str, Any]], as_of: dt.datetime, locale: str) -> Context:
     """One reminder: `rows` are its invoices, one per row, sorted by invoice id."""
-    invoices = [_invoice_line(r, locale) for r in rows]
+    invoices = [_reminder_line(r, locale) for r in rows]
     return {
         "customer_name": rows[0].get("customer_name"),
         "tone": str(reminder_tone(rows)),
+        "first_contact": first_contact(rows),
+        "policy": rows[0].get("policy") or "default",
         "invoices": invoices,
         "totals": currency_totals(rows, locale),
         # the link for the button of a one-invoice email
@@ -257,7 +281,9 @@ _SAMPLE_AS_OF = dt.datetime(2026, 11, 8, 9, 30, tzinfo=dt.UTC)
 _SAMPLE_URL = "https://pay.example.com/invoice/in_sample?s=1"
 
 
-def _sample_row(invoice_id: str, tone: str, *, paid: int, url: str | None, name: str | None) -> dict[str, Any]:
+def _sample_row(
+    invoice_id: str, tone: str, *, paid: int, url: str | None, name: str | None, days: int = 7, before: int = 0
+) -> dict[str, Any]:
     return {
         "invoice_id": invoice_id,
         "customer_name": name,
@@ -266,8 +292,14 @@ def _sample_row(invoice_id: str, tone: str, *, paid: int, url: str | None, name:
         "amount_due": 123456,
         "amount_paid": paid,
         "due_date": dt.date(2026, 11, 1),
-        "days_overdue": 7,
+        "days_overdue": days,
         "tone": tone,
+        "stage": "day7" if days > 0 else "before_due",
+        "stage_rank": 2 if days > 0 else 1,
+        "stage_count": 3,
+        "reminders_sent_before": before,
+        "gentle_first": True,
+        "policy": "default",
         "billing_period": "2026-10" if paid else None,
         "payment_url": url,
     }
@@ -277,12 +309,17 @@ def sample_contexts(kind: EmailKind, locale: str) -> list[Context]:
     if kind is EmailKind.REMINDER:
         samples = []
         for tone in Tone:
-            one = [_sample_row("in_1", tone, paid=2000, url=_SAMPLE_URL, name="Ada")]
+            one = [_sample_row("in_1", tone, paid=2000, url=_SAMPLE_URL, name="Ada", before=1)]
             several = [
-                _sample_row("in_1", tone, paid=0, url=None, name=None),
+                _sample_row("in_1", tone, paid=0, url=None, name=None, before=2),
                 _sample_row("in_2", tone, paid=500, url=_SAMPLE_URL, name=None),
             ]
             samples += [reminder_context(one, _SAMPLE_AS_OF, locale), reminder_context(several, _SAMPLE_AS_OF, locale)]
+        # before the due date, a first contact: one invoice and several (one due today)
+        ahead = [_sample_row("in_1", "gentle", paid=0, url=_SAMPLE_URL, name="Ada", days=-3)]
+        today = [_sample_row("in_1", "gentle", paid=0, url=None, name=None, days=-3),
+                 _sample_row("in_2", "gentle", paid=0, url=None, name=None, days=0)]  # fmt: skip
+        samples += [reminder_context(ahead, _SAMPLE_AS_OF, locale), reminder_context(today, _SAMPLE_AS_OF, locale)]
         return samples
     if kind is EmailKind.APOLOGY:
         flood = {"customer_name": "Ada", "emails": 12, "first_at": _SAMPLE_AS_OF, "last_at": _SAMPLE_AS_OF}

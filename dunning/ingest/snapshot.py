@@ -32,8 +32,11 @@ REQUIRED_COLUMNS = (
 # `payment_url` and `customer_locale` are checked, not validated (`pay_links`, `locales`): a bad one is dropped
 # or falls back to the default, and never rejects the row
 # `invoice_lines` (JSON lines for the invoice email) is checked when an email shows it (`invoice_emails.invoice_lines`)
+# `segment` only chooses a policy (`plan.policies`), never shown; `customer_timezone` (an IANA name) places the send
+# window in the customer's time zone (`plan.schedule`): an unknown one falls back to the business zone, counted
 OPTIONAL_COLUMNS = (
     "customer_name", "billing_period", "snapshot_at", "auto_advance", "payment_url", "customer_locale", "invoice_lines",
+    "segment", "customer_timezone",
 )  # fmt: skip
 PARSED_COLUMNS = ("amount_due", "amount_paid", "due_date")
 

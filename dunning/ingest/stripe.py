@@ -37,6 +37,8 @@ SNAPSHOT_FIELDS = (
     "payment_url",
     "customer_locale",
     "invoice_lines",
+    "segment",
+    "customer_timezone",
 )
 
 
@@ -66,6 +68,13 @@ def _preferred_locale(customer: Any) -> object:
     """The customer's first `preferred_locales` entry, when the invoice's customer is expanded (`de-DE`, `en`)."""
     locales = customer.get("preferred_locales") if isinstance(customer, dict) else None
     return locales[0] if isinstance(locales, list) and locales and isinstance(locales[0], str) else None
+
+
+def _segment(customer: Any) -> object:
+    """The customer's `metadata.dunning_segment`, when the invoice's customer is expanded: it chooses the policy."""
+    metadata = customer.get("metadata") if isinstance(customer, dict) else None
+    segment = metadata.get("dunning_segment") if isinstance(metadata, dict) else None
+    return segment if isinstance(segment, str) else None
 
 
 def _lines(lines: Any) -> str | None:
@@ -109,6 +118,8 @@ def invoice_row(invoice: dict[str, Any], zone: ZoneInfo) -> dict[str, Any]:
         "payment_url": invoice.get("hosted_invoice_url"),  # checked later (`pay_links`): only https is shown
         "customer_locale": _preferred_locale(invoice.get("customer")),
         "invoice_lines": _lines(invoice.get("lines")),
+        "segment": _segment(invoice.get("customer")),
+        "customer_timezone": None,  # Stripe keeps no time zone for a customer; a send window uses the business zone
     }
     return {k: (None if v is None else str(v)) for k, v in row.items()}
 

@@ -37,7 +37,13 @@ IN_FORCE_SCHEMA = pl.Schema({"scope": pl.String, "target_id": pl.String, "until_
 MAX_REASON = 500
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 # the plan's `hold` column: why a due key is kept from the send, decided before anything is claimed
-HOLDS = (HoldReason.EXCLUDED, HoldReason.BELOW_MINIMUM, HoldReason.EVENT_ADDRESS_NOT_TRUSTED)
+HOLDS = (
+    HoldReason.EXCLUDED, HoldReason.BELOW_MINIMUM, HoldReason.EVENT_ADDRESS_NOT_TRUSTED, HoldReason.ESCALATED,
+    HoldReason.OUTSIDE_SEND_WINDOW, HoldReason.SPACING,
+)  # fmt: skip
+# holds that only move a send (`dunning.plan.schedule`): the key stays newly due and goes at the first run allowed;
+# a run that left one is no reference for an unchanged hour (`dunning.plan.unchanged`)
+WAITING_HOLDS = (HoldReason.OUTSIDE_SEND_WINDOW, HoldReason.SPACING)
 
 
 def _text_problem(value: str, what: str, limit: int) -> str | None:

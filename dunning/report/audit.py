@@ -18,7 +18,7 @@ from typing import NamedTuple
 import polars as pl
 
 from dunning.email.pay_links import DROPPED
-from dunning.plan.exclusions import HOLDS
+from dunning.plan.exclusions import HOLDS, WAITING_HOLDS
 from dunning.vocabulary import (
     AuditNote,
     AuditOutcome,
@@ -81,7 +81,7 @@ def build_audit(
     """`due`: this cycle's due reminder rows (with `sendable`); `outcomes`: key -> status for the sendable ones."""
     owed = snapshot.select("invoice_id", "owed", pl.col("remaining_minor").alias("snapshot_remaining"))
     # only the columns the audit reads, before the joins copy them (the plan carries every snapshot column)
-    used = [*KEY_COLUMNS, "hold", "sendable", DROPPED, "amount_minor", "currency"]
+    used = [*KEY_COLUMNS, "hold", "sendable", DROPPED, "amount_minor", "currency", "policy", "waits_until"]
     due = due.select([c for c in used if c in due.columns])
     rows = due.join(
         outcomes.select(
@@ -113,6 +113,13 @@ def build_audit(
         pl.when(pl.col("_status") == SendStatus.SENT).then(pl.col("amount_minor")).alias("amount_stated_minor"),
         "currency",
         pl.when(pl.col("_status") == SendStatus.SENT).then(pl.col("sent_message_id")).alias("message_id"),
+        (pl.col("policy") if "policy" in rows.columns else pl.lit(None, dtype=pl.String)).alias("policy"),
+        # when a key that waits for the schedule (a send window, a holiday, spacing) may go
+        (
+            pl.when(pl.col("_status").is_in(plain(WAITING_HOLDS))).then(pl.col("waits_until"))
+            if "waits_until" in rows.columns
+            else pl.lit(None, dtype=pl.Datetime("us", "UTC"))
+        ).alias("waits_until"),
     )
     earlier = earlier_open_problems.select(
         *KEY_COLUMNS,
@@ -124,6 +131,10 @@ def build_audit(
         pl.lit(None, dtype=pl.Int64).alias("amount_stated_minor"),
         "currency",
         "message_id",
+        (pl.col("policy") if "policy" in earlier_open_problems.columns else pl.lit(None, dtype=pl.String)).alias(
+            "policy"
+        ),
+        pl.lit(None, dtype=pl.Datetime("us", "UTC")).alias("waits_until"),
     ).filter(~pl.col("idempotency_key").is_in(current.select("idempotency_key").to_series().implode()))
     combined = pl.concat([current, earlier.cast(current.schema)], how="vertical")
     # the snapshot's rows of these invoices only: a left join hashes its right side, which was every invoice
@@ -140,6 +151,8 @@ def build_audit(
         pl.col("snapshot_remaining").alias("remaining_minor"),
         "currency",
         "message_id",
+        "policy",
+        "waits_until",
     )
 
 

@@ -28,7 +28,7 @@ from dunning.plan.policy import assign_cycles, plan_reminders, plan_retries
 from dunning.report.audit import build_audit, summarize
 from dunning.send.alerts import Alert, raise_alert
 from dunning.send.sending import held_outcomes, with_email_groups
-from dunning.vocabulary import PlanRole, RunOutcome, SendStatus, plain
+from dunning.vocabulary import EmailKind, PlanRole, RunOutcome, SendStatus, plain
 
 
 @dataclass(frozen=True)
@@ -88,11 +88,13 @@ def plan_cycle(
     exclusions: pl.DataFrame | None = None,
     invoices: pl.DataFrame | None = None,
     settle: pl.DataFrame | None = None,
+    escalations: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """Every key this cycle must record: `role` due, retry (a failed send whose backoff is over) or skipped; and
     the `unknown` keys of earlier runs to settle (`settle`, `dunning.send.resubmission.settle_rows`: its own `hold`).
 
-    `notices` are payment-failed notices from billing events (kind `payment_failed`), sent and gated like reminders.
+    `notices` are payment-failed notices from billing events (kind `payment_failed`), sent and gated like reminders;
+    `escalations` the hand-overs due or retried (`dunning.plan.escalation`), held by exclusions like the others.
     `hold` says why a due or retry key is kept from the send before anything is claimed (`dunning.plan.exclusions`:
     `exclusions` in force, auto_advance, the minimum balance); null for the others.
     """
@@ -110,6 +112,8 @@ def plan_cycle(
         parts.append(notices)
     if invoices is not None and invoices.height:  # invoice emails (`dunning.plan.invoice_emails`): due, retry, skipped
         parts.append(invoices)
+    if escalations is not None and escalations.height:
+        parts.append(escalations)
     parts.append(planned.filter(pl.col("role") == PlanRole.SKIPPED))
     plan = pl.concat([_aligned(p, due.schema) for p in parts], how="vertical")
     sent_role = pl.col("role").is_in(SEND_ROLES)
@@ -132,9 +136,18 @@ def due_rows(plan: pl.DataFrame) -> pl.DataFrame:
 
 
 def sendable_due(plan: pl.DataFrame) -> pl.DataFrame:
-    """Due and retry keys with an address and no hold (`plan_cycle`): what the breaker counts and a send claims."""
+    """Due and retry emails with an address and no hold (`plan_cycle`): what the breaker counts and a send claims.
+    Escalations are not emails (`escalations_due`)."""
     held = pl.col("hold").is_not_null() if "hold" in plan.columns else pl.lit(False)
-    return plan.filter(pl.col("role").is_in(SEND_ROLES) & pl.col("sendable") & ~held)
+    return plan.filter(
+        pl.col("role").is_in(SEND_ROLES) & pl.col("sendable") & ~held & (pl.col("kind") != EmailKind.ESCALATION)
+    )
+
+
+def escalations_due(plan: pl.DataFrame) -> pl.DataFrame:
+    """Due and retry escalations with no hold: the hand-overs this run claims and posts (`dunning.send.escalation`)."""
+    held = pl.col("hold").is_not_null() if "hold" in plan.columns else pl.lit(False)
+    return plan.filter(pl.col("role").is_in(SEND_ROLES) & ~held & (pl.col("kind") == EmailKind.ESCALATION))
 
 
 def skipped_rows(plan: pl.DataFrame) -> pl.DataFrame:

@@ -33,7 +33,7 @@ from dunning.ingest.events import event_keys
 from dunning.ingest.snapshot_rules import DUPLICATED
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.operations import PauseState
-from dunning.plan import invoice_emails
+from dunning.plan import escalation, invoice_emails, schedule
 from dunning.plan.clock import CycleClock, RunMode
 from dunning.plan.exclusions import in_force
 from dunning.plan.notices import notice_rows
@@ -151,8 +151,44 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
         # this run's unknown keys (its shard's customers), each with why the present forbids resubmitting it; and the
         # claimed ones, which a dead run's may become in the send step
         settle = settle_rows(shard.keep(ledger.unknown_sends(include_claimed=True)), cycled, exclusions, config)
-    invoices = plan_invoices(ledger, cycled, config, clock) if clock.reads_live_state else None
-    return cycle.plan_cycle(cycled, config, failed, notices, exclusions, invoices, settle)
+    if not clock.reads_live_state:  # a backfill: what the stages would have sent that day, whenever in the day
+        return cycle.plan_cycle(cycled, config, failed, notices, exclusions)
+    invoices = plan_invoices(ledger, cycled, config, clock)
+    escalations, stopped = plan_escalation_step(ledger, cycled, config, clock)
+    plan = cycle.plan_cycle(cycled, config, failed, notices, exclusions, invoices, settle, escalations)
+    return apply_schedule(ledger, plan, cycled, config, clock, stopped)
+
+
+def plan_escalation_step(
+    ledger: Ledger, cycled: pl.DataFrame, config: DunningConfig, clock: CycleClock
+) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
+    """The escalations due now or retried (`dunning.plan.escalation`), and the invoices whose reminders stop."""
+    due = escalation.candidates(cycled, config)
+    if due.is_empty():
+        return None, None
+    rows, stopped = escalation.plan_escalations(due, ledger.recorded_keys)
+    failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts, EmailKind.ESCALATION)
+    if failed.height:
+        rows = pl.concat([rows, escalation.plan_escalation_retries(failed, cycled)], how="diagonal_relaxed")
+    return rows, stopped
+
+
+def apply_schedule(
+    ledger: Ledger, plan: pl.DataFrame, cycled: pl.DataFrame, config: DunningConfig, clock: CycleClock,
+    stopped: pl.DataFrame | None,
+) -> pl.DataFrame:  # fmt: skip
+    """Send windows, spacing and escalated invoices hold their keys (`dunning.plan.schedule`), and each reminder
+    learns how many reminders its invoice had before in the cycle (the templates' `first_contact`)."""
+    reminders = plan.filter(pl.col("role").is_in(cycle.SEND_ROLES) & (pl.col("kind") == EmailKind.REMINDER))
+    counts = ledger.reminders_sent(reminders) if reminders.height else None
+    spacing = schedule.spacing_hours(cycled, config)
+    last = None
+    if spacing.height and reminders.height:
+        reach = schedule.max_spacing(config)
+        asked = spacing.join(reminders.select("customer_id").unique(), on="customer_id", how="semi")
+        last = ledger.last_reminders(clock.as_of - reach, clock.as_of + reach, asked)
+    return schedule.scheduled(plan, cycled, config, clock.as_of, counts=counts, spacing=spacing, last=last,
+                              stopped=stopped)  # fmt: skip
 
 
 def plan_invoices(

@@ -20,6 +20,7 @@ from dunning.ledger.stores.invoice_email_store import InvoiceEmailStore
 from dunning.ledger.stores.operations import Operations
 from dunning.ledger.stores.payloads import PayloadStore
 from dunning.ledger.stores.run_inputs import RunInputStore
+from dunning.ledger.stores.schedule_store import ScheduleStore
 
 
 @contextlib.contextmanager
@@ -52,7 +53,8 @@ def _kept(column: str) -> pl.Expr:
 
 
 class LedgerTables(
-    ClaimStore, Operations, ExclusionStore, PayloadStore, CursorStore, InvoiceEmailStore, RunInputStore, HistoryStore
+    ClaimStore, Operations, ExclusionStore, PayloadStore, CursorStore, InvoiceEmailStore, RunInputStore, HistoryStore,
+    ScheduleStore,
 ):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""

@@ -145,6 +145,15 @@ MIGRATIONS = (
             "ALTER TABLE reminder_ledger_v13 RENAME TO reminder_ledger",
         ),
     ),
+    Migration(
+        14,
+        "the collections schedule in the audit: the policy that governed each key, and when a key that waits (a send "
+        "window, a holiday, spacing) may go",
+        (
+            "ALTER TABLE dunning_audit ADD COLUMN IF NOT EXISTS policy VARCHAR",
+            "ALTER TABLE dunning_audit ADD COLUMN IF NOT EXISTS waits_until TIMESTAMPTZ",
+        ),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

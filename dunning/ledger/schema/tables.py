@@ -109,7 +109,9 @@ DDL = (
         amount_stated_minor BIGINT,
         remaining_minor BIGINT,
         currency VARCHAR,
-        message_id VARCHAR
+        message_id VARCHAR,
+        policy VARCHAR,
+        waits_until TIMESTAMPTZ
     )
     """,
     """

@@ -65,6 +65,11 @@ BACKOFF_MICROSECONDS = """CAST(? * 60000000 * pow(2, greatest(reminder_ledger.at
 RETRY_DELAY_MICROSECONDS = f"greatest({BACKOFF_MICROSECONDS}, coalesce(o.retry_after_us, 0))"
 
 
+def _policy(rows: pl.DataFrame) -> pl.Expr:
+    """`reminder_ledger.policy`: the policy that governed the key (`dunning.plan.policies`), `default` without one."""
+    return (pl.col("policy").fill_null("default") if "policy" in rows.columns else pl.lit("default")).alias("policy")
+
+
 class ClaimStore(SqlConnection):
     """Claims and outcomes, on the ledger's connection."""
 
@@ -174,11 +179,12 @@ class ClaimStore(SqlConnection):
                 rows = (
                     allowed.filter(~is_retry)
                     .with_columns(pl.lit(LedgerStatus.CLAIMED).alias("status"), *stamp)
-                    .select(*LEDGER_COLUMNS, lease)
+                    .select(*LEDGER_COLUMNS, lease, _policy(allowed))
                 )
                 retries = allowed.filter(is_retry).select(  # the guard as a join condition: see record_outcomes
-                    "idempotency_key", "amount_minor", "customer_email", pl.lit("failed").alias("expected_status")
-                )
+                    "idempotency_key", "amount_minor", "customer_email", _policy(allowed),
+                    pl.lit("failed").alias("expected_status"),
+                )  # fmt: skip
                 with self.registered("due_rows", rows), self.registered("retry_rows", retries):
                     inserted = self.insert_by_name(
                         "reminder_ledger",
@@ -205,7 +211,7 @@ class ClaimStore(SqlConnection):
             for (k,) in con.execute(
                 """
             UPDATE reminder_ledger SET status = 'claimed', run_id = ?, claimed_at = ?, amount_minor = r.amount_minor,
-                customer_email = r.customer_email, lease_expires_at = ?
+                customer_email = r.customer_email, lease_expires_at = ?, policy = r.policy
             FROM retry_rows r
             WHERE reminder_ledger.idempotency_key = r.idempotency_key AND reminder_ledger.status = r.expected_status
             RETURNING reminder_ledger.idempotency_key
@@ -254,12 +260,12 @@ class ClaimStore(SqlConnection):
         skip_rows = (
             skipped.join(reminders.select("invoice_id"), on="invoice_id", how="semi")
             .with_columns(pl.lit(LedgerStatus.SKIPPED).alias("status"), *stamp)
-            .select(LEDGER_COLUMNS)
+            .select(*LEDGER_COLUMNS, _policy(skipped))
         )
         advanced = reminders.select("invoice_id", "cycle", "stage", "stage_days")
         with self.registered("skip_rows", skip_rows), self.registered("won_rows", advanced):
             self.insert_by_name("reminder_ledger", "skip_rows", on_conflict_do_nothing=True, order_by="idempotency_key")
-            con.execute(
+            con.execute(  # -10000: no stage on record (`plan.policies.NO_STAGE`; stages go down to -60 days)
                 """
                 UPDATE invoice_cycles SET last_stage = w.stage, last_stage_days = w.stage_days
                 FROM won_rows w
@@ -346,7 +352,7 @@ class ClaimStore(SqlConnection):
             return self.frame(
                 f"""
                 SELECT customer_id, count(DISTINCT email_id)::BIGINT AS emails FROM reminder_ledger
-                WHERE status IN ('claimed', 'sent', 'unknown')
+                WHERE status IN ('claimed', 'sent', 'unknown') AND kind <> 'escalation'  -- not an email
                   AND coalesce(sent_at, claimed_at) > ? AND coalesce(sent_at, claimed_at) <= ?
                   {narrowed}
                 GROUP BY customer_id
@@ -357,7 +363,7 @@ class ClaimStore(SqlConnection):
     def open_problems(self) -> pl.DataFrame:
         """Keys whose send failed or whose outcome is unknown: waiting on a retry, a lookup or a human."""
         return self.frame(
-            "SELECT idempotency_key, kind, invoice_id, customer_id, cycle, stage, status, currency, message_id "
+            "SELECT idempotency_key, kind, invoice_id, customer_id, cycle, stage, status, currency, message_id, policy "
             "FROM reminder_ledger WHERE status IN ('failed', 'unknown')"
         )
 
@@ -386,7 +392,7 @@ class ClaimStore(SqlConnection):
         with (
             self.transaction() as con,
             self.registered("adopted_cycles", opened.select("invoice_id", "cycle")),
-            self.registered("adopted_rows", stamped.select(*LEDGER_COLUMNS, "skip_reason")),
+            self.registered("adopted_rows", stamped.select(*LEDGER_COLUMNS, "skip_reason", _policy(stamped))),
             self.registered("adopted_stages", advanced),
         ):
             con.execute(

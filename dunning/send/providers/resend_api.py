@@ -49,16 +49,9 @@ from dunning.config import Provider
 from dunning.keys import idempotency_key_of
 from dunning.secret_env import read_secret, scrub
 from dunning.send.providers.base import LEASE_ENDED, EmailProvider, HealthStop, SendOutcome
+from dunning.send.providers.http import may_have_left
 from dunning.vocabulary import LookupStatus, ProviderStatus, SendStatus
 
-# raised while the request is prepared, before a connection is made: nothing left this machine
-NEVER_LEFT = (
-    requests.exceptions.InvalidHeader,
-    requests.exceptions.InvalidURL,
-    requests.exceptions.MissingSchema,
-    requests.exceptions.InvalidSchema,
-    requests.exceptions.URLRequired,
-)
 TRANSPORT_STATUS = 599  # not an HTTP status: our client's answer when the request failed on the way
 NOT_SENT, MAYBE_SENT = "transport_not_sent", "transport_maybe_sent"
 PASSED_HEADERS = ("Message-ID", "X-Dunning-Kind", "X-Dunning-Keys", "X-Dunning-Test")
@@ -92,17 +85,8 @@ class _Transport(HTTPClient):
                 files=files,
                 timeout=self.timeout_seconds,
             )
-        except (requests.ConnectTimeout, *NEVER_LEFT) as exc:
-            return _transport_answer(NOT_SENT, exc)
-        except requests.ConnectionError as exc:
-            # refused or unresolvable: the request never left; anything else (reset, aborted) may have been read
-            cause = repr(exc)
-            left = not any(s in cause for s in ("NewConnectionError", "NameResolutionError", "Connection refused"))
-            return _transport_answer(MAYBE_SENT if left else NOT_SENT, exc)
-        except requests.Timeout as exc:  # a read timeout: the request left, the answer never came
-            return _transport_answer(MAYBE_SENT, exc)
-        except requests.RequestException as exc:
-            return _transport_answer(MAYBE_SENT, exc)
+        except requests.RequestException as exc:  # which side of the hand-over: `providers.http`
+            return _transport_answer(MAYBE_SENT if may_have_left(exc) else NOT_SENT, exc)
         return response.content, response.status_code, response.headers
 
 

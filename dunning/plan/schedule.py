@@ -1,0 +1,215 @@
+"""When a due key may go: send windows and holidays, spacing between reminders, and what the templates learn of a
+reminder's place in its cycle.
+
+Scheduling only decides *when* a key is claimed, never *whether*: a key that waits (audit reason
+`outside_send_window` or `spacing`, with `waits_until`) is not claimed, so nothing of it is on record, and it stays
+newly due for the first run the schedule allows. A stage is skipped only because a higher stage was reached while
+it waited, as for any catch-up.
+
+Windows are evaluated once per (policy, time zone) pair in Python (a few dozen pairs at most: the zones a snapshot
+names) and joined onto the plan's rows; spacing is one join of the plan with each customer's last reminder. No loop
+runs per row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from dataclasses import dataclass
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import polars as pl
+
+from dunning.config import DunningConfig, ResolvedPolicy
+from dunning.config_schedule import Holidays, SendWindow
+from dunning.vocabulary import EmailKind, HoldReason
+
+UTC_TYPE = pl.Datetime("us", "UTC")
+ZONE = "send_zone"  # the plan's working column: the time zone a row's window is read in
+SEARCH_DAYS = 400  # how far ahead the next opening is looked for (a window shut for longer opens "never")
+
+
+@functools.lru_cache(maxsize=4096)
+def _zone(name: str) -> ZoneInfo | None:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return None
+
+
+def known_zones(names: pl.Series) -> set[str]:
+    """Which of the distinct `names` are IANA time zones this machine knows."""
+    return {n for n in names.drop_nulls().unique().to_list() if n and _zone(n) is not None}
+
+
+def unknown_timezones(snapshot: pl.DataFrame) -> int:
+    """Rows whose `customer_timezone` is given but unknown: their window is read in the business zone."""
+    if "customer_timezone" not in snapshot.columns:
+        return 0
+    given = snapshot.get_column("customer_timezone").drop_nulls()
+    known = known_zones(given)
+    return int((~given.is_in(sorted(known))).sum())
+
+
+@functools.lru_cache(maxsize=256)
+def _holidays(calendar: Holidays, year: int) -> frozenset[dt.date]:
+    days = set(calendar.dates)
+    if calendar.country is not None:
+        import holidays  # only a window with a country calendar pays for it
+
+        days |= set(holidays.country_holidays(calendar.country, subdiv=calendar.subdivision, years=[year, year + 1]))
+    return frozenset(days)
+
+
+@dataclass(frozen=True)
+class Opening:
+    open_now: bool
+    opens_at: dt.datetime | None  # when it next opens (UTC); `as_of` when open now; None: not within SEARCH_DAYS
+
+
+def opening(window: SendWindow, zone: ZoneInfo, as_of: dt.datetime) -> Opening:
+    """Whether `window` is open at `as_of` in `zone`, and when it next opens (its start on the next weekday it opens
+    that is no holiday, in local time, so a daylight-saving change moves it with the clock)."""
+    local = as_of.astimezone(zone)
+    start, end = dt.time(*divmod(window.start_minute, 60)), dt.time(*divmod(window.end_minute, 60))
+    for offset in range(SEARCH_DAYS):
+        day = local.date() + dt.timedelta(days=offset)
+        if day.weekday() not in window.weekday_numbers or day in _holidays(window.holidays, day.year):
+            continue
+        opens = dt.datetime.combine(day, start, tzinfo=zone)
+        closes = dt.datetime.combine(day, end, tzinfo=zone)
+        if offset == 0 and opens <= as_of < closes:
+            return Opening(True, as_of)
+        if as_of < opens:
+            return Opening(False, opens.astimezone(dt.UTC))
+    return Opening(False, None)
+
+
+def _zone_column(policy: ResolvedPolicy, business: str, known: set[str], columns: set[str]) -> pl.Expr:
+    window = policy.send_window
+    if window is None or window.timezone == "business" or "customer_timezone" not in columns:
+        return pl.lit(business, dtype=pl.String)
+    customer = pl.col("customer_timezone")
+    return pl.when(customer.is_in(sorted(known))).then(customer).otherwise(pl.lit(business, dtype=pl.String))
+
+
+def window_holds(plan: pl.DataFrame, config: DunningConfig, as_of: dt.datetime) -> pl.DataFrame:
+    """`plan` with `window_hold` (`outside_send_window` or null) and `window_opens_at` for every row, from its
+    policy's window in its time zone."""
+    policies = {p.name: p for p in config.resolved_policies()}
+    if all(p.send_window is None for p in policies.values()):
+        return plan.with_columns(
+            pl.lit(None, dtype=pl.String).alias("window_hold"), pl.lit(None, dtype=UTC_TYPE).alias("window_opens_at")
+        )
+    columns = set(plan.columns)
+    known = known_zones(plan.get_column("customer_timezone")) if "customer_timezone" in columns else set()
+    zone_of = pl.lit(config.timezone, dtype=pl.String)
+    for name, policy in policies.items():
+        zone_of = pl.when(pl.col("policy") == name).then(_zone_column(policy, config.timezone, known, columns)).otherwise(
+            zone_of
+        )
+    zoned = plan.with_columns(zone_of.alias(ZONE))
+    pairs = zoned.select("policy", ZONE).unique()
+    rows = []
+    for name, zone_name in pairs.iter_rows():
+        window = policies[name].send_window if name in policies else None
+        zone = _zone(zone_name) or config.zone
+        state = Opening(True, as_of) if window is None else opening(window, zone, as_of)
+        rows.append((name, zone_name, None if state.open_now else str(HoldReason.OUTSIDE_SEND_WINDOW), state.opens_at))
+    states = pl.DataFrame(
+        rows,
+        schema={"policy": pl.String, ZONE: pl.String, "window_hold": pl.String, "window_opens_at": UTC_TYPE},
+        orient="row",
+    )
+    return zoned.join(states, on=["policy", ZONE], how="left", maintain_order="left").drop(ZONE)
+
+
+def spacing_hours(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
+    """Per customer with an invoice in an open cycle: the largest `min_hours_between_reminders` among the policies
+    of their invoices (`spacing_hours`); only customers with some spacing."""
+    hours = {p.name: p.min_hours_between_reminders for p in config.resolved_policies()}
+    if not any(hours.values()):
+        return pl.DataFrame(schema={"customer_id": pl.String, "spacing_hours": pl.Float64})
+    return (
+        cycled.filter(pl.col("in_cycle") & pl.col("owed"))
+        .select("customer_id", pl.col("policy").replace_strict(hours, default=0.0, return_dtype=pl.Float64))
+        .group_by("customer_id")
+        .agg(pl.col("policy").max().alias("spacing_hours"))
+        .filter(pl.col("spacing_hours") > 0)
+    )
+
+
+def spacing_holds(plan: pl.DataFrame, spacing: pl.DataFrame, last: pl.DataFrame, as_of: dt.datetime) -> pl.DataFrame:
+    """`plan` with `spacing_hold` (`spacing` or null) and `spacing_ends_at`: a reminder to a customer whose last
+    reminder (`last`: customer_id, last_reminder_at) is less than their `spacing` hours before `as_of` waits until
+    that many hours after it."""
+    joined = plan.join(spacing, on="customer_id", how="left").join(last, on="customer_id", how="left")
+    ends = pl.col("last_reminder_at") + pl.duration(microseconds=(pl.col("spacing_hours") * 3_600_000_000).cast(pl.Int64))
+    waits = (pl.col("kind") == EmailKind.REMINDER) & (ends > pl.lit(as_of, dtype=UTC_TYPE)).fill_null(False)
+    return joined.with_columns(
+        pl.when(waits).then(pl.lit(str(HoldReason.SPACING))).otherwise(None).alias("spacing_hold"),
+        pl.when(waits).then(ends).otherwise(None).cast(UTC_TYPE).alias("spacing_ends_at"),
+    ).drop("spacing_hours", "last_reminder_at")
+
+
+def max_spacing(config: DunningConfig) -> dt.timedelta:
+    return dt.timedelta(hours=max(p.min_hours_between_reminders for p in config.resolved_policies()))
+
+
+SEND_ROLES = ("due", "retry")
+EMPTY_COUNTS = pl.Schema({"invoice_id": pl.String, "cycle": pl.Int32, "reminders_sent_before": pl.Int32})
+EMPTY_LAST = pl.Schema({"customer_id": pl.String, "last_reminder_at": UTC_TYPE})
+
+
+def scheduled(
+    plan: pl.DataFrame,
+    cycled: pl.DataFrame,
+    config: DunningConfig,
+    as_of: dt.datetime,
+    *,
+    counts: pl.DataFrame | None = None,
+    spacing: pl.DataFrame | None = None,
+    last: pl.DataFrame | None = None,
+    stopped: pl.DataFrame | None = None,
+) -> pl.DataFrame:
+    """The plan with the schedule applied to its due and retry keys: `hold` gains `escalated` (reminders of an
+    invoice handed over, `stopped`: invoice_id, cycle), `outside_send_window` (email kinds) and `spacing`
+    (reminders), in that order after the plan's own holds; `waits_until` says when a waiting key may go; and
+    `reminders_sent_before` (`counts`, per invoice and cycle; 0 without one) is what the templates' first contact
+    is judged on. A row without a policy (a notice, an invoice email) takes its invoice's."""
+    by_invoice = cycled.select("invoice_id", pl.col("policy").alias("invoice_policy"))
+    plan = plan.join(by_invoice, on="invoice_id", how="left", maintain_order="left").with_columns(
+        pl.coalesce("policy", "invoice_policy", pl.lit("default")).alias("policy")
+    ).drop("invoice_policy")
+    counts = counts if counts is not None else pl.DataFrame(schema=EMPTY_COUNTS)
+    plan = plan.join(counts.cast(EMPTY_COUNTS), on=["invoice_id", "cycle"], how="left", maintain_order="left")
+    plan = plan.with_columns(pl.col("reminders_sent_before").fill_null(0))
+    plan = window_holds(plan, config, as_of)
+    last = last if last is not None else pl.DataFrame(schema=EMPTY_LAST)
+    spacing = spacing if spacing is not None else pl.DataFrame(schema={"customer_id": pl.String, "spacing_hours": pl.Float64})
+    plan = spacing_holds(plan, spacing, last.cast(EMPTY_LAST), as_of)
+    if stopped is not None and stopped.height:
+        stop = stopped.select("invoice_id", "cycle", pl.lit(str(HoldReason.ESCALATED)).alias("escalated_hold"))
+        plan = plan.join(stop, on=["invoice_id", "cycle"], how="left", maintain_order="left")
+    else:
+        plan = plan.with_columns(pl.lit(None, dtype=pl.String).alias("escalated_hold"))
+    is_email = pl.col("kind") != EmailKind.ESCALATION
+    is_reminder = pl.col("kind") == EmailKind.REMINDER
+    sends = pl.col("role").is_in(SEND_ROLES)
+    hold = pl.coalesce(
+        "hold",
+        pl.when(is_reminder).then(pl.col("escalated_hold")),
+        pl.when(is_email).then(pl.col("window_hold")),
+        pl.when(is_reminder).then(pl.col("spacing_hold")),
+    )
+    plan = plan.with_columns(pl.when(sends).then(hold).otherwise(pl.col("hold")).alias("hold"))
+    waits = (
+        pl.when(pl.col("hold") == HoldReason.OUTSIDE_SEND_WINDOW)
+        .then(pl.col("window_opens_at"))
+        .when(pl.col("hold") == HoldReason.SPACING)
+        .then(pl.col("spacing_ends_at"))
+        .cast(UTC_TYPE)
+    )
+    return plan.with_columns(waits.alias("waits_until")).drop(
+        "window_hold", "window_opens_at", "spacing_hold", "spacing_ends_at", "escalated_hold"
+    )

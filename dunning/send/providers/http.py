@@ -1,0 +1,31 @@
+"""Which side of the hand-over an HTTP request failed on, for every client that posts something only once: the
+Resend provider and the escalation webhook (`dunning.send.escalation`).
+
+A request that never left this machine (it could not be prepared, the connection was refused or never made, the
+name did not resolve) is `failed`: safe to retry. Anything after the connection was made (a read timeout, a reset,
+an aborted answer) may have reached the receiver, and is `unknown`: asked about or resubmitted under its key, never
+sent blindly again."""
+
+from __future__ import annotations
+
+import requests
+
+# raised while the request is prepared, before a connection is made: nothing left this machine
+NEVER_LEFT = (
+    requests.exceptions.InvalidHeader,
+    requests.exceptions.InvalidURL,
+    requests.exceptions.MissingSchema,
+    requests.exceptions.InvalidSchema,
+    requests.exceptions.URLRequired,
+)
+_NOT_CONNECTED = ("NewConnectionError", "NameResolutionError", "Connection refused")
+
+
+def may_have_left(exc: requests.RequestException) -> bool:
+    """Whether the request that raised `exc` may have reached the receiver."""
+    if isinstance(exc, (requests.ConnectTimeout, *NEVER_LEFT)):
+        return False
+    if isinstance(exc, requests.ConnectionError):
+        # refused or unresolvable: the request never left; anything else (reset, aborted) may have been read
+        return not any(s in repr(exc) for s in _NOT_CONNECTED)
+    return True  # a read timeout, or anything else once connected
