@@ -30,7 +30,8 @@ def candidates(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     rules = {p.name: p.escalation for p in config.resolved_policies() if p.escalation is not None}
     if not rules:
         return cycled.clear().with_columns(
-            pl.lit(None, dtype=pl.String).alias("idempotency_key"), pl.lit(None, dtype=pl.Boolean).alias("stop_reminders")
+            pl.lit(None, dtype=pl.String).alias("idempotency_key"),
+            pl.lit(None, dtype=pl.Boolean).alias("stop_reminders"),
         )
     after = {name: rule.after_days for name, rule in rules.items()}
     stops = {name: rule.stop_reminders for name, rule in rules.items()}
@@ -43,9 +44,7 @@ def candidates(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     )
 
 
-def plan_escalations(
-    due: pl.DataFrame, recorded: Callable[[list[str]], set[str]]
-) -> tuple[pl.DataFrame, pl.DataFrame]:
+def plan_escalations(due: pl.DataFrame, recorded: Callable[[list[str]], set[str]]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """From `candidates`: the escalations to send (plan rows, role `due`, kind `escalation`), and the invoices
     (`invoice_id`, `cycle`) whose reminders stop: escalated before (the key on record) or now, with
     `stop_reminders`. `recorded` says which keys the ledger holds."""

@@ -105,16 +105,14 @@ def window_holds(plan: pl.DataFrame, config: DunningConfig, as_of: dt.datetime) 
     known = known_zones(plan.get_column("customer_timezone")) if "customer_timezone" in columns else set()
     zone_of = pl.lit(config.timezone, dtype=pl.String)
     for name, policy in policies.items():
-        zone_of = pl.when(pl.col("policy") == name).then(_zone_column(policy, config.timezone, known, columns)).otherwise(
-            zone_of
-        )
+        zone_expr = _zone_column(policy, config.timezone, known, columns)
+        zone_of = pl.when(pl.col("policy") == name).then(zone_expr).otherwise(zone_of)
     zoned = plan.with_columns(zone_of.alias(ZONE))
     pairs = zoned.select("policy", ZONE).unique()
     rows = []
     for name, zone_name in pairs.iter_rows():
         window = policies[name].send_window if name in policies else None
-        zone = _zone(zone_name) or config.zone
-        state = Opening(True, as_of) if window is None else opening(window, zone, as_of)
+        state = Opening(True, as_of) if window is None else opening(window, _zone(zone_name) or config.zone, as_of)
         rows.append((name, zone_name, None if state.open_now else str(HoldReason.OUTSIDE_SEND_WINDOW), state.opens_at))
     states = pl.DataFrame(
         rows,
@@ -144,7 +142,8 @@ def spacing_holds(plan: pl.DataFrame, spacing: pl.DataFrame, last: pl.DataFrame,
     reminder (`last`: customer_id, last_reminder_at) is less than their `spacing` hours before `as_of` waits until
     that many hours after it."""
     joined = plan.join(spacing, on="customer_id", how="left").join(last, on="customer_id", how="left")
-    ends = pl.col("last_reminder_at") + pl.duration(microseconds=(pl.col("spacing_hours") * 3_600_000_000).cast(pl.Int64))
+    hours = (pl.col("spacing_hours") * 3_600_000_000).cast(pl.Int64)
+    ends = pl.col("last_reminder_at") + pl.duration(microseconds=hours)
     waits = (pl.col("kind") == EmailKind.REMINDER) & (ends > pl.lit(as_of, dtype=UTC_TYPE)).fill_null(False)
     return joined.with_columns(
         pl.when(waits).then(pl.lit(str(HoldReason.SPACING))).otherwise(None).alias("spacing_hold"),
@@ -158,7 +157,7 @@ def max_spacing(config: DunningConfig) -> dt.timedelta:
 
 SEND_ROLES = ("due", "retry")
 EMPTY_COUNTS = pl.Schema({"invoice_id": pl.String, "cycle": pl.Int32, "reminders_sent_before": pl.Int32})
-EMPTY_LAST = pl.Schema({"customer_id": pl.String, "last_reminder_at": UTC_TYPE})
+EMPTY_LAST = pl.Schema({"customer_id": pl.String(), "last_reminder_at": UTC_TYPE})
 
 
 def scheduled(
@@ -178,15 +177,18 @@ def scheduled(
     `reminders_sent_before` (`counts`, per invoice and cycle; 0 without one) is what the templates' first contact
     is judged on. A row without a policy (a notice, an invoice email) takes its invoice's."""
     by_invoice = cycled.select("invoice_id", pl.col("policy").alias("invoice_policy"))
-    plan = plan.join(by_invoice, on="invoice_id", how="left", maintain_order="left").with_columns(
-        pl.coalesce("policy", "invoice_policy", pl.lit("default")).alias("policy")
-    ).drop("invoice_policy")
+    plan = (
+        plan.join(by_invoice, on="invoice_id", how="left", maintain_order="left")
+        .with_columns(pl.coalesce("policy", "invoice_policy", pl.lit("default")).alias("policy"))
+        .drop("invoice_policy")
+    )
     counts = counts if counts is not None else pl.DataFrame(schema=EMPTY_COUNTS)
     plan = plan.join(counts.cast(EMPTY_COUNTS), on=["invoice_id", "cycle"], how="left", maintain_order="left")
     plan = plan.with_columns(pl.col("reminders_sent_before").fill_null(0))
     plan = window_holds(plan, config, as_of)
     last = last if last is not None else pl.DataFrame(schema=EMPTY_LAST)
-    spacing = spacing if spacing is not None else pl.DataFrame(schema={"customer_id": pl.String, "spacing_hours": pl.Float64})
+    if spacing is None:
+        spacing = pl.DataFrame(schema={"customer_id": pl.String, "spacing_hours": pl.Float64})
     plan = spacing_holds(plan, spacing, last.cast(EMPTY_LAST), as_of)
     if stopped is not None and stopped.height:
         stop = stopped.select("invoice_id", "cycle", pl.lit(str(HoldReason.ESCALATED)).alias("escalated_hold"))

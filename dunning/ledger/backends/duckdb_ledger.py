@@ -53,7 +53,14 @@ def _kept(column: str) -> pl.Expr:
 
 
 class LedgerTables(
-    ClaimStore, Operations, ExclusionStore, PayloadStore, CursorStore, InvoiceEmailStore, RunInputStore, HistoryStore,
+    ClaimStore,
+    Operations,
+    ExclusionStore,
+    PayloadStore,
+    CursorStore,
+    InvoiceEmailStore,
+    RunInputStore,
+    HistoryStore,
     ScheduleStore,
 ):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
