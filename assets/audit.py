@@ -56,7 +56,9 @@ def dunning_audit(
             rejected_rows=rejected_in_this_run(context),
         )
         if clock.live:  # the state this run leaves, for a later hour to compare with (`dunning.plan.unchanged`)
-            unchanged.finish(ledger, context.run.run_id, send_batch, cycle_request.shard_spec(), invoice_snapshot)
+            unchanged.finish(
+                ledger, context.run.run_id, send_batch, cycle_request.shard_spec(), invoice_snapshot, reminders_due
+            )
     counts = audit_rules.summarize(audit)
     held = audit_rules.held_by_reason(audit)
     by_stage = audit_rules.by_stage_and_outcome(audit)

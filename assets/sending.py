@@ -82,8 +82,11 @@ def send_batch(
     clock = cycle_request.cycle_clock(context, config)
     due = cycle.sendable_due(reminders_due)
     if clock.mode is RunMode.DRY_RUN:
-        context.log.info(f"dry run: {due.height} key(s) would be claimed and sent; nothing claimed")
-        return dg.Output(held_outcomes(due, SendStatus.DRY_RUN), metadata={"dry_run": True, "would_send": due.height})
+        attempted = cycle.to_attempt(reminders_due)
+        context.log.info(f"dry run: {attempted.height} key(s) would be claimed and sent; nothing claimed")
+        return dg.Output(
+            held_outcomes(attempted, SendStatus.DRY_RUN), metadata={"dry_run": True, "would_send": attempted.height}
+        )
     if clock.mode is RunMode.BACKFILL:
         simulated = due.select(
             pl.lit(clock.partition_date).alias("business_date"),
@@ -173,5 +176,9 @@ def send_batch(
             "unknown_settled_by_lookup": resolved.by_lookup,
             "unknown_settled_by_resubmission": resolved.by_resubmission,
             "unknown_held_from_resubmission": dg.MetadataValue.json(resolved.held),
+            "escalations_sent": step.escalations.sent,
+            "escalations_failed": step.escalations.failed,
+            "escalations_unknown": step.escalations.unknown,
+            "escalations_resubmitted": step.escalations.resubmitted,
         },
     )

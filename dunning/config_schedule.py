@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from dunning.secret_env import not_a_secret
+from dunning.urls import http_url
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _FULL_NAMES = {
@@ -148,8 +149,6 @@ class Escalation(_Strict):
     @field_validator("webhook_url")
     @classmethod
     def _https(cls, value: str) -> str:
-        from dunning.config import http_url  # the one URL rule (config imports this module)
-
         return http_url(value, "escalation.webhook_url") or value
 
 

@@ -101,5 +101,5 @@ def run_cycle(
             snapshot_path=str(snapshot),
         )  # fmt: skip
         if skip_unchanged:
-            unchanged.finish(ledger, run_id, result.outcomes, shard, applied.cycled)
+            unchanged.finish(ledger, run_id, result.outcomes, shard, applied.cycled, plan)
     return InProcessCycle(verdict, result, audit, first, run_id)

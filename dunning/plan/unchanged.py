@@ -16,7 +16,8 @@ from is as the last live run of its shard that ended (the reference) left it:
   the run whole again;
 - the reference left nothing for a later hour (`settled`): no key throttled at
   the cap, held by the breaker, lost to another run or released by a provider
-  that stopped, and it was not halted;
+  that stopped, nor waiting for a send window, a holiday or spacing, and it was
+  not halted;
 - time alone has made nothing due that the last run that did the work did not
   plan: no failed key's retry is due whose backoff ended after its clock, or
   that became `failed` while it ran (a lookup or a dead run's released claims
@@ -49,8 +50,9 @@ from dunning.ledger.base import Ledger
 from dunning.ledger.schema.migrations import LATEST
 from dunning.ledger.stores.run_inputs import StateScope, UnknownSettling
 from dunning.plan.clock import CycleClock
+from dunning.plan.exclusions import WAITING_HOLDS
 from dunning.sharding import Shard, parse_shard
-from dunning.vocabulary import SendStatus
+from dunning.vocabulary import SendStatus, plain
 
 # outcomes that leave a key for a later hour without anything else changing: the run that had them is no reference
 UNSETTLED = frozenset({SendStatus.THROTTLED, SendStatus.LOST, SendStatus.BREAKER, SendStatus.RELEASED})
@@ -94,8 +96,12 @@ class Verdict:
     reason: str  # what was checked and found the same, or what differed
 
 
-def settled(outcomes: pl.DataFrame) -> bool:
-    """Whether a run's send outcomes leave nothing for a later hour to redo with the same inputs."""
+def settled(outcomes: pl.DataFrame, plan: pl.DataFrame | None = None) -> bool:
+    """Whether a run's send outcomes leave nothing for a later hour to redo with the same inputs: nothing throttled,
+    lost, held by the breaker or released, and (in `plan`) no key waiting for a send window, a holiday or spacing:
+    time alone lets those go."""
+    if plan is not None and "hold" in plan.columns and plan.get_column("hold").is_in(plain(WAITING_HOLDS)).any():
+        return False
     return outcomes.is_empty() or not outcomes.get_column("status").is_in([str(s) for s in UNSETTLED]).any()
 
 
@@ -205,8 +211,11 @@ def start(
     return verdict
 
 
-def finish(ledger: Ledger, run_id: str, outcomes: pl.DataFrame, shard: Shard, snapshot: pl.DataFrame) -> None:
+def finish(
+    ledger: Ledger, run_id: str, outcomes: pl.DataFrame, shard: Shard, snapshot: pl.DataFrame,
+    plan: pl.DataFrame | None = None,
+) -> None:  # fmt: skip
     """A live run's last ledger write: the state it leaves, and whether a later hour may be compared with it; a
     shard's state over the invoices of its `snapshot` (its rows), which the other shards never write."""
     scope = None if shard.everyone else snapshot.get_column("invoice_id")
-    ledger.end_run_inputs(run_id, settled(outcomes), scope, shard)
+    ledger.end_run_inputs(run_id, settled(outcomes, plan), scope, shard)

@@ -150,6 +150,11 @@ def escalations_due(plan: pl.DataFrame) -> pl.DataFrame:
     return plan.filter(pl.col("role").is_in(SEND_ROLES) & ~held & (pl.col("kind") == EmailKind.ESCALATION))
 
 
+def to_attempt(plan: pl.DataFrame) -> pl.DataFrame:
+    """Everything a live run would hand over now: the sendable emails and the escalations."""
+    return pl.concat([sendable_due(plan), escalations_due(plan)], how="diagonal_relaxed")
+
+
 def skipped_rows(plan: pl.DataFrame) -> pl.DataFrame:
     return plan.filter(pl.col("role") == PlanRole.SKIPPED)
 

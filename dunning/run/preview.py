@@ -135,7 +135,7 @@ def _rendered(
         keys = [r["idempotency_key"] for r in records]
         try:
             wire = wire_for(records, sender=settings.sender, as_of=as_of, locale=settings.locale,
-                            templates_dir=settings.templates_dir)  # fmt: skip
+                            templates_dir=settings.templates_for(records))  # fmt: skip
         except (ValueError, TypeError, LookupError, OSError) as error:  # what the send step records as not built
             not_built.append((keys, f"{type(error).__name__}: {error}"[:300]))
             continue

@@ -14,16 +14,28 @@ from dunning.config import DunningConfig, load_config, parse_config
 from dunning.errors import ConfigError
 
 
+def _template_dirs(config: DunningConfig) -> list[tuple[str, str]]:
+    """(config key, directory) of every templates directory: the top level's and each policy's own."""
+    dirs = [("templates_dir", config.templates_dir)] if config.templates_dir is not None else []
+    for index, policy in enumerate(config.policies):
+        if policy.templates_dir is not None and policy.templates_dir != config.templates_dir:
+            dirs.append((f"policies[{index}] ({policy.name}).templates_dir", policy.templates_dir))
+    return dirs
+
+
 def checked(config: DunningConfig, source: str = "config") -> DunningConfig:
-    """`config`, once every template its `templates_dir` holds passed the check; ConfigError naming the file."""
-    if config.templates_dir is None:
+    """`config`, once every template its templates directories hold passed the check; ConfigError naming the key
+    and the file."""
+    dirs = _template_dirs(config)
+    if not dirs:
         return config
     from dunning.email.templating import TemplateProblem, check_templates  # here, not at import: it loads Jinja
 
-    try:
-        check_templates(config.templates_dir, config.locale)
-    except TemplateProblem as exc:
-        raise ConfigError(f"{source}: templates_dir: {exc}") from None
+    for key, directory in dirs:
+        try:
+            check_templates(directory, config.locale)
+        except TemplateProblem as exc:
+            raise ConfigError(f"{source}: {key}: {exc}") from None
     return config
 
 
@@ -39,8 +51,9 @@ def parse_settings(data: object, source: str = "config", base_dir: Path | None =
 
 def template_warnings(config: DunningConfig) -> list[str]:
     """What the operator should hear about their templates, though nothing is wrong enough to refuse them."""
-    if config.templates_dir is None:
+    dirs = _template_dirs(config)
+    if not dirs:
         return []
     from dunning.email.templating import lone_halves
 
-    return lone_halves(config.templates_dir)
+    return [warning for _, directory in dirs for warning in lone_halves(directory)]

@@ -41,8 +41,10 @@ from dunning.plan.policies import stage_days_frame
 from dunning.plan.policy import assign_cycles, business_date
 from dunning.run import cycle
 from dunning.safe_text import for_terminal
+from dunning.send import escalation as escalation_send
 from dunning.send import heap
 from dunning.send.alerts import Alert, raise_alert
+from dunning.send.escalation import EscalationReport
 from dunning.send.handover import read_journal
 from dunning.send.providers.base import EmailProvider
 from dunning.send.resubmission import Settled, resolve_unknown, settle_rows
@@ -220,6 +222,7 @@ class SendStepResult:
     stale_claims_expired: int = 0
     unknown_settled: Settled = field(default_factory=Settled)
     first_emails: list[tuple[str, str]] = field(default_factory=list)  # (recipient, subject) of the first sent
+    escalations: EscalationReport = field(default_factory=EscalationReport)
 
 
 def send_step(
@@ -234,9 +237,13 @@ def send_step(
     (`dunning.send.render_pool`); `journal_dir` keeps this run's hand-over journal and is where the journals of dead
     runs are read (`dunning.send.handover`)."""
     due = cycle.sendable_due(plan)
+    handovers = cycle.escalations_due(plan)
     pause = ledger.pause_state()
     if pause.paused:
-        return SendStepResult(None, held_outcomes(due, SendStatus.PAUSED), pause)
+        return SendStepResult(None, held_outcomes(cycle.to_attempt(plan), SendStatus.PAUSED), pause)
+    settle = cycle.settle_rows_of(plan)
+    # every escalation secret this run needs, read before anything is claimed: a missing one is a config error
+    hooks = escalation_send.webhooks(config, escalation_policies(ledger, handovers, settle))
     ledger.record_skipped(cycle.skipped_rows(plan).filter(pl.col("kind") == EmailKind.INVOICE), run_id, clock.as_of)
     heap.settle()  # the run's modules and frames are loaded: the send loop's collections need not walk them
     with open_provider() as provider:  # built only when something may be sent (not while paused)
@@ -244,8 +251,7 @@ def send_step(
         journals = (lambda owner: read_journal(journal_dir, owner)) if journal_dir is not None else None
         stale = ledger.expire_stale_claims(run_id, now(), list(dead_runs(owners)), journals)
         resolved = resolve_unknown(
-            ledger, provider, config.provider, now(), config.retry.backoff_minutes,
-            cycle.settle_rows_of(plan), config.alerts, run_id,
+            ledger, provider, config.provider, now(), config.retry.backoff_minutes, settle, config.alerts, run_id,
         )  # fmt: skip
         report, outcomes = send_due(
             ledger, provider, due, cycle.skipped_rows(plan), config=config, run_id=run_id, as_of=clock.as_of,
@@ -253,7 +259,24 @@ def send_step(
             render_processes=render_processes, journal_dir=journal_dir,
         )  # fmt: skip
         ledger.commit_cursor(run_id, now())  # this run's polled events have their notices claimed: poll on from them
-    return SendStepResult(report, outcomes, pause, stale, resolved, first_sent(due, outcomes, config, clock))
+    handed, handed_outcomes = escalation_send.send_escalations(
+        ledger, handovers, hooks, run_id=run_id, as_of=clock.as_of, now=now,
+        backoff_minutes=config.retry.backoff_minutes, lease=dt.timedelta(minutes=config.claim_lease_minutes),
+    )  # fmt: skip
+    resubmitted = escalation_send.resubmit_unknown(ledger, settle, config, hooks, run_id=run_id, now=now)
+    handed.resubmitted, handed.held = resubmitted.resubmitted, resubmitted.held
+    outcomes = pl.concat([outcomes, handed_outcomes.select(outcomes.columns).cast(outcomes.schema)])
+    first = first_sent(due, outcomes, config, clock)
+    return SendStepResult(report, outcomes, pause, stale, resolved, first, handed)
+
+
+def escalation_policies(ledger: Ledger, handovers: pl.DataFrame, settle: pl.DataFrame) -> set[str]:
+    """The policies whose escalation endpoint this send step may call: of the escalations due, and of the `unknown`
+    ones it may resubmit."""
+    policies = set(handovers.get_column("policy").drop_nulls().to_list()) if handovers.height else set()
+    if settle.height:
+        policies |= escalation_send.kept_policies(ledger, settle)
+    return policies
 
 
 FIRST_SHOWN = 10
@@ -276,7 +299,7 @@ def first_sent(
         records = group.to_dicts()
         try:
             draft = draft_for(records, sender=settings.sender, as_of=clock.as_of, locale=settings.locale,
-                              templates_dir=settings.templates_dir)  # fmt: skip
+                              templates_dir=settings.templates_for(records))  # fmt: skip
         except Exception:  # noqa: BLE001 - only for the summary: an email that cannot be shown is left out
             continue
         shown.append((str(draft.to), str(draft.subject)))

@@ -89,12 +89,23 @@ class RenderSettings:
     templates_dir: str | None = None
     render: Callable[..., Message] | None = None
     outbox_dir: str | None = None  # workers write each email into this file outbox and return its outcome
+    # (policy, templates_dir) of each policy whose templates are not the top level's (`DunningConfig.policies`)
+    policy_templates: tuple[tuple[str, str | None], ...] = ()
+
+    def templates_for(self, records: list[Record]) -> str | None:
+        """The templates of the policy that governs one email's invoices (an email groups one policy only)."""
+        if self.policy_templates:
+            policy = records[0].get("policy")
+            for name, directory in self.policy_templates:
+                if name == policy:
+                    return directory
+        return self.templates_dir
 
     def message(self, records: list[Record]) -> Message:
         """One group's email as a message, for a provider that sends messages."""
         render = self.render or render_for
         return render(
-            records, sender=self.sender, as_of=self.as_of, locale=self.locale, templates_dir=self.templates_dir
+            records, sender=self.sender, as_of=self.as_of, locale=self.locale, templates_dir=self.templates_for(records)
         )
 
     def wire(self, records: list[Record]) -> WireEmail:
@@ -102,7 +113,7 @@ class RenderSettings:
         if self.render is not None:
             return WireEmail.of(self.message(records))
         return wire_for(
-            records, sender=self.sender, as_of=self.as_of, locale=self.locale, templates_dir=self.templates_dir
+            records, sender=self.sender, as_of=self.as_of, locale=self.locale, templates_dir=self.templates_for(records)
         )
 
 

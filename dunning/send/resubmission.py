@@ -122,7 +122,7 @@ def resolve_unknown(
     """Settle this run's `unknown` keys: look them up, or resubmit a kept request the rule allows (module
     docstring). `settle` is the plan's `settle` rows (this run's keys, with the present's `hold`); without it
     every unknown key is looked up and none is resubmitted (no present to check it against)."""
-    pending = ledger.unknown_sends()
+    pending = ledger.unknown_sends().filter(pl.col("kind") != EmailKind.ESCALATION)  # not emails: `send.escalation`
     if settle is not None:
         pending = pending.join(settle.select("idempotency_key", "hold"), on="idempotency_key", how="inner")
     else:

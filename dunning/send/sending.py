@@ -82,7 +82,10 @@ def sender_of(config: DunningConfig) -> Sender:
 
 def render_settings(config: DunningConfig, as_of: dt.datetime) -> RenderSettings:
     """How every email of a cycle is rendered (`render.render_for`, which picks the kind), in process or in a pool."""
-    return RenderSettings(sender_of(config), as_of, config.locale, config.templates_dir)
+    own = tuple(
+        (p.name, p.templates_dir) for p in config.resolved_policies()[:-1] if p.templates_dir != config.templates_dir
+    )
+    return RenderSettings(sender_of(config), as_of, config.locale, config.templates_dir, policy_templates=own)
 
 
 def held_outcomes(due: pl.DataFrame, status: SendStatus) -> pl.DataFrame:

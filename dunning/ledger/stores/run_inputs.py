@@ -198,7 +198,8 @@ class RunInputStore(SqlConnection):
             SELECT count(*) FILTER (WHERE l.status = 'claimed'),
                    count(*) FILTER (WHERE l.status = 'unknown' AND (
                        ? OR (? AND l.provider_message_id IS NOT NULL)
-                       OR (p.provider = ? AND p.held_reason IS NULL AND p.first_attempt_wall_at > ?))),
+                       OR (p.provider = ? AND p.held_reason IS NULL AND p.first_attempt_wall_at > ?)
+                       OR (p.provider = 'escalation' AND p.held_reason IS NULL))),
                    count(*) FILTER (WHERE l.status = 'failed' AND l.attempts < ?
                        AND coalesce(l.next_attempt_at, l.claimed_at) <= ?
                        AND (l.next_attempt_at > ? OR l.outcome_wall_at >= ?))

@@ -8,6 +8,10 @@ sent blindly again."""
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
+
 import requests
 
 # raised while the request is prepared, before a connection is made: nothing left this machine
@@ -29,3 +33,24 @@ def may_have_left(exc: requests.RequestException) -> bool:
         # refused or unresolvable: the request never left; anything else (reset, aborted) may have been read
         return not any(s in repr(exc) for s in _NOT_CONNECTED)
     return True  # a read timeout, or anything else once connected
+
+
+MAX_RETRY_AFTER_SECONDS = 24 * 3600  # a longer Retry-After is read as a day: attempts still run out as configured
+
+
+def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
+    """A `Retry-After` header's delay (seconds, or an HTTP date), capped at a day; None when absent or unreadable."""
+    value = next((v for k, v in (headers or {}).items() if k.lower() == "retry-after"), None)
+    if value is None:
+        return None
+    text = str(value).strip()
+    if text.isdigit():
+        return float(min(int(text), MAX_RETRY_AFTER_SECONDS))
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    delay = (when - dt.datetime.now(dt.UTC)).total_seconds()
+    return float(min(max(delay, 0.0), MAX_RETRY_AFTER_SECONDS))

@@ -32,12 +32,11 @@ error mapping.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Mapping
 from email.header import decode_header, make_header
 from email.message import Message
-from email.utils import getaddresses, parsedate_to_datetime, quote
+from email.utils import getaddresses, quote
 from typing import Any, cast
 
 import requests
@@ -49,7 +48,7 @@ from dunning.config import Provider
 from dunning.keys import idempotency_key_of
 from dunning.secret_env import read_secret, scrub
 from dunning.send.providers.base import LEASE_ENDED, EmailProvider, HealthStop, SendOutcome
-from dunning.send.providers.http import may_have_left
+from dunning.send.providers.http import may_have_left, retry_after_seconds
 from dunning.vocabulary import LookupStatus, ProviderStatus, SendStatus
 
 TRANSPORT_STATUS = 599  # not an HTTP status: our client's answer when the request failed on the way
@@ -93,27 +92,6 @@ class _Transport(HTTPClient):
 def _transport_answer(kind: str, exc: BaseException) -> tuple[bytes, int, Mapping[str, str]]:
     body = {"name": kind, "message": scrub(f"{type(exc).__name__}: {exc}")[:300], "statusCode": TRANSPORT_STATUS}
     return json.dumps(body).encode(), TRANSPORT_STATUS, {"content-type": "application/json"}
-
-
-MAX_RETRY_AFTER_SECONDS = 24 * 3600  # a longer Retry-After is read as a day: attempts still run out as configured
-
-
-def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
-    """A `Retry-After` header's delay (seconds, or an HTTP date), capped at a day; None when absent or unreadable."""
-    value = next((v for k, v in (headers or {}).items() if k.lower() == "retry-after"), None)
-    if value is None:
-        return None
-    text = str(value).strip()
-    if text.isdigit():
-        return float(min(int(text), MAX_RETRY_AFTER_SECONDS))
-    try:
-        when = parsedate_to_datetime(text)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        return None
-    delay = (when - dt.datetime.now(dt.UTC)).total_seconds()
-    return float(min(max(delay, 0.0), MAX_RETRY_AFTER_SECONDS))
 
 
 def _decoded(value: object) -> str:
