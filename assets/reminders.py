@@ -4,6 +4,7 @@ import dagster as dg
 import polars as pl
 
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, frame_metadata
+from dunning.plan import schedule
 from dunning.run import cycle, steps
 from resources.dunning import CycleRequest, DunningHome
 
@@ -28,6 +29,7 @@ def reminders_due(
         plan = steps.plan_step(ledger, invoice_snapshot, billing_events, config, clock, cycle_request.shard_spec())
     due = cycle.due_rows(plan)
     by_stage = dict(due.group_by("stage").len().iter_rows()) if due.height else {}
+    waiting = cycle.waiting_by_reason(plan)
     return dg.Output(
         plan,
         metadata={
@@ -41,5 +43,10 @@ def reminders_due(
             "held_before_send": int(due.get_column("hold").is_not_null().sum()) if due.height else 0,
             "emails": int(cycle.sendable_due(plan).get_column("email_group").n_unique()) if due.height else 0,
             "due_by_stage": dg.MetadataValue.json({str(k): v for k, v in by_stage.items()}),
+            # the collections schedule: keys that wait (a send window, a holiday, spacing), still newly due
+            "waiting": sum(waiting.values()),
+            "waiting_by_reason": dg.MetadataValue.json(waiting),
+            "escalations_due": int(cycle.escalations_due(plan).height),
+            "unknown_customer_timezones": schedule.unknown_timezones(invoice_snapshot),
         },
     )

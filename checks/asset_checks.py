@@ -21,7 +21,7 @@ SNAPSHOT_FOR_AUDIT = dg.AssetIn("invoice_snapshot", metadata={"columns": SNAPSHO
 REMINDERS_SOUND = "reminders_due_are_sound"
 BREAKER = "circuit_breaker"
 NO_UNOWED_REMINDERS = "no_reminders_for_unowed_invoices"
-KEY_PATTERN = r"^(dunning:.+:[0-9]+:[A-Za-z0-9_-]+|event:.+|invoice:.+:.+)$"  # invoice ids may contain ":"
+KEY_PATTERN = r"^(dunning:.+:[0-9]+:[A-Za-z0-9_-]+|event:.+|invoice:.+:.+|escalation:.+:[0-9]+)$"  # ids may hold ":"
 
 
 def reminder_batch_problems(plan: pl.DataFrame) -> dict[str, int]:

@@ -45,8 +45,12 @@ def test_a_release_0_1_ledger_is_migrated_in_order_with_nothing_lost(tmp_path):
             "FROM reminder_ledger "
             "ORDER BY idempotency_key"
         ).fetchall()
+        policies = ledger.con.execute("SELECT DISTINCT policy FROM reminder_ledger").fetchall()
+        audit_columns = [c[0] for c in ledger.con.execute("DESCRIBE dunning_audit").fetchall()]
     assert versions == [m.version for m in MIGRATIONS] == list(range(1, LATEST + 1))
     assert after == before and len(after) == 6
+    assert policies == [("default",)], "rows from before policies read `default`"
+    assert {"policy", "waits_until"} <= set(audit_columns)
     with open_ledger(path) as ledger:  # opening again applies nothing more
         assert ledger.con.execute("SELECT count(*) FROM schema_version").fetchone()[0] == LATEST
 

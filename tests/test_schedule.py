@@ -412,3 +412,42 @@ def test_the_escalation_body_and_its_signature_are_what_a_receiver_recomputes():
                     "policy": "default"}, [{"stage": "day3", "sent_at": "2026-10-04T09:00:00+00:00"}])  # fmt: skip
     assert json.loads(body)["reminders"] == [{"stage": "day3", "sent_at": "2026-10-04T09:00:00+00:00"}]
     assert Receiver("s3cret").valid(type("R", (), {"signature": signature("s3cret", 1700000000, body), "body": body})())
+
+
+@pytest.mark.slow
+def test_through_the_command_an_escalation_passes_the_gates_and_a_missing_secret_is_exit_2(
+    deployment, tmp_path, monkeypatch
+):
+    rows = [invoice(due_date="2026-10-10")]
+    monkeypatch.delenv("DUNNING_TEST_ESCALATION_SECRET", raising=False)
+    code, _, err = deployment.run(
+        rows, "2026-11-05T09:00:00Z", "--config", str(escalation_config(tmp_path, "https://collections.example/in"))
+    )
+    assert code == 2 and "$DUNNING_TEST_ESCALATION_SECRET is not set" in err
+    assert deployment.ledger("status <> 'skipped'") == []
+    monkeypatch.setenv("DUNNING_TEST_ESCALATION_SECRET", SECRET)
+    receiver = Receiver(SECRET)
+    with EscalationServer(receiver) as server:
+        code, out, err = deployment.run(
+            rows, "2026-11-05T10:00:00Z", "--config", str(escalation_config(tmp_path, server.url))
+        )
+    assert code == 0, err
+    assert [r.key for r in receiver.requests] == ["escalation:in_1:1"]
+    assert deployment.ledger("kind = 'escalation'")[0]["status"] == "sent"
+
+
+@pytest.mark.slow
+def test_the_run_says_how_many_keys_wait_and_why_in_its_summary_and_in_the_ui(deployment, tmp_path):
+    import dagster as dg
+
+    path = config(tmp_path, WINDOW % ("customer", ""))
+    rows = [invoice(customer_timezone="Asia/Tokyo"), invoice(invoice_id="in_2", customer_timezone="Nowhere/Land")]
+    code, out, err = deployment.run(rows, "2026-11-05T20:00:00Z", "--config", str(path))  # 05:00 in Tokyo
+    assert code == 0, err
+    assert "outside_send_window 2" in out
+    instance = dg.DagsterInstance.from_config(str(deployment.home / "dagster"))
+    event = instance.get_latest_materialization_event(dg.AssetKey("reminders_due"))
+    metadata = event.asset_materialization.metadata
+    assert metadata["waiting"].value == 2
+    assert metadata["waiting_by_reason"].value == {"outside_send_window": 2}
+    assert metadata["unknown_customer_timezones"].value == 1

@@ -23,7 +23,7 @@ from dunning.ingest.snapshot_rules import summarize_rejections, validate_snapsho
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.claims import ClaimCap
 from dunning.plan.breaker import BreakerVerdict, breaker_window, evaluate_breaker
-from dunning.plan.exclusions import hold_expr
+from dunning.plan.exclusions import WAITING_HOLDS, hold_expr
 from dunning.plan.policy import assign_cycles, plan_reminders, plan_retries
 from dunning.report.audit import build_audit, summarize
 from dunning.send.alerts import Alert, raise_alert
@@ -148,6 +148,14 @@ def escalations_due(plan: pl.DataFrame) -> pl.DataFrame:
     """Due and retry escalations with no hold: the hand-overs this run claims and posts (`dunning.send.escalation`)."""
     held = pl.col("hold").is_not_null() if "hold" in plan.columns else pl.lit(False)
     return plan.filter(pl.col("role").is_in(SEND_ROLES) & ~held & (pl.col("kind") == EmailKind.ESCALATION))
+
+
+def waiting_by_reason(plan: pl.DataFrame) -> dict[str, int]:
+    """Due keys that wait for the schedule (`dunning.plan.exclusions.WAITING_HOLDS`), by reason: still newly due."""
+    if "hold" not in plan.columns:
+        return {}
+    waiting = due_rows(plan).filter(pl.col("hold").is_in(plain(WAITING_HOLDS)))
+    return {str(k): int(n) for k, n in waiting.group_by("hold").len().sort("hold").iter_rows()}
 
 
 def to_attempt(plan: pl.DataFrame) -> pl.DataFrame:

@@ -75,23 +75,24 @@ ANALYST_VIEWS = {
                count(*) AS keys, string_agg(invoice_id, ',' ORDER BY invoice_id) AS invoices,
                sum(amount_minor) AS amount_minor, any_value(currency) AS currency,
                count(DISTINCT currency) AS currencies,
-               any_value(status) AS outcome, min(claimed_at) AS claimed_at, min(sent_at) AS sent_at
-        FROM reminder_ledger WHERE status <> 'skipped'
+               any_value(status) AS outcome, min(claimed_at) AS claimed_at, min(sent_at) AS sent_at,
+               any_value(policy) AS policy
+        FROM reminder_ledger WHERE status <> 'skipped' AND kind <> 'escalation'
         GROUP BY customer_id, email_id""",
     "dunning_funnel": """
         WITH reached AS (
-            SELECT l.invoice_id, l.cycle, l.stage, min(coalesce(l.sent_at, l.claimed_at)) AS reminded_at
+            SELECT l.invoice_id, l.cycle, l.policy, l.stage, min(coalesce(l.sent_at, l.claimed_at)) AS reminded_at
             FROM reminder_ledger l WHERE l.kind = 'reminder' AND l.status IN ('sent', 'unknown') GROUP BY ALL),
         paid AS (
             SELECT invoice_id, min(business_date) AS first_seen_paid FROM invoice_history_daily
             WHERE status = 'paid' OR remaining_minor = 0 GROUP BY invoice_id)
-        SELECT r.stage, count(*) AS invoices_reached,
+        SELECT r.policy, r.stage, count(*) AS invoices_reached,
                count(p.first_seen_paid) FILTER (WHERE p.first_seen_paid >= r.reminded_at::DATE) AS paid_after,
                round(count(p.first_seen_paid) FILTER (WHERE p.first_seen_paid >= r.reminded_at::DATE) / count(*), 4)
                    AS paid_rate,
                median(date_diff('day', r.reminded_at::DATE, p.first_seen_paid))
                    FILTER (WHERE p.first_seen_paid >= r.reminded_at::DATE) AS median_days_to_pay
-        FROM reached r LEFT JOIN paid p USING (invoice_id) GROUP BY r.stage""",
+        FROM reached r LEFT JOIN paid p USING (invoice_id) GROUP BY r.policy, r.stage""",
     "owed_vs_reminded": """
         WITH owed AS (
             SELECT business_date, currency, count(*) AS owed_invoices, sum(remaining_minor) AS owed_minor
@@ -106,13 +107,20 @@ ANALYST_VIEWS = {
         FROM owed FULL JOIN reminded USING (business_date, currency)""",
     "open_problems": """
         SELECT idempotency_key, kind, customer_id, invoice_id, stage, status AS problem, last_error AS detail,
-               claimed_at AS since FROM reminder_ledger WHERE status IN ('unknown', 'failed')
+               claimed_at AS since, policy, NULL::TIMESTAMPTZ AS waits_until
+        FROM reminder_ledger WHERE status IN ('unknown', 'failed')
         UNION ALL
-        SELECT a.idempotency_key, a.kind, a.customer_id, a.invoice_id, a.stage, 'held: ' || a.reason, NULL, a.as_of
+        SELECT a.idempotency_key, a.kind, a.customer_id, a.invoice_id, a.stage, 'held: ' || a.reason, NULL, a.as_of,
+               a.policy, a.waits_until
         FROM dunning_audit a
         WHERE a.outcome = 'held' AND NOT a.dry_run
           AND a.run_id = (SELECT run_id FROM dunning_runs WHERE NOT dry_run AND coalesce(outcome, '') <> 'unchanged'
                           ORDER BY finished_wall_at DESC LIMIT 1)""",
+    # hand-overs to a collections system (`dunning.send.escalation`): not emails, so not in contact_history
+    "escalations": """
+        SELECT idempotency_key, invoice_id, customer_id, cycle, policy, status, amount_minor, currency, claimed_at,
+               sent_at, attempts, last_error
+        FROM reminder_ledger WHERE kind = 'escalation'""",
     # every exclusion ever made, in force or not: `in_force` judges `until` by the analyst's current date
     "exclusions_overview": """
         SELECT scope, target_id, excluded_by AS who, reason AS why, excluded_at AS since, until_date AS until,
