@@ -499,6 +499,12 @@ def preview_text(result, snapshot: str, out: str | None) -> str:
         lines.append(f"  {email.customer_id}  {email.to}  {email.kind}  {stages}  {email.subject!r}{flag}")
     for keys, why in result.not_built:
         lines.append(f"  not built ({', '.join(keys[:3])}): {why}")
+    if result.escalations:
+        lines.append(f"{len(result.escalations)} invoice(s) would be handed to collections (escalation):")
+        lines += [
+            f"  {e.customer_id}  {e.invoice_id}  {e.policy}  {e.amount_minor} {e.currency} (minor units)  {e.key}"
+            for e in result.escalations
+        ]
     lines.append("waiting: " + (", ".join(f"{r} {n}" for r, n in sorted(result.held.items())) or "nothing"))
     if out:
         lines.append(f"each email is in {out} as it would be sent")

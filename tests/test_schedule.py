@@ -451,3 +451,22 @@ def test_the_run_says_how_many_keys_wait_and_why_in_its_summary_and_in_the_ui(de
     assert metadata["waiting"].value == 2
     assert metadata["waiting_by_reason"].value == {"outside_send_window": 2}
     assert metadata["unknown_customer_timezones"].value == 1
+
+
+def test_preview_lists_the_escalation_a_live_run_would_hand_over_without_reading_its_secret(
+    deployment, tmp_path, monkeypatch
+):
+    monkeypatch.delenv("DUNNING_TEST_ESCALATION_SECRET", raising=False)  # preview reads no secret
+    path = escalation_config(tmp_path, "https://collections.example/in")
+    snapshot = deployment.snapshot([invoice(due_date="2026-10-10"), invoice(invoice_id="in_2", customer_id="cus_2")])
+    code, out, err = deployment.cli("preview", "--snapshot", str(snapshot), "--as-of", "2026-11-05T09:00:00Z",
+                                    "--config", str(path), "--json")  # fmt: skip
+    assert code == 0, err
+    plan = json.loads(out)
+    assert [e["key"] for e in plan["escalations"]] == ["escalation:in_1:1"]
+    assert plan["escalations"][0]["amount_minor"] == 10000
+    code, out, err = deployment.cli("preview", "--snapshot", str(snapshot), "--as-of", "2026-11-05T09:00:00Z",
+                                    "--config", str(path))  # fmt: skip
+    assert code == 0, err
+    assert "1 invoice(s) would be handed to collections (escalation):" in out
+    assert "cus_1  in_1  default  10000 USD (minor units)  escalation:in_1:1" in out

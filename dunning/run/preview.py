@@ -13,7 +13,9 @@ What waits: keys the plan holds (excluded, below the minimum, an event's
 address not trusted, …), keys without a usable address, keys of customers
 already at the cap when they would be claimed (`throttled`), and, when the
 breaker would trip, the whole batch (`breaker`). A customer emailed within the
-breaker's window is flagged on each of their emails.
+breaker's window is flagged on each of their emails. Escalations a live run
+would hand to the collections system (`dunning.send.escalation`) are listed
+apart: they are not emails, and no secret is read to list them.
 """
 
 from __future__ import annotations
@@ -52,6 +54,16 @@ class PreviewEmail:
 
 
 @dataclass(frozen=True)
+class PreviewEscalation:
+    key: str
+    invoice_id: str
+    customer_id: str
+    policy: str
+    amount_minor: int
+    currency: str
+
+
+@dataclass(frozen=True)
 class Preview:
     as_of: dt.datetime
     snapshot_rows: int
@@ -60,6 +72,7 @@ class Preview:
     held: dict[str, int]  # reason -> keys that wait
     breaker: BreakerVerdict
     not_built: list[tuple[list[str], str]]  # keys of an email that could not be built, and why
+    escalations: list[PreviewEscalation] = field(default_factory=list)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -77,6 +90,17 @@ class Preview:
                     "emailed_in_window": e.emailed_in_window,
                 }
                 for e in self.emails
+            ],  # fmt: skip
+            "escalations": [
+                {
+                    "key": e.key,
+                    "invoice_id": e.invoice_id,
+                    "customer_id": e.customer_id,
+                    "policy": e.policy,
+                    "amount_minor": e.amount_minor,
+                    "currency": e.currency,
+                }
+                for e in self.escalations
             ],  # fmt: skip
             "held": self.held,
             "breaker_passed": self.breaker.passed,
@@ -115,13 +139,24 @@ def preview(ledger: Ledger, snapshot: str, config: DunningConfig, as_of: dt.date
     recent = cycle.recent_emails(ledger, as_of, config)
     emails: list[PreviewEmail] = []
     not_built: list[tuple[list[str], str]] = []
-    if not verdict.passed:
-        _count(held, str(HoldReason.BREAKER), sendable.height)
+    handovers = _escalations(cycle.escalations_due(plan))
+    if not verdict.passed:  # the breaker halts the whole batch, hand-overs included
+        _count(held, str(HoldReason.BREAKER), sendable.height + len(handovers))
+        handovers = []
     else:
         allowed = within_cap(sendable, recent, cycle.claim_cap(as_of, config))
         _count(held, str(HoldReason.THROTTLED), sendable.height - allowed.height)
         emails, not_built = _rendered(allowed, recent, config, as_of)
-    return Preview(as_of, applied.loaded.valid.height, applied.loaded.rejected.height, emails, held, verdict, not_built)
+    return Preview(
+        as_of, applied.loaded.valid.height, applied.loaded.rejected.height, emails, held, verdict, not_built, handovers
+    )
+
+
+def _escalations(due: pl.DataFrame) -> list[PreviewEscalation]:
+    columns = ["idempotency_key", "invoice_id", "customer_id", "policy", "amount_minor", "currency"]
+    return [
+        PreviewEscalation(*(row[c] for c in columns)) for row in due.select(columns).sort("idempotency_key").to_dicts()
+    ]
 
 
 def _rendered(
