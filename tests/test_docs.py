@@ -98,8 +98,24 @@ def test_previewing_the_example_invoices_with_the_example_config(deployment):
     assert [(e["to"], e["subject"]) for e in plan["emails"]] == [
         ("ap@northwind.example", "Acme Tools: a reminder about invoice INV-1001"),
         ("rechnung@mueller-bau.example", "Zahlungserinnerung: 2 Rechnungen sind überfällig"),
-        ("finance@contoso.example", "Acme Tools: a reminder about invoice INV-1004"),
-        ("ap@adventure-works.example", "Acme Tools: a reminder about invoice INV-1009"),
+        ("ap@tailspin.example", "Acme Tools: invoice INV-1006 coming due"),  # the before-due stage
+        ("ap@adventure-works.example", "Acme Tools: a reminder about invoice INV-1009"),  # day20, yet gentle: first
     ]
-    assert plan["held"] == {"below_minimum": 1, "no_email_address": 1}
+    # Contoso is a key account in New York, where it is 04:00: it waits for the window
+    assert plan["held"] == {"below_minimum": 1, "no_email_address": 1, "outside_send_window": 1}
+    assert plan["escalations"] == []
     assert not deployment.home.exists()
+
+
+def test_the_preview_the_readme_and_going_live_show_is_what_the_example_prints(deployment):
+    code, out, err = deployment.cli(
+        "preview", "--snapshot", str(ROOT / "examples" / "invoices.csv"),
+        "--config", str(ROOT / "examples" / "config.yaml"), "--as-of", "2026-12-02T09:00:00Z",
+    )  # fmt: skip
+    assert code == 0, err
+    for page in (ROOT / "README.md", ROOT / "docs" / "going-live.md"):
+        text = page.read_text()
+        start = text.index("4 email(s) would be sent:")
+        shown = text[start : text.index("```", start)].strip().splitlines()
+        missing = [line for line in shown if line not in out.splitlines()]
+        assert not missing, f"{page.name} shows a preview the example no longer prints: {missing}"
