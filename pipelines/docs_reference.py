@@ -123,7 +123,8 @@ def config_reference_markdown() -> str:
     sections: dict[str, list[str]] = {}
     for key, field in config_keys():
         section = key.split(".", 1)[0].removesuffix("[]") if "." in key else "top"
-        default = _default_of(field).replace("see below", f"[see below](#{key})")
+        anchor = key.split(".", 1)[0].removesuffix("[]")  # a nested model's keys are in its top-level key's section
+        default = _default_of(field).replace("see below", f"[see below](#{anchor})")
         row = f"| `{key}` | {_type_of(key, field)} | {default} | {_cell(field.description or '')} |"
         sections.setdefault(section, []).append(row)
     header = ["| key | type | default | meaning |", "|---|---|---|---|"]

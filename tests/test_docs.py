@@ -119,3 +119,27 @@ def test_the_preview_the_readme_and_going_live_show_is_what_the_example_prints(d
         shown = text[start : text.index("```", start)].strip().splitlines()
         missing = [line for line in shown if line not in out.splitlines()]
         assert not missing, f"{page.name} shows a preview the example no longer prints: {missing}"
+
+
+def test_every_analysts_view_is_documented_with_each_of_its_columns(tmp_path):
+    import duckdb
+
+    from dunning.ledger.backends.duckdb_ledger import open_ledger
+    from dunning.ledger.backends.publication import ANALYST_VIEWS, publish
+
+    with open_ledger(tmp_path / "dunning.duckdb") as ledger:
+        publish(ledger.con, tmp_path)
+    rows = {
+        line.split("|")[1].strip().strip("`"): line
+        for line in (ROOT / "docs" / "analytics.md").read_text().splitlines()
+        if line.startswith("| `")
+    }
+    con = duckdb.connect(str(tmp_path / "analytics.duckdb"), read_only=True)
+    try:
+        for view in ANALYST_VIEWS:
+            assert view in rows, f"docs/analytics.md does not list the view {view}"
+            columns = [c[0] for c in con.execute(f"DESCRIBE {view}").fetchall()]
+            undocumented = [c for c in columns if f"`{c}`" not in rows[view]]
+            assert not undocumented, f"{view}: columns missing from docs/analytics.md: {undocumented}"
+    finally:
+        con.close()

@@ -470,3 +470,19 @@ def test_preview_lists_the_escalation_a_live_run_would_hand_over_without_reading
     assert code == 0, err
     assert "1 invoice(s) would be handed to collections (escalation):" in out
     assert "cus_1  in_1  default  10000 USD (minor units)  escalation:in_1:1" in out
+
+
+def test_an_escalation_unknown_held_for_a_paid_invoice_is_resolved_by_hand(deployment, tmp_path, monkeypatch):
+    monkeypatch.setenv("DUNNING_TEST_ESCALATION_SECRET", SECRET)
+    receiver = Receiver(SECRET, late=1)
+    with EscalationServer(receiver) as server:
+        path = escalation_config(tmp_path, server.url)
+        deployment.run_in_process([invoice(due_date="2026-10-10")], "2026-11-05T09:00:00Z", path)
+        paid = [invoice(due_date="2026-10-10", amount_paid=10000, status="paid")]
+        deployment.run_in_process(paid, "2026-11-05T10:00:00Z", path)
+    assert len(receiver.requests) == 1, "a paid invoice's escalation is not resubmitted"
+    [row] = deployment.ledger("kind = 'escalation'")
+    assert row["status"] == "unknown" and "not_owed" in row["last_error"]
+    code, out, err = deployment.cli("resolve", "escalation:in_1:1", "--sent", "--note", "the CRM has the task")
+    assert code == 0, err
+    assert deployment.ledger("kind = 'escalation'")[0]["status"] == "sent"
