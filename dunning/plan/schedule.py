@@ -176,12 +176,18 @@ def scheduled(
     (reminders), in that order after the plan's own holds; `waits_until` says when a waiting key may go; and
     `reminders_sent_before` (`counts`, per invoice and cycle; 0 without one) is what the templates' first contact
     is judged on. A row without a policy (a notice, an invoice email) takes its invoice's."""
-    by_invoice = cycled.select("invoice_id", pl.col("policy").alias("invoice_policy"))
-    plan = (
-        plan.join(by_invoice, on="invoice_id", how="left", maintain_order="left")
-        .with_columns(pl.coalesce("policy", "invoice_policy", pl.lit("default")).alias("policy"))
-        .drop("invoice_policy")
-    )
+    if "policy" not in plan.columns:
+        plan = plan.with_columns(pl.lit(None, dtype=pl.String).alias("policy"))
+    unassigned = plan.filter(pl.col("policy").is_null()).select("invoice_id").unique()
+    if unassigned.height:  # only those rows look their invoice up: the snapshot may be a million rows
+        by_invoice = cycled.select("invoice_id", pl.col("policy").alias("invoice_policy")).join(
+            unassigned, on="invoice_id", how="semi"
+        )
+        plan = (
+            plan.join(by_invoice, on="invoice_id", how="left", maintain_order="left")
+            .with_columns(pl.coalesce("policy", "invoice_policy", pl.lit("default")).alias("policy"))
+            .drop("invoice_policy")
+        )
     counts = counts if counts is not None else pl.DataFrame(schema=EMPTY_COUNTS)
     plan = plan.join(counts.cast(EMPTY_COUNTS), on=["invoice_id", "cycle"], how="left", maintain_order="left")
     plan = plan.with_columns(pl.col("reminders_sent_before").fill_null(0))
