@@ -166,3 +166,22 @@ def test_a_month_due_on_one_day_plans_one_reminder_each(tmp_path):
 @pytest.mark.slow
 def test_small_frames_of_any_shape_plan_without_error(tmp_path, n, shape, state_kind, group_by):
     whole_plan(tmp_path, n, shape, state_kind, DunningConfig(group_by=group_by))
+
+
+def test_a_key_another_run_claimed_between_the_plans_reads_is_settled_not_planned_twice(tmp_path):
+    """Another run's claim commits between this plan's read of the cycles (the key still looks due) and its read of
+    the claimed and unknown keys (the key is there): the plan must hold the key once, as one to settle."""
+    config = DunningConfig()
+    path = write_snapshot(tmp_path / "race.csv", rows(20, "one_due_date"))
+    cycled = assign_cycles(cycle.load_snapshot(path, config).valid, pl.DataFrame(schema=STATE_SCHEMA), AS_OF, config)
+    planned = cycle.plan_cycle(cycled, config)
+    taken = cycle.due_rows(planned).head(3).get_column("idempotency_key")
+    settle = pl.DataFrame(
+        {"idempotency_key": taken, "email_id": ["e"] * 3, "kind": ["reminder"] * 3,
+         "invoice_id": ["x"] * 3, "customer_id": ["y"] * 3, "role": ["settle"] * 3, "hold": [None] * 3},
+        schema_overrides={"hold": pl.String},
+    )  # fmt: skip
+    plan = cycle.plan_cycle(cycled, config, settle=settle)
+    assert plan.get_column("idempotency_key").is_duplicated().sum() == 0
+    assert set(plan.filter(pl.col("idempotency_key").is_in(taken.implode())).get_column("role")) == {"settle"}
+    assert cycle.due_rows(plan).height == cycle.due_rows(planned).height - 3

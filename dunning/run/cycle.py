@@ -125,6 +125,9 @@ def plan_cycle(
     )
     if settle is None or settle.is_empty():
         return plan
+    # a key on record as claimed or unknown is settled, never planned again: another run may have claimed it between
+    # this plan's reads of the cycles and of the unknown keys (its claim advances both in one transaction)
+    plan = plan.join(settle.select("idempotency_key"), on="idempotency_key", how="anti", maintain_order="left")
     return pl.concat([plan, _aligned(settle, plan.schema)], how="vertical")
 
 
