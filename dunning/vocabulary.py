@@ -99,6 +99,7 @@ class SendStatus(StrEnum):
     RELEASED = "released"  # claimed, never handed over (provider stopped): `failed` in the ledger, no attempt
     # not claimed, or claimed by someone else
     THROTTLED = "throttled"  # the customer was at the email cap when claimed
+    SUPPRESSED = "suppressed"  # the address was suppressed when claimed (a bounce, a complaint, an operator)
     LOST = "lost"  # another run holds the key
     # not attempted: the whole batch was held
     PAUSED = "paused"
@@ -162,6 +163,9 @@ class HoldReason(StrEnum):
     SPACING = "spacing"  # the customer had a reminder less than `min_hours_between_reminders` ago
     # the invoice was handed to a collections system in this cycle (`escalation.stop_reminders`): no more reminders
     ESCALATED = "escalated"
+    # delivery feedback (`dunning.ledger.stores.suppressions`): the address bounced hard, complained or was suppressed
+    # by an operator; the key waits, never sent while the suppression is in force, and goes once it is lifted
+    SUPPRESSED = "suppressed"
     # why an `unknown` send's kept request is not resubmitted now (`dunning.send.resubmission`): it stays `unknown`
     NOT_OWED = "not_owed"  # an invoice it covers is paid, void or settled since
     AMOUNT_CHANGED = "amount_changed"  # an invoice it covers owes another amount than the email states

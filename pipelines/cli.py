@@ -34,7 +34,7 @@ from dunning.secret_env import scrub
 from dunning.send import heap
 from dunning.sharding import Shard, parse_shard
 from dunning.vocabulary import ExclusionScope
-from pipelines import report
+from pipelines import cli_feedback, report
 from pipelines.cli_args import build_parser
 from pipelines.instance import (
     end_run_failed,
@@ -522,6 +522,8 @@ COMMANDS = {
     "status": cmd_status,
     "exclude": cmd_exclude,
     "include": cmd_include,
+    "suppress": cli_feedback.cmd_suppress,
+    "unsuppress": cli_feedback.cmd_unsuppress,
 }
 
 

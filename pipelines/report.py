@@ -412,6 +412,8 @@ def status(
         "last_failure": last_failure(home, last["finished_wall_at"] if last else None),
         "config_error": config_error,
         "exclusions": _exclusions_in_force(ledger, live.now.astimezone(config.zone).date()),
+        "suppressions": ledger.open_suppressions(live.now.astimezone(config.zone).date()).to_dicts(),
+        "contacts_to_fix": ledger.contacts_to_fix(live.now.astimezone(config.zone).date()).to_dicts(),
     }
 
 
@@ -475,6 +477,18 @@ def status_text(s: dict) -> str:
         + (f": {e['reason']}" if e["reason"] else "")
         for e in s["exclusions"]
     ]
+    lines.append(f"suppressed addresses: {len(s['suppressions'])}")
+    lines += [
+        f"  {x['email']} ({x['reason']}, {x['source']}) since {liveness.wall(x['created_at'])}"
+        + (f" through {x['until']}" if x["until"] else "")
+        + (f": {x['note']}" if x["note"] else "")
+        for x in s["suppressions"][:20]
+    ]
+    if len(s["suppressions"]) > 20:
+        lines.append(f"  … and {len(s['suppressions']) - 20} more (analytics view suppressions)")
+    if s["contacts_to_fix"]:
+        lines.append(f"customers who need a new contact: {len(s['contacts_to_fix'])}")
+        lines += [f"  {c['customer_id']}: {c['email']} ({c['reason']})" for c in s["contacts_to_fix"][:20]]
     if s["config_error"]:
         lines.append(f"config: {s['config_error']} (default thresholds used above)")
     return "\n".join(lines)

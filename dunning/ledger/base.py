@@ -19,6 +19,7 @@ from dunning.ledger.stores.claims import ClaimCap, ClaimResult
 from dunning.ledger.stores.exclusions import Excluded
 from dunning.ledger.stores.operations import PauseState, RunSummary, StatusCounts
 from dunning.ledger.stores.run_inputs import StateScope, UnknownSettling
+from dunning.ledger.stores.suppressions import Suppressed
 from dunning.sharding import EVERYONE, Shard
 from dunning.vocabulary import EmailKind, ExclusionScope, LedgerStatus, RunOutcome
 
@@ -189,6 +190,36 @@ class Ledger(AlertStore, Protocol):
     def reminders_sent(self, invoices: pl.DataFrame) -> pl.DataFrame: ...
 
     def reminders_of(self, invoices: pl.DataFrame) -> pl.DataFrame: ...
+
+    # delivery feedback (`ledger.stores.suppressions`)
+    def suppress(
+        self,
+        email: str,
+        reason: str,
+        source: str,
+        at: dt.datetime,
+        *,
+        note: str | None = None,
+        until: dt.date | None = None,
+        customer_id: str | None = None,
+        event_key: str | None = None,
+    ) -> Suppressed: ...
+
+    def unsuppress(self, email: str, by: str, at: dt.datetime) -> bool: ...
+
+    def suppressed_emails(self, on: dt.date) -> pl.DataFrame: ...
+
+    def open_suppressions(self, on: dt.date) -> pl.DataFrame: ...
+
+    def contacts_to_fix(self, on: dt.date) -> pl.DataFrame: ...
+
+    def new_suppression_alerts(self, held: pl.DataFrame, at: dt.datetime) -> pl.DataFrame: ...
+
+    def record_delivery_events(self, events: pl.DataFrame) -> set[str]: ...
+
+    def emails_by_message_id(self, message_ids: list[str]) -> pl.DataFrame: ...
+
+    def ever_emailed(self, emails: list[str]) -> set[str]: ...
 
     # where polling a billing source stands (`ledger.cursors`)
     def source_cursor(self, source: str) -> str | None: ...

@@ -30,7 +30,7 @@ from dunning.errors import UserInputError
 from dunning.ingest.snapshot_rules import MAX_LENGTH
 from dunning.plan.clock import EARLIEST, LATEST
 from dunning.safe_text import has_control
-from dunning.vocabulary import ExclusionScope, HoldReason
+from dunning.vocabulary import EmailKind, ExclusionScope, HoldReason
 
 # the columns of the exclusions that can hold a key (`Ledger.open_exclusions` gives these and more)
 IN_FORCE_SCHEMA = pl.Schema({"scope": pl.String, "target_id": pl.String, "until_date": pl.Date})
@@ -39,7 +39,7 @@ _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 # the plan's `hold` column: why a due key is kept from the send, decided before anything is claimed
 HOLDS = (
     HoldReason.EXCLUDED, HoldReason.BELOW_MINIMUM, HoldReason.EVENT_ADDRESS_NOT_TRUSTED, HoldReason.ESCALATED,
-    HoldReason.OUTSIDE_SEND_WINDOW, HoldReason.SPACING,
+    HoldReason.OUTSIDE_SEND_WINDOW, HoldReason.SPACING, HoldReason.SUPPRESSED,
 )  # fmt: skip
 # holds that only move a send (`dunning.plan.schedule`): the key stays newly due and goes at the first run allowed;
 # a run that left one is no reference for an unchanged hour (`dunning.plan.unchanged`)
@@ -109,17 +109,35 @@ def in_force(exclusions: pl.DataFrame, day: dt.date) -> pl.DataFrame:
     )
 
 
-def _targets(exclusions: pl.DataFrame, scope: ExclusionScope) -> pl.Series:
+# suppressed addresses (`ledger.stores.suppressions`) travel with the exclusions in force under this scope, so every
+# caller of `hold_expr` (the plan, the resubmission of unknown sends) holds them; the exclusions table never has it
+SUPPRESSED_ADDRESS = "address"
+
+
+def with_suppressions(exclusions: pl.DataFrame, suppressed: pl.DataFrame) -> pl.DataFrame:
+    """The exclusions in force plus one `address` row per suppressed address (`suppressed`: lower-case `email`)."""
+    if suppressed.is_empty():
+        return exclusions
+    rows = suppressed.select(
+        pl.lit(SUPPRESSED_ADDRESS).alias("scope"),
+        pl.col("email").alias("target_id"),
+        pl.lit(None, pl.Date).alias("until_date"),
+    )
+    return pl.concat([exclusions.cast(IN_FORCE_SCHEMA), rows.cast(IN_FORCE_SCHEMA)])
+
+
+def _targets(exclusions: pl.DataFrame, scope: str) -> pl.Series:
     return exclusions.filter(pl.col("scope") == scope).get_column("target_id")
 
 
 def hold_expr(cycled: pl.DataFrame, exclusions: pl.DataFrame | None, config: DunningConfig) -> pl.Expr:
-    """Why a due key is held before sending (`excluded` before `below_minimum`), or null.
+    """Why a due key is held before sending (`excluded`, then `below_minimum`, then `suppressed`), or null.
 
     `cycled` is the snapshot as the cycle saw it (its `auto_advance` column, when
     present, marks invoices to exclude under `source.exclude_auto_advance_false`);
     `exclusions` are those in force (`in_force`). The expression reads a plan
-    row's `customer_id`, `invoice_id`, `currency` and `remaining_minor`.
+    row's `customer_id`, `invoice_id`, `currency` and `remaining_minor`, and with
+    suppressed addresses among them (`with_suppressions`) its `kind` and `customer_email`.
     """
     exclusions = exclusions if exclusions is not None else pl.DataFrame(schema=IN_FORCE_SCHEMA)
     customers = _targets(exclusions, ExclusionScope.CUSTOMER)
@@ -132,10 +150,17 @@ def hold_expr(cycled: pl.DataFrame, exclusions: pl.DataFrame | None, config: Dun
     if config.min_remaining_minor:
         minimum = pl.col("currency").replace_strict(config.min_remaining_minor, default=0, return_dtype=pl.Int64)
         below = pl.col("remaining_minor") < minimum
+    addresses = _targets(exclusions, SUPPRESSED_ADDRESS)
+    suppressed = pl.lit(False)
+    if addresses.len():  # an escalation is not an email: no address holds it
+        email = pl.col("customer_email").str.to_lowercase()
+        suppressed = (pl.col("kind") != EmailKind.ESCALATION) & email.is_in(addresses.implode()).fill_null(False)
     return (
         pl.when(excluded)
         .then(pl.lit(str(HoldReason.EXCLUDED)))
         .when(below)
         .then(pl.lit(str(HoldReason.BELOW_MINIMUM)))
+        .when(suppressed)
+        .then(pl.lit(str(HoldReason.SUPPRESSED)))
         .otherwise(pl.lit(None, dtype=pl.String))
     )

@@ -45,6 +45,7 @@ OUTCOMES: dict[SendStatus, Verdict] = {
     SendStatus.UNKNOWN: Verdict(AuditOutcome.UNKNOWN, HoldReason.UNKNOWN_OUTCOME),
     SendStatus.RELEASED: Verdict(AuditOutcome.FAILED, HoldReason.PROVIDER_STOPPED),
     SendStatus.THROTTLED: Verdict(AuditOutcome.HELD, HoldReason.THROTTLED),
+    SendStatus.SUPPRESSED: Verdict(AuditOutcome.HELD, HoldReason.SUPPRESSED),
     SendStatus.LOST: Verdict(AuditOutcome.HELD, HoldReason.CLAIMED_BY_ANOTHER_RUN),
     SendStatus.PAUSED: Verdict(AuditOutcome.HELD, HoldReason.PAUSED),
     SendStatus.BREAKER: Verdict(AuditOutcome.HELD, HoldReason.BREAKER),

@@ -35,7 +35,7 @@ from dunning.ledger.base import Ledger
 from dunning.ledger.stores.operations import PauseState
 from dunning.plan import escalation, invoice_emails, schedule
 from dunning.plan.clock import CycleClock, RunMode
-from dunning.plan.exclusions import in_force
+from dunning.plan.exclusions import in_force, with_suppressions
 from dunning.plan.notices import notice_rows
 from dunning.plan.policies import stage_days_frame
 from dunning.plan.policy import assign_cycles, business_date
@@ -50,7 +50,7 @@ from dunning.send.providers.base import EmailProvider
 from dunning.send.resubmission import Settled, resolve_unknown, settle_rows
 from dunning.send.sending import Record, SendReport, held_outcomes, render_settings, send_due, with_email_ids
 from dunning.sharding import EVERYONE, Shard
-from dunning.vocabulary import EmailKind, SendStatus
+from dunning.vocabulary import EmailKind, HoldReason, SendStatus
 
 HISTORY_COLUMNS = (
     "invoice_id", "customer_id", "customer_email", "currency", "amount_due", "amount_paid", "remaining_minor",
@@ -139,7 +139,8 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
     `cycled` is already the shard's; retries follow it (they join on its invoices), notices only for its customers.
     Exclusions in force on the cycle's business date hold their keys in every mode (a backfill uses today's)."""
     failed, notices, settle = None, None, None
-    exclusions = in_force(ledger.open_exclusions(), business_date(clock.as_of, config))
+    day = business_date(clock.as_of, config)
+    exclusions = with_suppressions(in_force(ledger.open_exclusions(), day), ledger.suppressed_emails(day))
     if clock.reads_live_state:
         failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts)
         events = shard.keep(events) if events is not None else None
@@ -267,7 +268,33 @@ def send_step(
     handed.resubmitted, handed.held = resubmitted.resubmitted, resubmitted.held
     outcomes = pl.concat([outcomes, handed_outcomes.select(outcomes.columns).cast(outcomes.schema)])
     first = first_sent(due, outcomes, config, clock)
+    alert_suppressed_contacts(ledger, plan, outcomes, config, run_id, now())
     return SendStepResult(report, outcomes, pause, stale, resolved, first, handed)
+
+
+CONTACT_SUPPRESSED = "contact_suppressed"
+
+
+def alert_suppressed_contacts(
+    ledger: Ledger, plan: pl.DataFrame, outcomes: pl.DataFrame, config: DunningConfig, run_id: str, at: dt.datetime
+) -> int:
+    """One `contact_suppressed` alert per customer and address, the first time a key of theirs is held because the
+    address is suppressed (by the plan, or at the claim): someone must find the customer a working address."""
+    due = cycle.due_rows(plan)
+    at_claim = outcomes.filter(pl.col("status") == SendStatus.SUPPRESSED).select("idempotency_key")
+    held = pl.concat([
+        due.filter(pl.col("hold") == HoldReason.SUPPRESSED).select("customer_id", "customer_email"),
+        due.join(at_claim, on="idempotency_key", how="semi").select("customer_id", "customer_email"),
+    ]).select("customer_id", pl.col("customer_email").str.to_lowercase().alias("email")).drop_nulls()  # fmt: skip
+    new = ledger.new_suppression_alerts(held, at)
+    for customer_id, email in new.select("customer_id", "email").iter_rows():
+        message = (
+            f"customer {customer_id}: {email} is suppressed (a hard bounce, a complaint or an operator); their "
+            "reminders wait until the customer has a working address (`dunning status`, `dunning unsuppress`)"
+        )
+        details = {"customer_id": customer_id, "email": email}
+        raise_alert(ledger, config.alerts, Alert(CONTACT_SUPPRESSED, message, at, run_id, details, severity="warning"))
+    return new.height
 
 
 def escalation_policies(ledger: Ledger, handovers: pl.DataFrame, settle: pl.DataFrame) -> set[str]:

@@ -61,7 +61,8 @@ def settle_rows(
         pl.col("currency").alias("snapshot_currency"),
         pl.lit(True).alias("in_snapshot"),
     )
-    joined = unknown.select("idempotency_key", "email_id", "kind", "invoice_id", "customer_id", "amount_minor").join(
+    columns = ["idempotency_key", "email_id", "kind", "invoice_id", "customer_id", "amount_minor"]
+    joined = unknown.select(*columns, *(["customer_email"] if "customer_email" in unknown.columns else [])).join(
         current, on="invoice_id", how="left"
     )
     has_invoice = pl.col("invoice_id").is_not_null()

@@ -47,6 +47,7 @@ class SendReport:
     claimed: int = 0
     lost: int = 0
     throttled: int = 0
+    suppressed: int = 0  # addressed to an address suppressed when claimed: not claimed, the keys wait
     sent: int = 0
     failed: int = 0
     unknown: int = 0
@@ -67,6 +68,8 @@ class SendReport:
                 self.released += keys
             case SendStatus.THROTTLED:
                 self.throttled += keys
+            case SendStatus.SUPPRESSED:
+                self.suppressed += keys
             case SendStatus.LOST:
                 self.lost += keys
             case _:  # paused, breaker, dry_run, simulated: a held batch, never counted by a send
@@ -415,7 +418,9 @@ def _claim_and_send(
         rows: list[OutcomeRow] = [
             (k, SendStatus.THROTTLED, None, "customer at the email cap when claimed") for k in sorted(claim.throttled)
         ]
-        lost = set(chunk.get_column("idempotency_key")) - won - claim.throttled
+        report.count(SendStatus.SUPPRESSED, len(claim.suppressed))
+        rows += [(k, SendStatus.SUPPRESSED, None, "address suppressed when claimed") for k in sorted(claim.suppressed)]
+        lost = set(chunk.get_column("idempotency_key")) - won - claim.throttled - claim.suppressed
         report.count(SendStatus.LOST, len(lost))
         rows += [
             (

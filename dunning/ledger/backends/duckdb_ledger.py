@@ -21,6 +21,7 @@ from dunning.ledger.stores.operations import Operations
 from dunning.ledger.stores.payloads import PayloadStore
 from dunning.ledger.stores.run_inputs import RunInputStore
 from dunning.ledger.stores.schedule_store import ScheduleStore
+from dunning.ledger.stores.suppressions import SuppressionStore
 
 
 @contextlib.contextmanager
@@ -62,6 +63,7 @@ class LedgerTables(
     RunInputStore,
     HistoryStore,
     ScheduleStore,
+    SuppressionStore,
 ):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""

@@ -65,6 +65,9 @@ PUBLISHED_TABLES = (
     "simulated_sends",
     "pause_state",
     "exclusions",
+    "suppressions",
+    "suppression_alerts",
+    "delivery_events",
 )
 
 ANALYST_VIEWS = {
@@ -121,6 +124,11 @@ ANALYST_VIEWS = {
         SELECT idempotency_key, invoice_id, customer_id, cycle, policy, status, amount_minor, currency, claimed_at,
                sent_at, attempts, last_error
         FROM reminder_ledger WHERE kind = 'escalation'""",
+    # delivery feedback: the customers a run held because their address is suppressed, and who must find a new one
+    "contacts_to_fix": """
+        SELECT a.customer_id, a.email, s.reason, s.source, s.created_at AS suppressed_since, a.alerted_at
+        FROM suppression_alerts a JOIN suppressions s ON s.active_email = a.email
+        WHERE s.until IS NULL OR s.until >= current_date""",
     # every exclusion ever made, in force or not: `in_force` judges `until` by the analyst's current date
     "exclusions_overview": """
         SELECT scope, target_id, excluded_by AS who, reason AS why, excluded_at AS since, until_date AS until,

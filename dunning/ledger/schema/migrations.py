@@ -154,6 +154,16 @@ MIGRATIONS = (
             "ALTER TABLE dunning_audit ADD COLUMN IF NOT EXISTS waits_until TIMESTAMPTZ",
         ),
     ),
+    Migration(
+        15,
+        "delivery feedback: suppressed addresses (a hard bounce, a complaint, an operator's word) and the delivery "
+        "reports they came from",
+        (
+            next(s for s in DDL if "CREATE TABLE IF NOT EXISTS suppressions (" in s),
+            next(s for s in DDL if "CREATE TABLE IF NOT EXISTS suppression_alerts (" in s),
+            next(s for s in DDL if "CREATE TABLE IF NOT EXISTS delivery_events (" in s),
+        ),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

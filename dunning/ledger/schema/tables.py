@@ -315,4 +315,51 @@ DDL = (
         written_at TIMESTAMPTZ NOT NULL
     )
     """,
+    # who is not to be emailed (`dunning.ledger.stores.suppressions`): a hard bounce, a complaint or an operator's
+    # word; rows are kept after `dunning unsuppress` lifts them. `active_email` is the address while in force and NULL
+    # once lifted: at most one suppression in force per address
+    """
+    CREATE TABLE IF NOT EXISTS suppressions (
+        suppression_id VARCHAR PRIMARY KEY,
+        email VARCHAR NOT NULL,
+        active_email VARCHAR UNIQUE,
+        reason VARCHAR NOT NULL CHECK (reason IN ('hard_bounce', 'complaint', 'manual')),
+        source VARCHAR NOT NULL,
+        note VARCHAR,
+        customer_id VARCHAR,
+        event_key VARCHAR,
+        created_at TIMESTAMPTZ NOT NULL,
+        until DATE,
+        lifted_at TIMESTAMPTZ,
+        lifted_by VARCHAR
+    )
+    """,
+    # one `contact_suppressed` alert per customer and suppressed address: the row is the alert's dedup
+    """
+    CREATE TABLE IF NOT EXISTS suppression_alerts (
+        email VARCHAR NOT NULL,
+        customer_id VARCHAR NOT NULL,
+        alerted_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (email, customer_id)
+    )
+    """,
+    # what came back after a send (`dunning.feedback`): bounces, complaints and other delivery reports, one row per
+    # report (`event_key`), matched to our email and keys where the report names our Message-ID
+    """
+    CREATE TABLE IF NOT EXISTS delivery_events (
+        event_key VARCHAR PRIMARY KEY,
+        kind VARCHAR NOT NULL,
+        source VARCHAR NOT NULL,
+        email VARCHAR,
+        message_id VARCHAR,
+        idempotency_keys VARCHAR,
+        customer_id VARCHAR,
+        status_code VARCHAR,
+        detail VARCHAR,
+        reported_at TIMESTAMPTZ,
+        recorded_at TIMESTAMPTZ NOT NULL,
+        matched BOOLEAN NOT NULL,
+        suppressed BOOLEAN NOT NULL
+    )
+    """,
 )

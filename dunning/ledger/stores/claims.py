@@ -41,6 +41,7 @@ class ClaimCap:
 class ClaimResult:
     won: set[str] = field(default_factory=set)
     throttled: set[str] = field(default_factory=set)
+    suppressed: set[str] = field(default_factory=set)  # addressed to a suppressed address when claimed: not claimed
     lost: bool = False
 
 
@@ -174,6 +175,9 @@ class ClaimStore(SqlConnection):
                     recent = self.emails_in_window(cap.window_start, cap.window_end, only_customers=customers)
                     allowed = within_cap(due, recent, cap)
                 result.throttled = set(due.get_column("idempotency_key")) - set(allowed.get_column("idempotency_key"))
+                result.suppressed = self._suppressed_keys(con, allowed, claimed_at)
+                if result.suppressed:
+                    allowed = allowed.filter(~pl.col("idempotency_key").is_in(sorted(result.suppressed)))
                 is_retry = pl.col("role") == PlanRole.RETRY if "role" in allowed.columns else pl.lit(False)
                 lease = pl.lit(lease_until, dtype=pl.Datetime("us", "UTC")).alias("lease_expires_at")
                 rows = (
@@ -200,6 +204,25 @@ class ClaimStore(SqlConnection):
         except self.lost_claim_errors:
             return ClaimResult(lost=True)
         return result
+
+    def _suppressed_keys(self, con: Executes, rows: pl.DataFrame, claimed_at: dt.datetime) -> set[str]:
+        """The keys of `rows` whose email goes to an address suppressed now (`ledger.stores.suppressions`), read in
+        the claim's transaction: a suppression recorded while the run was sending holds what it has not claimed.
+        An escalation is not an email and is never held by one."""
+        emails = rows.filter(pl.col("kind") != EmailKind.ESCALATION).select(
+            "idempotency_key", pl.col("customer_email").str.to_lowercase().alias("email")
+        )
+        if emails.is_empty():
+            return set()
+        with self.registered("claim_addresses", emails.drop_nulls("email")):
+            found = con.execute(
+                """
+                SELECT c.idempotency_key FROM claim_addresses c JOIN suppressions s ON s.active_email = c.email
+                WHERE s.until IS NULL OR s.until >= ?
+                """,
+                [claimed_at.date()],
+            ).fetchall()
+        return {k for (k,) in found}
 
     @staticmethod
     def _retake_failed(

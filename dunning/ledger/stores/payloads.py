@@ -51,7 +51,7 @@ class PayloadStore(SqlConnection):
         return self.frame(
             f"""
             SELECT l.idempotency_key, l.email_id, l.message_id, l.provider_message_id,
-                   l.kind, l.invoice_id, l.customer_id, l.amount_minor, l.last_error,
+                   l.kind, l.invoice_id, l.customer_id, l.customer_email, l.amount_minor, l.last_error,
                    p.idempotency_key AS provider_key, p.provider, p.payload, p.first_attempt_wall_at, p.held_reason
             FROM reminder_ledger l LEFT JOIN provider_payloads p ON p.email_id = l.email_id
             WHERE l.status IN {statuses} AND l.message_id IS NOT NULL

@@ -1,0 +1,59 @@
+"""The commands of delivery feedback: `suppress`, `unsuppress`, `feedback` (import bounce and complaint reports) and
+`serve-webhooks` (receive them over HTTP). Each opens the ledger the way `exclude` does; the parsing and matching
+live in the domain (`dunning.ingest.delivery_reports`, `dunning.run.feedback`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dunning.errors import UserInputError
+from dunning.ledger.factory import open_ledger_for
+from dunning.plan import exclusions
+from dunning.plan.clock import utc_now
+from dunning.safe_text import is_address
+
+
+def _cli():  # the shared helpers of `pipelines.cli`, which imports this module for its command table
+    from pipelines import cli
+
+    return cli
+
+
+def clean_email(value: str) -> str:
+    """`--email`: one address by the recipient rule, lower-case; UserInputError naming what is wrong otherwise."""
+    address = value.strip()
+    if not is_address(address):
+        raise UserInputError("--email is not one email address (name@domain, no display name, no line break)")
+    return address.lower()
+
+
+def cmd_suppress(args: argparse.Namespace) -> int:
+    cli = _cli()
+    email = clean_email(args.email)
+    note, until = exclusions.clean_reason(args.reason), exclusions.parse_until(args.until)
+    home = cli._home(args)
+    with open_ledger_for(cli._ledger_settings(args, home), home) as ledger:
+        done = ledger.suppress(email, "manual", f"operator:{cli._operator()}", utc_now(), note=note, until=until)
+        emailed = bool(ledger.ever_emailed([email]))
+    if not emailed:
+        cli.say(f"dunning: warning: no key on record was addressed to {email} (a typo?); the suppression is kept",
+                file=sys.stderr)  # fmt: skip
+    lasts = f"through {until} (inclusive)" if until else "until `dunning unsuppress`"
+    if done.new:
+        cli.say(f"suppressed {email} {lasts}: no email goes to it; its customers' keys wait (reason suppressed)")
+    else:
+        cli.say(f"{email} was already suppressed; kept, now {lasts}")
+    return 0
+
+
+def cmd_unsuppress(args: argparse.Namespace) -> int:
+    cli = _cli()
+    email = clean_email(args.email)
+    home = cli._home(args)
+    with open_ledger_for(cli._ledger_settings(args, home), home) as ledger:
+        lifted = ledger.unsuppress(email, cli._operator(), utc_now())
+    if not lifted:
+        raise UserInputError(f"{email} is not suppressed: nothing to lift")
+    cli.say(f"{email} may be emailed again: the next run sends each waiting customer only the stage reached by then")
+    return 0
