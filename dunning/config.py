@@ -338,6 +338,19 @@ class Events(_Strict):
     (`event_address_not_trusted`). A known invoice's notice always goes to the snapshot's address."""
 
 
+class Feedback(_Strict):
+    """Delivery feedback (`dunning feedback`, `dunning serve-webhooks`): what a bounce or complaint may suppress."""
+
+    trust_unmatched: Flag = False
+    """A mailbox report (DSN or ARF) that names no Message-ID of ours, or names one sent to another address, is
+    recorded but suppresses nothing unless true: anyone can mail the bounce address. Resend's own events and signed
+    webhooks suppress their recipient either way."""
+    webhook_max_bytes: Count = Field(default=1_048_576, ge=1024, le=16 * 1_048_576)
+    """`dunning serve-webhooks`: a request body larger than this is refused (413)."""
+    webhook_tolerance_seconds: Count = Field(default=300, ge=30, le=3600)
+    """`dunning serve-webhooks`: a signature older (or newer) than this is refused (400): a replay."""
+
+
 def check_stages(stages: tuple[Stage, ...], key: str) -> None:
     """At least one stage, names unique, days strictly increasing; ValueError naming `key`."""
     if not stages:
@@ -424,6 +437,8 @@ class DunningConfig(_Strict):
     """Billing events (`invoice.payment_failed`) and who their notices go to."""
     schedule: Schedule = Schedule()
     """When the Dagster schedule starts a cycle."""
+    feedback: Feedback = Feedback()
+    """Bounces and complaints: what may suppress an address."""
     first_contact_tone: FirstContactTone = "gentle"
     """`gentle`: the first reminder of a cycle speaks gently whatever stage it records (an invoice first seen at day
     20 is not greeted with a final notice); `stage`: it takes its stage's tone."""

@@ -524,6 +524,7 @@ COMMANDS = {
     "include": cmd_include,
     "suppress": cli_feedback.cmd_suppress,
     "unsuppress": cli_feedback.cmd_unsuppress,
+    "feedback": cli_feedback.cmd_feedback,
 }
 
 

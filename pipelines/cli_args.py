@@ -184,6 +184,18 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     unsuppress.set_defaults(handler=handlers["unsuppress"])
     _one_line_errors(unsuppress)
 
+    feedback = commands.add_parser("feedback", help="import bounce and complaint reports; suppress what they condemn")
+    feedback.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+    source = feedback.add_mutually_exclusive_group(required=True)
+    source.add_argument("--mbox", metavar="PATH", help="an mbox file of the bounce mailbox (DSNs, ARF complaints)")
+    source.add_argument("--maildir", metavar="PATH", help="a Maildir of the bounce mailbox")
+    source.add_argument(
+        "--resend-events", metavar="PATH", help="Resend webhook events: an object, an array, JSON Lines"
+    )
+    feedback.add_argument("--config", help="config file (default: HOME/config.yaml)")
+    feedback.set_defaults(handler=handlers["feedback"])
+    _one_line_errors(feedback)
+
     status = commands.add_parser("status", help="pause state, last run, counts, open alerts")
     status.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     status.add_argument("--json", action="store_true", help="machine-readable output")

@@ -57,3 +57,44 @@ def cmd_unsuppress(args: argparse.Namespace) -> int:
         raise UserInputError(f"{email} is not suppressed: nothing to lift")
     cli.say(f"{email} may be emailed again: the next run sends each waiting customer only the stage reached by then")
     return 0
+
+
+def feedback_text(result, path: str) -> str:
+    """`dunning feedback`'s summary for a person."""
+    kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(result.by_kind.items())) or "none"
+    lines = [
+        f"read {result.read} report(s) from {path}: {result.recorded} new ({kinds}), "
+        f"{result.read - result.recorded} recorded before",
+        f"matched to our emails: {result.matched} of the new",
+        f"suppressed: {len(result.suppressed)} address(es)"
+        + (f": {', '.join(result.suppressed[:10])}" if result.suppressed else ""),  # fmt: skip
+    ]
+    if result.not_trusted:
+        lines.append(
+            f"not suppressing: {result.not_trusted} hard bounce(s) or complaint(s) about no email of ours "
+            "(feedback.trust_unmatched is false)"
+        )
+    if result.unreadable:
+        where = f", kept in {result.kept_in}" if result.kept_in else ""
+        lines.append(f"unreadable: {result.unreadable} ({result.unreadable_new} new{where})")
+    if result.not_reports:
+        lines.append(f"not delivery reports (ignored): {result.not_reports}")
+    return "\n".join(lines)
+
+
+def cmd_feedback(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dunning.run import feedback
+
+    cli = _cli()
+    kind, given = next((k, v) for k, v in (("mbox", args.mbox), ("maildir", args.maildir),
+                                          ("resend", args.resend_events)) if v is not None)  # fmt: skip
+    path = Path(given).expanduser()
+    home = cli._home(args)
+    config = cli.load_settings(cli._config_path(args, home))
+    reading = feedback.read_file(path, kind)
+    with open_ledger_for(config, home) as ledger:
+        result = feedback.apply_reports(ledger, reading, config, home, utc_now())
+    cli.say(feedback_text(result, str(path)))
+    return 0

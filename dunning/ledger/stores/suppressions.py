@@ -149,17 +149,21 @@ class SuppressionStore(SqlConnection):
             )
         return {k for (k,) in inserted}
 
-    def emails_by_message_id(self, message_ids: list[str]) -> pl.DataFrame:
-        """Our keys of each Message-ID in `message_ids` (angle brackets included, as sent): `message_id`,
-        `idempotency_keys` (comma-joined), `customer_id`, `customer_email`."""
-        ids = pl.DataFrame({"message_id": sorted(set(message_ids))}, schema={"message_id": pl.String})
-        with self.registered("asked_message_ids", ids):
+    def emails_by_id(self, ids: list[str], column: str) -> pl.DataFrame:
+        """Our keys of each id in `ids`, looked up in `column`: `message_id` (the Message-ID as sent, angle brackets
+        included) or `provider_message_id` (Resend's id). Columns: `id`, `idempotency_keys` (comma-joined),
+        `customer_id`, `customer_email`."""
+        if column not in ("message_id", "provider_message_id"):
+            raise ValueError(f"not an id column of reminder_ledger: {column}")
+        asked = pl.DataFrame({"id": sorted(set(ids))}, schema={"id": pl.String})
+        with self.registered("asked_ids", asked):
             return self.frame(
-                """
-                SELECT l.message_id, string_agg(l.idempotency_key, ',' ORDER BY l.idempotency_key) AS idempotency_keys,
+                f"""
+                SELECT a.id, string_agg(l.idempotency_key, ',' ORDER BY l.idempotency_key) AS idempotency_keys,
                        min(l.customer_id) AS customer_id, min(l.customer_email) AS customer_email
-                FROM reminder_ledger l JOIN asked_message_ids a ON l.message_id = a.message_id
-                GROUP BY l.message_id
+                FROM reminder_ledger l JOIN asked_ids a ON l.{column} = a.id
+                WHERE l.status IN ('sent', 'unknown', 'claimed')
+                GROUP BY a.id
                 """
             )
 
