@@ -22,7 +22,7 @@ from dunning.ingest.events import EVENTS_SCHEMA, PAYMENT_FAILED, REJECTED_SCHEMA
 from dunning.ingest.landing import latest_for_day
 from dunning.plan import unchanged
 from dunning.plan.clock import CycleClock, utc_now
-from dunning.run import steps
+from dunning.run import inbox, steps
 from resources.dunning import CycleRequest, DunningHome
 
 
@@ -77,7 +77,11 @@ def invoice_snapshot(
         with dunning_home.ledger() as ledger:
             if clock.live:
                 inputs = unchanged.RunInputs.of(path, config, clock, cycle_request.shard_spec())
-                brings_data = bool(cycle_request.events_path) or _pulls(config, cycle_request, clock)
+                brings_data = (
+                    bool(cycle_request.events_path)
+                    or _pulls(config, cycle_request, clock)
+                    or bool(inbox.pending(dunning_home.root))  # webhook events wait to be applied
+                )
                 verdict = unchanged.start(
                     ledger, inputs, clock, config, run_id=context.run.run_id, may_skip=not brings_data, wall=utc_now()
                 )
@@ -132,7 +136,13 @@ def billing_events(
         config = dunning_home.settings()
         clock = cycle_request.cycle_clock(context, config)
         polling = not cycle_request.events_path and _pulls(config, cycle_request, clock)
-        if not cycle_request.events_path and not polling:
+        received = None
+        if clock.live and inbox.pending(dunning_home.root):  # what `dunning serve-webhooks` accepted since
+            with dunning_home.ledger() as ledger:
+                received = inbox.apply_inbox(ledger, dunning_home.root, config, context.run.run_id, utc_now())
+            context.log.info(f"webhook inbox: {received.files} event(s) applied")
+        webhooks = inbox.inbox_dir(dunning_home.root).is_dir()  # stored Stripe events feed notices as polled ones do
+        if not cycle_request.events_path and not polling and not webhooks:
             return dg.Output(pl.DataFrame(schema=EVENTS_SCHEMA), metadata={"events": 0, "rejected_events": 0})
         first_shard = cycle_request.shard_spec().index == 0
         polled = None
@@ -156,7 +166,7 @@ def billing_events(
                 if polled is not None and polled.newest_id:
                     ledger.stage_cursor(billing_source.EVENTS_CURSOR, polled.newest_id, context.run.run_id, received_at)
         pending = 0
-        if polling:
+        if polling or webhooks:
             since = clock.as_of - dt.timedelta(days=config.source.events_lookback_days)
             with dunning_home.ledger() as ledger:
                 waiting = ledger.pending_notice_events(since)

@@ -347,8 +347,6 @@ class Feedback(_Strict):
     webhooks suppress their recipient either way."""
     webhook_max_bytes: Count = Field(default=1_048_576, ge=1024, le=16 * 1_048_576)
     """`dunning serve-webhooks`: a request body larger than this is refused (413)."""
-    webhook_tolerance_seconds: Count = Field(default=300, ge=30, le=3600)
-    """`dunning serve-webhooks`: a signature older (or newer) than this is refused (400): a replay."""
 
 
 def check_stages(stages: tuple[Stage, ...], key: str) -> None:

@@ -525,6 +525,7 @@ COMMANDS = {
     "suppress": cli_feedback.cmd_suppress,
     "unsuppress": cli_feedback.cmd_unsuppress,
     "feedback": cli_feedback.cmd_feedback,
+    "serve-webhooks": cli_feedback.cmd_serve_webhooks,
 }
 
 

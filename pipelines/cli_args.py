@@ -196,6 +196,14 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     feedback.set_defaults(handler=handlers["feedback"])
     _one_line_errors(feedback)
 
+    serve = commands.add_parser("serve-webhooks", help="receive signed Resend and Stripe webhooks over HTTP")
+    serve.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: behind a TLS proxy)")
+    serve.add_argument("--port", type=int, default=8025, help="port (default 8025)")
+    serve.add_argument("--config", help="config file (default: HOME/config.yaml)")
+    serve.set_defaults(handler=handlers["serve-webhooks"])
+    _one_line_errors(serve)
+
     status = commands.add_parser("status", help="pause state, last run, counts, open alerts")
     status.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     status.add_argument("--json", action="store_true", help="machine-readable output")

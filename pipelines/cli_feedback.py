@@ -98,3 +98,26 @@ def cmd_feedback(args: argparse.Namespace) -> int:
         result = feedback.apply_reports(ledger, reading, config, home, utc_now())
     cli.say(feedback_text(result, str(path)))
     return 0
+
+
+def cmd_serve_webhooks(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from pipelines import webhook_server
+
+    cli = _cli()
+    home = cli._home(args)
+    config = cli.load_settings(cli._config_path(args, home))
+    app = webhook_server.webhook_app(home, config)
+    routes = [name for name, env in (("/webhooks/resend", webhook_server.RESEND_SECRET_ENV),
+                                     ("/webhooks/stripe", webhook_server.STRIPE_SECRET_ENV))
+              if webhook_server._secret(env)]  # fmt: skip
+    if not routes:
+        raise UserInputError(
+            f"serve-webhooks: set {webhook_server.RESEND_SECRET_ENV} and/or {webhook_server.STRIPE_SECRET_ENV}: "
+            "without a secret no request can be verified"
+        )
+    cli.say(f"receiving {', '.join(routes)} on http://{args.host}:{args.port} (put a TLS proxy in front); "
+            f"events are kept in {home / 'inbox' / 'webhooks'} until the next run applies them")  # fmt: skip
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, server_header=False)
+    return 0

@@ -17,13 +17,14 @@ from dunning.ingest.landing import content_hash, landing_files
 from dunning.plan.clock import utc_now
 from dunning.send import liveness
 from dunning.send.alerts import Alert, deliver, raise_alert
+from pipelines.feedback_job import feedback_files, feedback_import
 from pipelines.jobs import dunning_cycle_job
 from pipelines.recovery_job import flood_recovery
 from resources.dunning import SHARD_TAG, DunningHome
 
 
 @dg.run_failure_sensor(
-    monitored_jobs=[dunning_cycle_job, flood_recovery],
+    monitored_jobs=[dunning_cycle_job, flood_recovery, feedback_import],
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Raises one alert per failed dunning run; a breaker trip has already paged, so it is not paged twice.",
 )
@@ -165,3 +166,28 @@ def stripe_events(context: dg.SensorEvaluationContext, dunning_home: DunningHome
         )
         for shard in shards
     ]
+
+
+@dg.sensor(
+    job=feedback_import,
+    minimum_interval_seconds=60,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    description="One import per new file of delivery reports in DIR/landing/feedback (*.mbox, *.eml, *.json, "
+    "*.jsonl, or a Maildir): bounces and complaints suppress what they may.",
+)
+def feedback_files_landed(context: dg.SensorEvaluationContext, dunning_home: DunningHome):
+    seen = set(json.loads(context.cursor)) if context.cursor else set()
+    requests = []
+    for path, kind, digest in feedback_files(dunning_home.root):
+        if digest in seen:
+            continue
+        seen.add(digest)
+        requests.append(
+            dg.RunRequest(
+                run_key=f"feedback-{digest}",
+                run_config={"ops": {"import_feedback": {"config": {"path": str(path), "kind": kind}}}},
+                tags={"dunning/trigger": "feedback", "dunning/file": path.name[:200]},
+            )
+        )
+    context.update_cursor(json.dumps(sorted(seen)))
+    return requests or dg.SkipReason("no new file in the feedback landing folder")

@@ -157,3 +157,26 @@ def test_bad_feedback_input_is_exit_2_naming_the_file(deployment, tmp_path):
     assert code == 2 and "missing.mbox: not a file" in err
     code, _, err = deployment.cli("feedback", "--maildir", str(tmp_path))
     assert code == 2 and "not a Maildir" in err
+
+
+def test_a_file_dropped_in_the_feedback_landing_folder_is_imported_once_by_the_sensor(deployment, tmp_path):
+    import dagster as dg
+
+    from pipelines.feedback_job import feedback_import
+    from pipelines.sensors import feedback_files_landed
+    from resources.dunning import DunningHome
+
+    two_customers(deployment)
+    folder = deployment.home / "landing" / "feedback"
+    folder.mkdir(parents=True)
+    write_mbox(folder / "2026-11-05.mbox", [dsn("ada@example.com", sent_to(deployment)["ada@example.com"])])
+    (folder / "notes.txt").write_text("not reports")
+    resources = {"dunning_home": DunningHome(home=str(deployment.home))}
+    context = dg.build_sensor_context(resources=resources)
+    [request] = feedback_files_landed(context)
+    assert request.run_key.startswith("feedback-")
+    again = feedback_files_landed(dg.build_sensor_context(resources=resources, cursor=context.cursor))
+    assert isinstance(again, dg.SkipReason), "the same file is imported once"
+    result = feedback_import.execute_in_process(run_config=request.run_config, resources=resources)
+    assert result.success
+    assert suppressions(deployment) == [("ada@example.com", "hard_bounce", "mbox")]

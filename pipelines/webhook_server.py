@@ -1,0 +1,136 @@
+"""`dunning serve-webhooks`: a small ASGI app (Starlette, served by uvicorn) that receives Resend and Stripe webhooks.
+
+- `POST /webhooks/resend`: the Svix signature (`svix-id`, `svix-timestamp`, `svix-signature`) is verified with the
+  official `svix` library and `RESEND_WEBHOOK_SECRET` (`whsec_…`); missing, wrong or older than 5 minutes: 400.
+- `POST /webhooks/stripe`: `Stripe-Signature` is verified with the `stripe` SDK and `STRIPE_WEBHOOK_SECRET`
+  (tolerance 5 minutes); otherwise 400.
+- A body over `feedback.webhook_max_bytes` (1 MB) is refused with 413 before it is read whole.
+- A verified event is stored durably in the inbox (`dunning.run.inbox`), unique on its id, before the 2xx; a
+  redelivery is answered 200 and stored once. With a PostgreSQL ledger it is applied to the ledger at once (the
+  ledger has no single-writer lock to wait on); with DuckDB the next run applies it.
+- A route whose secret is not set answers 404: nothing unverified is ever stored.
+
+It binds 127.0.0.1 by default: put a TLS proxy in front of it (docs: after the send). Nothing from a request
+reaches a log line unescaped; the secrets never appear in an answer or a log.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from dunning.config import DunningConfig
+from dunning.run import inbox
+from dunning.secret_env import read_secret
+
+RESEND_SECRET_ENV = "RESEND_WEBHOOK_SECRET"
+STRIPE_SECRET_ENV = "STRIPE_WEBHOOK_SECRET"
+TOLERANCE_SECONDS = 300
+log = logging.getLogger("dunning.webhooks")
+
+
+class TooLarge(Exception):
+    pass
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise TooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _answer(status: int, what: str) -> JSONResponse:
+    return JSONResponse({"status": what}, status_code=status)
+
+
+def _secret(name: str) -> str | None:
+    import os
+
+    return read_secret(name, f"${name}") if os.environ.get(name, "").strip() else None
+
+
+def webhook_app(home: Path, config: DunningConfig, apply_now: bool | None = None) -> Starlette:
+    """The receiver for `home`; `apply_now` (default: with a PostgreSQL ledger) applies each event to the ledger
+    as soon as it is stored."""
+    resend_secret, stripe_secret = _secret(RESEND_SECRET_ENV), _secret(STRIPE_SECRET_ENV)
+    limit = config.feedback.webhook_max_bytes
+    apply_now = config.ledger.kind == "postgres" if apply_now is None else apply_now
+
+    def keep(provider: str, event_id: str, body: bytes) -> JSONResponse:
+        new = inbox.store(home, provider, event_id, body, dt.datetime.now(dt.UTC))
+        if new and apply_now:
+            from dunning.ledger.factory import open_ledger_for
+
+            with open_ledger_for(config, home, timeout_seconds=10) as ledger:
+                inbox.apply_inbox(ledger, home, config, f"webhook:{provider}", dt.datetime.now(dt.UTC))
+        return _answer(200, "stored" if new else "duplicate")
+
+    async def resend(request: Request) -> JSONResponse:
+        if resend_secret is None:
+            return _answer(404, "not configured")
+        try:
+            body = await _body(request, limit)
+        except TooLarge:
+            return _answer(413, "too large")
+        except ClientDisconnect:
+            return _answer(400, "incomplete")
+        from svix.webhooks import Webhook, WebhookVerificationError
+
+        headers = {k: v for k, v in request.headers.items() if k.lower().startswith(("svix-", "webhook-"))}
+        try:
+            Webhook(resend_secret).verify(body, headers)  # signature and a timestamp within 5 minutes
+            event = json.loads(body)
+        except (WebhookVerificationError, ValueError, TypeError, UnicodeDecodeError):
+            return _answer(400, "signature not verified")
+        except Exception:  # noqa: BLE001 - a malformed signature header can trip the library itself
+            return _answer(400, "signature not verified")
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            return _answer(400, "not an event")
+        return keep("resend", headers.get("svix-id") or headers.get("webhook-id") or "", body)
+
+    async def stripe_hook(request: Request) -> JSONResponse:
+        if stripe_secret is None:
+            return _answer(404, "not configured")
+        try:
+            body = await _body(request, limit)
+        except TooLarge:
+            return _answer(413, "too large")
+        except ClientDisconnect:
+            return _answer(400, "incomplete")
+        import stripe
+
+        try:
+            stripe.WebhookSignature.verify_header(
+                body.decode("utf-8"), request.headers.get("stripe-signature"), stripe_secret, TOLERANCE_SECONDS
+            )
+            event = json.loads(body)
+        except (stripe.SignatureVerificationError, ValueError, UnicodeDecodeError):
+            return _answer(400, "signature not verified")
+        if not isinstance(event, dict) or not isinstance(event.get("id"), str) or not event["id"]:
+            return _answer(400, "not an event")
+        return keep("stripe", event["id"], body)
+
+    async def health(_: Request) -> JSONResponse:
+        return _answer(200, "ok")
+
+    return Starlette(
+        routes=[
+            Route("/webhooks/resend", resend, methods=["POST"]),
+            Route("/webhooks/stripe", stripe_hook, methods=["POST"]),
+            Route("/healthz", health, methods=["GET"]),
+        ]
+    )
