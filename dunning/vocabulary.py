@@ -166,6 +166,8 @@ class HoldReason(StrEnum):
     # delivery feedback (`dunning.ledger.stores.suppressions`): the address bounced hard, complained or was suppressed
     # by an operator; the key waits, never sent while the suppression is in force, and goes once it is lifted
     SUPPRESSED = "suppressed"
+    # a payment of the invoice is processing (`dunning.plan.payment_signals`): its keys wait until the attempt ends
+    PAYMENT_IN_FLIGHT = "payment_in_flight"
     # why an `unknown` send's kept request is not resubmitted now (`dunning.send.resubmission`): it stays `unknown`
     NOT_OWED = "not_owed"  # an invoice it covers is paid, void or settled since
     AMOUNT_CHANGED = "amount_changed"  # an invoice it covers owes another amount than the email states

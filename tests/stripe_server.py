@@ -129,7 +129,10 @@ class FakeStripe:
         if path == "/v1/invoices":
             items = self.invoices
         elif path == "/v1/events":
-            items = [e for e in self.events if _created_matches(e, params) and params.get("type") in (None, e["type"])]
+            types = {v for k, v in params.items() if k.startswith("types[")} or (
+                {params["type"]} if "type" in params else None
+            )  # Stripe's `types[]` (up to 20), or one `type`
+            items = [e for e in self.events if _created_matches(e, params) and (types is None or e["type"] in types)]
         else:
             return 404, _error("invalid_request_error", f"Unrecognized request URL (GET: {path})")
         return self._page(path, sorted(items, key=lambda o: (o["created"], o["id"]), reverse=True), params)

@@ -189,17 +189,39 @@ def _payload(event: Any) -> str | None:
         return None
 
 
+# payment signals (`dunning.run.payment_signals`): events about an invoice whose object is not the invoice
+LINKED_TYPES = ("charge.dispute.", "payment_intent.")
+
+
+def _linked_invoice(event: dict[str, Any]) -> Any:
+    """The invoice a dispute or a PaymentIntent is about: its `invoice` (an id, or the expanded invoice), else its
+    `metadata.invoice_id`; None when it names none."""
+    data = event.get("data")
+    obj = data.get("object") if isinstance(data, dict) else None
+    if not isinstance(obj, dict):
+        return None
+    linked = obj.get("invoice")
+    if isinstance(linked, dict):
+        linked = linked.get("id")
+    if linked is None and isinstance(obj.get("metadata"), dict):
+        linked = obj["metadata"].get("invoice_id")
+    return linked
+
+
 def event_row(event: dict[str, Any]) -> dict[str, Any]:
     """One EVENTS_SCHEMA row; fields that are missing or of the wrong kind are null (validation decides what that
     means)."""
     invoice = (_invoice(event) if event["type"].startswith("invoice.") else None) or {}
     remaining = _remaining(invoice)
     currency = _storable(invoice.get("currency"))
+    invoice_id = invoice.get("id")
+    if invoice_id is None and event["type"].startswith(LINKED_TYPES):
+        invoice_id = _linked_invoice(event)
     return {
         "event_id": _storable(event["id"]),
         "type": _storable(event["type"]),
         "created_at": _timestamp(event.get("created")),
-        "invoice_id": _storable(invoice.get("id")),
+        "invoice_id": _storable(invoice_id),
         "customer_id": _storable(_customer(invoice.get("customer"))),
         "customer_email": _storable(invoice.get("customer_email")),
         "currency": currency.upper() if currency is not None else None,

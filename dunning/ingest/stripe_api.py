@@ -155,8 +155,17 @@ def invoices(stripe_client: stripe.StripeClient) -> Iterator[dict[str, Any]]:
         yield invoice
 
 
+# what the event poll asks Stripe for: the payment-failed notices, and the payment signals that pause reminders
+# (`dunning.plan.payment_signals`: disputes, payments in flight and their ends, payments between snapshots)
+POLLED_TYPES = (
+    PAYMENT_FAILED, "charge.dispute.created", "charge.dispute.closed", "payment_intent.processing",
+    "invoice.payment_action_required", "invoice.paid", "invoice.payment_succeeded", "payment_intent.succeeded",
+    "payment_intent.payment_failed", "payment_intent.canceled", "invoice.voided",
+)  # fmt: skip
+
+
 def _event_params(since: dt.datetime, limit: int = PAGE_LIMIT, ending_before: str | None = None) -> EventListParams:
-    params = EventListParams(type=PAYMENT_FAILED, limit=limit, created={"gte": int(since.timestamp())})
+    params = EventListParams(types=list(POLLED_TYPES), limit=limit, created={"gte": int(since.timestamp())})
     if ending_before is not None:
         params["ending_before"] = ending_before
     return params

@@ -39,7 +39,7 @@ _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 # the plan's `hold` column: why a due key is kept from the send, decided before anything is claimed
 HOLDS = (
     HoldReason.EXCLUDED, HoldReason.BELOW_MINIMUM, HoldReason.EVENT_ADDRESS_NOT_TRUSTED, HoldReason.ESCALATED,
-    HoldReason.OUTSIDE_SEND_WINDOW, HoldReason.SPACING, HoldReason.SUPPRESSED,
+    HoldReason.OUTSIDE_SEND_WINDOW, HoldReason.SPACING, HoldReason.SUPPRESSED, HoldReason.PAYMENT_IN_FLIGHT,
 )  # fmt: skip
 # holds that only move a send (`dunning.plan.schedule`): the key stays newly due and goes at the first run allowed;
 # a run that left one is no reference for an unchanged hour (`dunning.plan.unchanged`)
@@ -112,6 +112,7 @@ def in_force(exclusions: pl.DataFrame, day: dt.date) -> pl.DataFrame:
 # suppressed addresses (`ledger.stores.suppressions`) travel with the exclusions in force under this scope, so every
 # caller of `hold_expr` (the plan, the resubmission of unknown sends) holds them; the exclusions table never has it
 SUPPRESSED_ADDRESS = "address"
+IN_FLIGHT = "in_flight"  # likewise the invoices with a payment processing (`dunning.plan.payment_signals`)
 
 
 def with_suppressions(exclusions: pl.DataFrame, suppressed: pl.DataFrame) -> pl.DataFrame:
@@ -126,12 +127,21 @@ def with_suppressions(exclusions: pl.DataFrame, suppressed: pl.DataFrame) -> pl.
     return pl.concat([exclusions.cast(IN_FORCE_SCHEMA), rows.cast(IN_FORCE_SCHEMA)])
 
 
+def with_in_flight(exclusions: pl.DataFrame, invoice_ids: list[str]) -> pl.DataFrame:
+    """The exclusions in force plus one `in_flight` row per invoice whose payment is processing."""
+    if not invoice_ids:
+        return exclusions
+    rows = pl.DataFrame({"scope": IN_FLIGHT, "target_id": invoice_ids, "until_date": None}, schema=IN_FORCE_SCHEMA)
+    return pl.concat([exclusions.cast(IN_FORCE_SCHEMA), rows])
+
+
 def _targets(exclusions: pl.DataFrame, scope: str) -> pl.Series:
     return exclusions.filter(pl.col("scope") == scope).get_column("target_id")
 
 
 def hold_expr(cycled: pl.DataFrame, exclusions: pl.DataFrame | None, config: DunningConfig) -> pl.Expr:
-    """Why a due key is held before sending (`excluded`, then `below_minimum`, then `suppressed`), or null.
+    """Why a due key is held before sending (`excluded`, `below_minimum`, `payment_in_flight`, then `suppressed`), or
+    null.
 
     `cycled` is the snapshot as the cycle saw it (its `auto_advance` column, when
     present, marks invoices to exclude under `source.exclude_auto_advance_false`);
@@ -155,11 +165,15 @@ def hold_expr(cycled: pl.DataFrame, exclusions: pl.DataFrame | None, config: Dun
     if addresses.len():  # an escalation is not an email: no address holds it
         email = pl.col("customer_email").str.to_lowercase()
         suppressed = (pl.col("kind") != EmailKind.ESCALATION) & email.is_in(addresses.implode()).fill_null(False)
+    flight = _targets(exclusions, IN_FLIGHT)
+    paying = pl.col("invoice_id").is_in(flight.implode()) if flight.len() else pl.lit(False)
     return (
         pl.when(excluded)
         .then(pl.lit(str(HoldReason.EXCLUDED)))
         .when(below)
         .then(pl.lit(str(HoldReason.BELOW_MINIMUM)))
+        .when(paying)
+        .then(pl.lit(str(HoldReason.PAYMENT_IN_FLIGHT)))
         .when(suppressed)
         .then(pl.lit(str(HoldReason.SUPPRESSED)))
         .otherwise(pl.lit(None, dtype=pl.String))

@@ -33,9 +33,9 @@ from dunning.ingest.events import event_keys
 from dunning.ingest.snapshot_rules import DUPLICATED
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.operations import PauseState
-from dunning.plan import escalation, invoice_emails, schedule
+from dunning.plan import escalation, invoice_emails, payment_signals, schedule
 from dunning.plan.clock import CycleClock, RunMode
-from dunning.plan.exclusions import in_force, with_suppressions
+from dunning.plan.exclusions import in_force, with_in_flight, with_suppressions
 from dunning.plan.notices import notice_rows
 from dunning.plan.policies import stage_days_frame
 from dunning.plan.policy import assign_cycles, business_date
@@ -50,7 +50,7 @@ from dunning.send.providers.base import EmailProvider
 from dunning.send.resubmission import Settled, resolve_unknown, settle_rows
 from dunning.send.sending import Record, SendReport, held_outcomes, render_settings, send_due, with_email_ids
 from dunning.sharding import EVERYONE, Shard
-from dunning.vocabulary import EmailKind, HoldReason, SendStatus
+from dunning.vocabulary import EmailKind, ExclusionScope, HoldReason, SendStatus
 
 HISTORY_COLUMNS = (
     "invoice_id", "customer_id", "customer_email", "currency", "amount_due", "amount_paid", "remaining_minor",
@@ -91,7 +91,12 @@ def apply_snapshot(
         state = ledger.invoice_state()
     else:
         state = ledger.state_as_of(clock.as_of, stage_days_frame(config))
-    cycled = assign_cycles(loaded.valid, state, clock.as_of, config, taken_at)
+    signals = ledger.signal_events(payment_signals.SIGNAL_TYPES, clock.as_of - payment_signals.LOOKBACK, clock.as_of)
+    if clock.live:
+        reconcile_disputes(ledger, signals, wall)
+    # an invoice paid after the snapshot was taken (a stored `invoice.paid`) is read as paid: its cycle closes now
+    valid = payment_signals.with_payments(loaded.valid, signals, taken_at)
+    cycled = assign_cycles(valid, state, clock.as_of, config, taken_at)
     if clock.live:
         ledger.set_feature(invoice_emails.FEATURE, config.invoice_emails.enabled, clock.partition_date, clock.as_of,
                            run_id)  # fmt: skip
@@ -104,6 +109,25 @@ def apply_snapshot(
         )  # fmt: skip
         ledger.merge_history_day(clock.partition_date, history, shard=shard)
     return AppliedSnapshot(loaded, cycled, taken_at)
+
+
+STRIPE = "stripe"  # who excluded an invoice for its dispute
+
+
+def reconcile_disputes(ledger: Ledger, signals: pl.DataFrame, at: dt.datetime) -> None:
+    """Keep the `exclusions` table in step with the disputes the events tell of: an open dispute excludes its invoice
+    (reason `disputed`, by `stripe`); a closed one ends that exclusion, never one an operator made."""
+    opened, closed = payment_signals.disputes(signals)
+    in_force = ledger.open_exclusions().filter(pl.col("scope") == ExclusionScope.INVOICE)
+    by = dict(
+        zip(in_force.get_column("target_id").to_list(), in_force.get_column("excluded_by").to_list(), strict=True)
+    )
+    for invoice_id in opened:
+        if invoice_id not in by:
+            ledger.exclude(ExclusionScope.INVOICE, invoice_id, "disputed", None, STRIPE, at)
+    for invoice_id in closed:
+        if by.get(invoice_id) == STRIPE:
+            ledger.include(ExclusionScope.INVOICE, invoice_id, STRIPE, at)
 
 
 DUPLICATE_IDS_ALERT = "duplicate_invoice_ids"
@@ -141,6 +165,14 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
     failed, notices, settle = None, None, None
     day = business_date(clock.as_of, config)
     exclusions = with_suppressions(in_force(ledger.open_exclusions(), day), ledger.suppressed_emails(day))
+    signals = ledger.signal_events(payment_signals.SIGNAL_TYPES, clock.as_of - payment_signals.LOOKBACK, clock.as_of)
+    exclusions = with_in_flight(exclusions, payment_signals.in_flight(signals))
+    # a dispute told of by this run's own events holds its invoice now; the table learns of it at the next snapshot
+    opened, _ = payment_signals.disputes(signals)
+    if opened:
+        disputed = pl.DataFrame({"scope": str(ExclusionScope.INVOICE), "target_id": opened, "until_date": None},
+                                schema=exclusions.schema)  # fmt: skip
+        exclusions = pl.concat([exclusions, disputed])
     if clock.reads_live_state:
         failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts)
         events = shard.keep(events) if events is not None else None

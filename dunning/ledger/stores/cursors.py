@@ -11,6 +11,7 @@ runs staging at once: the later stage wins and only its run can commit it.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 
 import polars as pl
 
@@ -51,4 +52,15 @@ class CursorStore(SqlConnection):
             "AND NOT EXISTS (SELECT 1 FROM reminder_ledger AS r WHERE r.idempotency_key = 'event:' || b.event_id) "
             "ORDER BY created_at, event_id",
             [since],
+        )
+
+    def signal_events(self, types: Sequence[str], since: dt.datetime, until: dt.datetime) -> pl.DataFrame:
+        """The stored events of `types` about an invoice, created in [since, until], oldest first (`invoice_id`,
+        `type`, `created_at`, `event_id`): the payment signals (`dunning.run.payment_signals`)."""
+        marks = ", ".join("?" for _ in types)
+        return self.frame(
+            f"SELECT invoice_id, type, created_at, event_id FROM billing_events WHERE invoice_id IS NOT NULL "
+            f"AND created_at IS NOT NULL AND created_at >= ? AND created_at <= ? AND type IN ({marks}) "
+            "ORDER BY created_at, event_id",
+            [since, until, *types],
         )

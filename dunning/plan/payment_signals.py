@@ -1,0 +1,88 @@
+"""Payment signals: what billing events say about an invoice between two snapshots, so no one is reminded of what
+they already paid, are paying, or dispute.
+
+From the stored billing events (`billing_events`: polled from Stripe, given with `--events`, or received by
+`dunning serve-webhooks`), per invoice, the latest event of each family decides:
+
+- **paid**: the latest of `invoice.paid` / `invoice.payment_succeeded` / `invoice.payment_failed` is a payment,
+  created after the snapshot was taken: the snapshot predates the payment, so the invoice is read as paid and its
+  cycle closes at once. A snapshot taken after it decides by itself (a reopened invoice is dunned again).
+- **in flight**: the latest of `payment_intent.processing` / `invoice.payment_action_required` and the events that
+  end a payment attempt is one that starts it: the invoice's keys wait (reason `payment_in_flight`).
+- **disputed**: the latest of `charge.dispute.created` / `charge.dispute.closed` is `created`: the invoice is
+  excluded (reason `disputed`, by `stripe`) until the dispute closes (`dunning.run.steps` keeps the `exclusions`
+  table in step).
+
+Everything here is a polars frame operation over the events; nothing loops per invoice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import polars as pl
+
+from dunning.ingest.snapshot_rules import MAX_LENGTH
+from dunning.safe_text import has_control
+
+DISPUTE_OPENED, DISPUTE_CLOSED = "charge.dispute.created", "charge.dispute.closed"
+DISPUTES = (DISPUTE_OPENED, DISPUTE_CLOSED)
+STARTS = ("payment_intent.processing", "invoice.payment_action_required")
+ENDS = (
+    "invoice.payment_failed", "invoice.paid", "invoice.payment_succeeded", "payment_intent.succeeded",
+    "payment_intent.payment_failed", "payment_intent.canceled", "invoice.voided",
+)  # fmt: skip
+PAID = ("invoice.paid", "invoice.payment_succeeded")
+PAYMENTS = (*PAID, "invoice.payment_failed")
+SIGNAL_TYPES = tuple(sorted({*DISPUTES, *STARTS, *ENDS}))
+SIGNALS_SCHEMA = pl.Schema(
+    {"invoice_id": pl.String(), "type": pl.String(), "created_at": pl.Datetime("us", "UTC"), "event_id": pl.String()}
+)
+LOOKBACK = dt.timedelta(days=400)  # an open dispute or a payment older than this is the snapshot's to say
+
+
+def _latest(events: pl.DataFrame, types: tuple[str, ...]) -> pl.DataFrame:
+    """Per invoice, its latest event among `types` (by creation, then id)."""
+    return (
+        events.filter(pl.col("type").is_in(types))
+        .sort("created_at", "event_id")
+        .group_by("invoice_id", maintain_order=True)
+        .last()
+    )
+
+
+def _valid_ids(ids: pl.Series) -> list[str]:
+    """Invoice ids an event named that may stand for an invoice (the snapshot's rules for an id)."""
+    return [i for i in ids.to_list() if i and len(i) <= MAX_LENGTH["invoice_id"] and not has_control(i)]
+
+
+def paid_since(events: pl.DataFrame, taken_at: dt.datetime) -> pl.DataFrame:
+    """The invoices whose latest payment event is a payment created after the snapshot was taken (`invoice_id`)."""
+    latest = _latest(events.cast(SIGNALS_SCHEMA), PAYMENTS)
+    return latest.filter(pl.col("type").is_in(PAID) & (pl.col("created_at") > taken_at)).select("invoice_id")
+
+
+def with_payments(valid: pl.DataFrame, events: pl.DataFrame, taken_at: dt.datetime) -> pl.DataFrame:
+    """The snapshot with each invoice paid since it was taken read as paid (status `paid`, nothing remaining)."""
+    paid = paid_since(events, taken_at)
+    if paid.is_empty():
+        return valid
+    is_paid = pl.col("invoice_id").is_in(paid.get_column("invoice_id").implode())
+    return valid.with_columns(
+        pl.when(is_paid).then(pl.lit("paid")).otherwise(pl.col("status")).alias("status"),
+        pl.when(is_paid).then(pl.col("amount_due")).otherwise(pl.col("amount_paid")).alias("amount_paid"),
+    )
+
+
+def in_flight(events: pl.DataFrame) -> list[str]:
+    """The invoices with a payment attempt started and not yet ended."""
+    latest = _latest(events.cast(SIGNALS_SCHEMA), STARTS + ENDS)
+    return _valid_ids(latest.filter(pl.col("type").is_in(STARTS)).get_column("invoice_id"))
+
+
+def disputes(events: pl.DataFrame) -> tuple[list[str], list[str]]:
+    """(invoices whose dispute is open, invoices whose latest dispute closed)."""
+    latest = _latest(events.cast(SIGNALS_SCHEMA), DISPUTES)
+    opened = _valid_ids(latest.filter(pl.col("type") == DISPUTE_OPENED).get_column("invoice_id"))
+    closed = _valid_ids(latest.filter(pl.col("type") == DISPUTE_CLOSED).get_column("invoice_id"))
+    return opened, closed
