@@ -240,7 +240,9 @@ def test_payment_failed_events_are_polled_from_the_cursor_and_each_gives_one_not
     code, _, err = deployment.cli("run", "--as-of", at(2))
     assert code == 0, err
     polls = fake.requests_to("/v1/events")
-    assert polls[-1]["ending_before"] == "evt_fake_1" and polls[-1]["type"] == "invoice.payment_failed"
+    assert polls[-1]["ending_before"] == "evt_fake_1" and "invoice.payment_failed" in {
+        v for k, v in polls[-1].items() if k.startswith("types[")
+    }
     assert notices(deployment) == ["event:evt_fake_1", "event:evt_fake_2"]
     assert cursor_row(deployment) == ("evt_fake_2", None)
 
