@@ -55,6 +55,7 @@ def dunning_audit(
             snapshot_path=cycle_request.snapshot_path or ledger.applied_snapshot_path(context.run.run_id),
             rejected_rows=rejected_in_this_run(context),
         )
+        recovery = ledger.recovery_by_stage() if clock.live else None
         if clock.live:  # the state this run leaves, for a later hour to compare with (`dunning.plan.unchanged`)
             unchanged.finish(
                 ledger, context.run.run_id, send_batch, cycle_request.shard_spec(), invoice_snapshot, reminders_due
@@ -74,5 +75,10 @@ def dunning_audit(
             "summary": dg.MetadataValue.md(summary),
             **counts,
             "held_by_reason": dg.MetadataValue.json(held),
+            **(
+                {"recovery": dg.MetadataValue.md(audit_rules.recovery_markdown(recovery))}
+                if recovery is not None
+                else {}
+            ),
         },
     )

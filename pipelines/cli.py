@@ -526,6 +526,7 @@ COMMANDS = {
     "unsuppress": cli_feedback.cmd_unsuppress,
     "feedback": cli_feedback.cmd_feedback,
     "serve-webhooks": cli_feedback.cmd_serve_webhooks,
+    "report": cli_feedback.cmd_report,
 }
 
 

@@ -204,6 +204,14 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     serve.set_defaults(handler=handlers["serve-webhooks"])
     _one_line_errors(serve)
 
+    results = commands.add_parser("report", help="one HTML page: the funnel, recovery by stage and policy, overdue")
+    results.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+    results.add_argument("--out", required=True, metavar="FILE.html", help="where to write the page")
+    results.add_argument("--days", type=int, default=90, help="days of the overdue chart (default 90)")
+    results.add_argument("--config", help="config file (default: HOME/config.yaml): the stages' order")
+    results.set_defaults(handler=handlers["report"])
+    _one_line_errors(results)
+
     status = commands.add_parser("status", help="pause state, last run, counts, open alerts")
     status.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     status.add_argument("--json", action="store_true", help="machine-readable output")

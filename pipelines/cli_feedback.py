@@ -121,3 +121,26 @@ def cmd_serve_webhooks(args: argparse.Namespace) -> int:
             f"events are kept in {home / 'inbox' / 'webhooks'} until the next run applies them")  # fmt: skip
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, server_header=False)
     return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import datetime as dt
+    from pathlib import Path
+
+    from dunning.report import results_page
+
+    cli = _cli()
+    if not 1 <= args.days <= 3650:
+        raise UserInputError("--days must be from 1 to 3650")
+    out = Path(args.out).expanduser()
+    if out.is_dir():
+        raise UserInputError(f"--out {out} is a directory; name the file, e.g. {out / 'report.html'}")
+    home = cli._home(args)
+    config = cli.load_settings(cli._config_path(args, home))
+    now = dt.datetime.now(dt.UTC)
+    stage_days = {stage.name: stage.days_overdue for stage in config.every_stage}
+    page = results_page.render_page(results_page.read_results(home, args.days, now.date(), stage_days), now)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    cli.say(f"wrote {out}: the funnel, recovery by stage and policy, the overdue amount of the last {args.days} days")
+    return 0

@@ -88,6 +88,15 @@ class Deployment:
         finally:
             con.close()
 
+    def latest_materialization(self, asset: str):
+        """The newest materialization of `asset` in the home's Dagster instance."""
+        import dagster as dg
+
+        instance = dg.DagsterInstance.from_config(str(self.home / "dagster"))
+        event = instance.get_latest_materialization_event(dg.AssetKey(asset))
+        assert event is not None and event.asset_materialization is not None, f"{asset} was never materialized"
+        return event.asset_materialization
+
     def outbox(self) -> list[email.message.EmailMessage]:
         directory = self.home / "outbox"
         files = sorted(directory.glob("*.eml")) if directory.exists() else []

@@ -237,3 +237,22 @@ def markdown_chart(counts: pl.DataFrame, width: int = 40) -> str:
         bar = "█" * max(1, round(width * n / top))
         lines.append(f"{stage:>14} {outcome:<10} {bar} {n}")
     return "\n".join(lines + ["```"])
+
+
+def recovery_markdown(recovery: pl.DataFrame) -> str:
+    """Recovery by policy, stage and currency (`Ledger.recovery_by_stage`) as a table for the UI's markdown."""
+    if recovery.is_empty():
+        return "_no reminder sent yet: nothing to recover_"
+    lines = [
+        "**Recovery by stage** (paid after a reminder: a later snapshot shows the invoice paid)",
+        "",
+        "| policy | stage | currency | reminders sent | paid ≤ 7 d | paid ≤ 30 d | recovered (minor units) | median days |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in recovery.to_dicts():
+        median = "–" if r["median_days_to_pay"] is None else f"{r['median_days_to_pay']:g}"
+        lines.append(
+            f"| {r['policy']} | {r['stage']} | {r['currency']} | {r['reminders_sent']} | {r['paid_within_7d']} | "
+            f"{r['paid_within_30d']} | {r['amount_recovered_minor']} | {median} |"
+        )
+    return "\n".join(lines)

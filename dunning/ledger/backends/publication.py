@@ -32,6 +32,8 @@ from pathlib import Path
 
 import duckdb
 
+from dunning.ledger.stores.history import RECOVERY_BY_STAGE
+
 log = logging.getLogger("dunning.ledger.backends.publication")
 
 VIEW_FILE = "analytics.duckdb"
@@ -96,6 +98,37 @@ ANALYST_VIEWS = {
                median(date_diff('day', r.reminded_at::DATE, p.first_seen_paid))
                    FILTER (WHERE p.first_seen_paid >= r.reminded_at::DATE) AS median_days_to_pay
         FROM reached r LEFT JOIN paid p USING (invoice_id) GROUP BY r.policy, r.stage""",
+    # recovery: a reminder recovered its amount when a later snapshot shows the invoice paid or with nothing left
+    "recovery_by_stage": RECOVERY_BY_STAGE,
+    "collections_daily": """
+        WITH days AS (
+            SELECT business_date, currency,
+                   count(*) FILTER (WHERE status = 'open' AND remaining_minor > 0) AS open_invoices,
+                   count(*) FILTER (WHERE status = 'open' AND remaining_minor > 0 AND days_overdue > 0)
+                       AS overdue_invoices,
+                   coalesce(sum(remaining_minor) FILTER (WHERE status = 'open' AND days_overdue > 0), 0)
+                       AS overdue_amount_minor
+            FROM invoice_history_daily GROUP BY ALL),
+        sent AS (
+            SELECT sent_at::DATE AS business_date, currency, count(*) AS reminders_sent FROM reminder_ledger
+            WHERE kind = 'reminder' AND status = 'sent' AND sent_at IS NOT NULL GROUP BY ALL),
+        first_paid AS (
+            SELECT invoice_id, min(business_date) AS business_date FROM invoice_history_daily
+            WHERE status = 'paid' OR remaining_minor = 0 GROUP BY invoice_id),
+        recovered AS (
+            SELECT f.business_date, r.currency, sum(r.amount_minor) AS amount_recovered_minor
+            FROM first_paid f JOIN (
+                SELECT invoice_id, any_value(currency) AS currency, arg_max(amount_minor, sent_at) AS amount_minor,
+                       min(sent_at::DATE) AS first_sent
+                FROM reminder_ledger WHERE kind = 'reminder' AND status = 'sent' AND sent_at IS NOT NULL
+                GROUP BY invoice_id) r ON r.invoice_id = f.invoice_id AND f.business_date >= r.first_sent
+            GROUP BY ALL)
+        SELECT business_date, currency, coalesce(open_invoices, 0) AS open_invoices,
+               coalesce(overdue_invoices, 0) AS overdue_invoices,
+               coalesce(overdue_amount_minor, 0) AS overdue_amount_minor,
+               coalesce(reminders_sent, 0) AS reminders_sent,
+               coalesce(amount_recovered_minor, 0) AS amount_recovered_minor
+        FROM days FULL JOIN sent USING (business_date, currency) FULL JOIN recovered USING (business_date, currency)""",
     "owed_vs_reminded": """
         WITH owed AS (
             SELECT business_date, currency, count(*) AS owed_invoices, sum(remaining_minor) AS owed_minor

@@ -32,9 +32,33 @@ from dunning.ledger.sql import SqlConnection, quote_identifier
 from dunning.sharding import EVERYONE, Shard
 
 HISTORY = "invoice_history_daily"
+# Recovery by stage (the analysts' view `recovery_by_stage`, and the audit's metadata through `recovery_by_stage`):
+# per policy, stage and currency, the reminders sent and how many of them were followed by payment (a later
+# snapshot shows the invoice paid or with nothing left); SQL both DuckDB and PostgreSQL run as written
+RECOVERY_BY_STAGE = """
+    WITH sent AS (
+        SELECT idempotency_key, invoice_id, policy, stage, currency, amount_minor, CAST(sent_at AS DATE) AS sent_on
+        FROM reminder_ledger WHERE kind = 'reminder' AND status = 'sent' AND sent_at IS NOT NULL),
+    paid AS (
+        SELECT invoice_id, business_date FROM invoice_history_daily WHERE status = 'paid' OR remaining_minor = 0),
+    outcome AS (
+        SELECT s.idempotency_key, s.policy, s.stage, s.currency, s.amount_minor, s.sent_on,
+               min(p.business_date) AS paid_on
+        FROM sent s LEFT JOIN paid p ON p.invoice_id = s.invoice_id AND p.business_date >= s.sent_on
+        GROUP BY s.idempotency_key, s.policy, s.stage, s.currency, s.amount_minor, s.sent_on)
+    SELECT policy, stage, currency, count(*) AS reminders_sent,
+           count(*) FILTER (WHERE paid_on <= sent_on + 7) AS paid_within_7d,
+           count(*) FILTER (WHERE paid_on <= sent_on + 30) AS paid_within_30d,
+           coalesce(sum(amount_minor) FILTER (WHERE paid_on IS NOT NULL), 0) AS amount_recovered_minor,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY paid_on - sent_on) AS median_days_to_pay
+    FROM outcome GROUP BY policy, stage, currency ORDER BY policy, stage, currency"""
 
 
 class HistoryStore(SqlConnection):
+    def recovery_by_stage(self) -> pl.DataFrame:
+        """Recovery per policy, stage and currency (`RECOVERY_BY_STAGE`)."""
+        return self.frame(RECOVERY_BY_STAGE)
+
     def merge_history_day(self, business_date: dt.date, rows: pl.DataFrame, shard: Shard = EVERYONE) -> None:
         """Bring one day of `invoice_history_daily` to `rows` (one per invoice) by change: rows whose values
         changed are replaced, new invoices added, and invoices of this shard's customers no longer in `rows`
