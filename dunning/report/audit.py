@@ -246,7 +246,7 @@ def recovery_markdown(recovery: pl.DataFrame) -> str:
     lines = [
         "**Recovery by stage** (paid after a reminder: a later snapshot shows the invoice paid)",
         "",
-        "| policy | stage | currency | reminders sent | paid ≤ 7 d | paid ≤ 30 d | recovered (minor units) | median days |",
+        "| policy | stage | currency | reminders sent | paid ≤ 7 d | paid ≤ 30 d | recovered (minor) | median days |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in recovery.to_dicts():

@@ -13,6 +13,7 @@ import datetime as dt
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -62,7 +63,7 @@ def read_results(home: Path, days: int, today: dt.date, stage_days: dict[str, in
     return Results(_in_stage_order(funnel, order), _in_stage_order(recovery, order, "currency"), daily, days)
 
 
-def _figure(width: float = 10, height: float = 3.4):
+def _figure(width: float = 10, height: float = 3.4) -> tuple[Any, Any, Any]:
     import matplotlib
 
     matplotlib.use("svg", force=True)
@@ -73,7 +74,7 @@ def _figure(width: float = 10, height: float = 3.4):
     return plt, *plt.subplots(figsize=(width, height))
 
 
-def _svg(plt, fig) -> Markup:
+def _svg(plt: Any, fig: Any) -> Markup:
     out = io.StringIO()
     fig.tight_layout()
     fig.savefig(out, format="svg", metadata={"Date": None})
