@@ -150,6 +150,7 @@ def apply_reports(
         })  # fmt: skip
     new = ledger.record_delivery_events(pl.DataFrame(rows, schema=DELIVERY_EVENT_SCHEMA, orient="row"))
     by_key = {row["event_key"]: row for row in rows}
+    condemned: list[dict[str, Any]] = []
     for key in sorted(new):
         row = by_key[key]
         if row["kind"] == "unreadable":
@@ -162,10 +163,11 @@ def apply_reports(
             result.not_trusted += 1
         if key in suppress:
             email, reason, source, match = suppress[key]
-            done = ledger.suppress(email, reason, source, at, customer_id=match["customer_id"] if match else None,
-                                   event_key=key)  # fmt: skip
-            if done.new:
-                result.suppressed.append(email)
+            condemned.append({"email": email, "reason": reason, "source": source, "event_key": key,
+                              "customer_id": match["customer_id"] if match else None})  # fmt: skip
+    schema = {"email": pl.String, "reason": pl.String, "source": pl.String, "event_key": pl.String,
+              "customer_id": pl.String}  # fmt: skip
+    result.suppressed = ledger.suppress_many(pl.DataFrame(condemned, schema=schema, orient="row"), at)
     kept = [u for u in reading.unreadable if u.event_key in new and u.raw]
     if kept:
         directory = home / UNREADABLE_DIR

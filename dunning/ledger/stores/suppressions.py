@@ -84,6 +84,33 @@ class SuppressionStore(SqlConnection):
         suppression_id = str(rows[0][0])
         return Suppressed(suppression_id, suppression_id == new_id)
 
+    def suppress_many(self, rows: pl.DataFrame, at: dt.datetime) -> list[str]:
+        """Suppress each address of `rows` (`email`, `reason`, `source`, `customer_id`, `event_key`) not suppressed
+        already, in one statement; the addresses newly suppressed. The first row of an address wins."""
+        if rows.is_empty():
+            return []
+        batch = (
+            rows.with_columns(pl.col("email").str.strip_chars().str.to_lowercase())
+            .unique("email", keep="first", maintain_order=True)
+            .select(
+                pl.concat_str(pl.lit("s-"), pl.col("event_key")).alias("suppression_id"), "email",
+                pl.col("email").alias("active_email"), "reason", "source", pl.lit(None, pl.String).alias("note"),
+                pl.col("customer_id").cast(pl.String), "event_key", pl.lit(at).alias("created_at"),
+                pl.lit(None, pl.Date).alias("until"),
+            )
+        )  # fmt: skip
+        with self.registered("suppress_rows", batch):
+            inserted = self.con.execute(
+                """
+                INSERT INTO suppressions (suppression_id, email, active_email, reason, source, note, customer_id,
+                                          event_key, created_at, until)
+                SELECT * FROM suppress_rows ORDER BY email
+                ON CONFLICT DO NOTHING
+                RETURNING email
+                """
+            ).fetchall()
+        return sorted(e for (e,) in inserted)
+
     def unsuppress(self, email: str, by: str, at: dt.datetime) -> bool:
         """Lift the suppression in force for `email` (any case); False when there is none."""
         rows = self.con.execute(
