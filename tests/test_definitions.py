@@ -98,3 +98,16 @@ def test_materializing_twice_sends_nothing_the_second_time(tmp_path):
             e for e in second.get_asset_check_evaluations() if e.check_name == "no_reminders_for_unowed_invoices"
         ]
         assert check.passed
+
+
+def test_the_definitions_resolve_without_a_dagster_warning_that_would_reach_the_terminal():
+    import warnings
+
+    import dagster as dg
+
+    from pipelines.definitions import defs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dg.BetaWarning)
+        warnings.simplefilter("error", dg.PreviewWarning)
+        defs.get_repository_def()

@@ -217,7 +217,8 @@ def test_a_worker_that_dies_while_writing_the_outbox_leaves_unknowns_the_next_ru
     _, error, statuses, outbox = _send(tmp_path, "home", due, config, processes=2)
     assert isinstance(error, RenderFailed) and "recorded unknown" in str(error)
     by_status = dict(statuses.group_by("status").len().iter_rows())
-    assert set(by_status) == {"sent", "unknown"}, "nothing claimed is left, and nothing a worker had is failed"
+    # how many emails were reported before the death depends on the machine's load: none may be, never failed
+    assert "unknown" in by_status and set(by_status) <= {"sent", "unknown"}, "nothing claimed left, nothing failed"
     written = {p.name for p in outbox.iterdir() if p.suffix == ".eml"}
     sent = statuses.filter(pl.col("status") == "sent").get_column("message_id")
     assert {FileOutbox(outbox).path_for(m).name for m in sent} <= written, "every key reported sent has its file"

@@ -98,6 +98,7 @@ def test_the_ui_shows_the_graph_checks_schedule_sensors_and_cli_runs(webserver):
         "landing_snapshots",
         "dead_mans_switch",
         "stripe_events",
+        "feedback_files_landed",
     }
     runs = webserver["runsOrError"]["results"]
     assert len(runs) == 1 and runs[0]["jobName"] == "dunning_cycle" and runs[0]["status"] == "SUCCESS"
