@@ -47,35 +47,6 @@ def write_snapshot(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-_DAGSTER_COMMANDS = {"run", "backfill", "recover", "resume"}  # the commands that open the home's Dagster instance
-_INSTANCE_TEMPLATE: list[Path] = []  # this worker's freshly created and migrated instance, made once
-
-
-def _fresh_instance(scratch: Path) -> Path:
-    """A Dagster instance exactly as `pipelines.instance.get_instance` creates it on a new home, made once per test
-    process in a child process (so no connection of ours holds its files): copied into each new home instead of
-    migrating a new SQLite storage for every test (0.7 s each, over a hundred times a suite)."""
-    if not _INSTANCE_TEMPLATE:
-        import subprocess
-        import sys
-
-        home = scratch / "instance-template"
-        code = f"from pathlib import Path; from pipelines.instance import get_instance; get_instance(Path({str(home)!r}))"
-        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=Path(__file__).parents[1])
-        _INSTANCE_TEMPLATE.append(home / "dagster")
-    return _INSTANCE_TEMPLATE[0]
-
-
-def _copy_private(source: Path, target: Path) -> None:
-    """`source` copied to `target` with the modes the CLI gives a home's files (0700 directories, 0600 files)."""
-    import shutil
-
-    shutil.copytree(source, target)
-    target.chmod(0o700)
-    for path in target.rglob("*"):
-        path.chmod(0o700 if path.is_dir() else 0o600)
-
-
 class Deployment:
     """One dunning home directory driven through the `dunning` command."""
 
@@ -89,10 +60,6 @@ class Deployment:
         return write_snapshot(self.root / f"snapshot-{self._snapshots}{suffix}", rows)
 
     def cli(self, *args: str) -> tuple[int, str, str]:
-        if args and args[0] in _DAGSTER_COMMANDS and not (self.home / "dagster").exists():
-            self.home.mkdir(parents=True, exist_ok=True)
-            self.home.chmod(0o700)
-            _copy_private(_fresh_instance(self.root.parent), self.home / "dagster")
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = cli.main(["--home", str(self.home), *args])
