@@ -18,15 +18,19 @@ def audit_run_id(context: dg.AssetExecutionContext, clock: CycleClock, policy_id
     return context.run.run_id if clock.reads_live_state else f"backfill:{clock.partition_date}:{policy_id}"
 
 
-def rejected_in_this_run(context: dg.AssetExecutionContext) -> int | None:
-    """The rows this run's validation rejected, as `invoice_snapshot` reported them (a dry run quarantines none, so
-    the quarantine cannot be counted); None when it did not say."""
+def snapshot_count(context: dg.AssetExecutionContext, name: str) -> int | None:
+    """A count `invoice_snapshot` reported in this run: `rejected_rows` (a dry run quarantines none, so the quarantine
+    cannot be counted), `rows_read`; None when it did not say."""
     for record in context.instance.all_logs(context.run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
         materialization = record.asset_materialization
         if materialization is not None and materialization.asset_key == dg.AssetKey("invoice_snapshot"):
-            value = materialization.metadata.get("rejected_rows")
+            value = materialization.metadata.get(name)
             return int(str(value.value)) if value is not None else None
     return None
+
+
+def rejected_in_this_run(context: dg.AssetExecutionContext) -> int | None:
+    return snapshot_count(context, "rejected_rows")
 
 
 @dg.asset(**ASSET_DEFAULTS, kinds={"polars", "duckdb"}, pool=LEDGER_POOL, ins={"invoice_snapshot": SNAPSHOT_FOR_AUDIT})
@@ -54,6 +58,7 @@ def dunning_audit(
             # the file applied, also when the run pulled it or took it from the landing folder (`resume` proves on it)
             snapshot_path=cycle_request.snapshot_path or ledger.applied_snapshot_path(context.run.run_id),
             rejected_rows=rejected_in_this_run(context),
+            rows_read=snapshot_count(context, "rows_read"),
         )
         recovery = ledger.recovery_by_stage() if clock.live else None
         if clock.live:  # the state this run leaves, for a later hour to compare with (`dunning.plan.unchanged`)

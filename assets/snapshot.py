@@ -22,7 +22,7 @@ from dunning.ingest.events import EVENTS_SCHEMA, PAYMENT_FAILED, REJECTED_SCHEMA
 from dunning.ingest.landing import latest_for_day
 from dunning.plan import unchanged
 from dunning.plan.clock import CycleClock, utc_now
-from dunning.run import inbox, steps
+from dunning.run import inbox, ingest, steps
 from resources.dunning import CycleRequest, DunningHome
 
 
@@ -36,6 +36,9 @@ def _snapshot_path(
     """`--snapshot`; else, with a billing source, a fresh pull (HOME/snapshots/); else the day's landed file."""
     if cycle_request.snapshot_path:
         return cycle_request.snapshot_path
+    shard = cycle_request.shard_spec()
+    if cycle_request.shard and clock.live and ingest.reads_the_store(config, dunning_home.root):
+        return str(ingest.shard_snapshot(config, dunning_home.root, shard.count, shard.index, clock.as_of))
     if _pulls(config, cycle_request, clock):
         return str(billing_source.pull_invoices(config.source, dunning_home.root, utc_now()))
     day = clock.partition_date
@@ -111,6 +114,7 @@ def invoice_snapshot(
             "mode": mode,
             "snapshot": path,
             "rejected_rows": loaded.rejected.height,
+            "rows_read": applied.rows_read,
             "rejections": loaded.summary,
             "owed_invoices": int(cycled.get_column("owed").sum()),
             "as_of": clock.as_of.isoformat(),

@@ -338,6 +338,14 @@ class Events(_Strict):
     (`event_address_not_trusted`). A known invoice's notice always goes to the snapshot's address."""
 
 
+class Store(_Strict):
+    """Where `dunning ingest` leaves the validated snapshot split by shard, for the shard runs to read."""
+
+    url: str | None = Field(default=None, min_length=1, max_length=4096)
+    """A directory, or `s3://bucket/prefix` (credentials and endpoint from the AWS environment variables, never this
+    file); none: `HOME/store`."""
+
+
 class Feedback(_Strict):
     """Delivery feedback (`dunning feedback`, `dunning serve-webhooks`): what a bounce or complaint may suppress."""
 
@@ -437,6 +445,8 @@ class DunningConfig(_Strict):
     """When the Dagster schedule starts a cycle."""
     feedback: Feedback = Feedback()
     """Bounces and complaints: what may suppress an address."""
+    store: Store = Store()
+    """The snapshot store of `dunning ingest` and the shard runs."""
     first_contact_tone: FirstContactTone = "gentle"
     """`gentle`: the first reminder of a cycle speaks gently whatever stage it records (an invoice first seen at day
     20 is not greeted with a final notice); `stage`: it takes its stage's tone."""

@@ -27,6 +27,7 @@ from dunning.ledger.factory import open_ledger_for
 from dunning.plan import exclusions
 from dunning.plan.clock import parse_as_of, utc_now
 from dunning.private_files import keep_private, private_dir
+from dunning.run import ingest
 from dunning.run.guard import prove_guard
 from dunning.run.settings import load_settings, template_warnings
 from dunning.safe_text import for_terminal
@@ -34,7 +35,7 @@ from dunning.secret_env import scrub
 from dunning.send import heap
 from dunning.sharding import Shard, parse_shard
 from dunning.vocabulary import ExclusionScope
-from pipelines import cli_feedback, report
+from pipelines import cli_feedback, cli_ingest, report
 from pipelines.cli_args import build_parser
 from pipelines.instance import (
     end_run_failed,
@@ -176,12 +177,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     config_path = _config_path(args, home)
     config = load_settings(config_path)  # fail fast, before Dagster starts, on a bad config
     _warn_about(config)
-    snapshot = _existing(args.snapshot, "snapshot") if args.snapshot else _source_ready(config)
     as_of = parse_as_of(args.as_of)
+    shard = _shard(args)
+    if args.snapshot:
+        snapshot = _existing(args.snapshot, "snapshot")
+    elif args.shard is not None and ingest.reads_the_store(config, home):  # its part of the hour's ingest
+        snapshot = str(ingest.shard_snapshot(config, home, shard.count, shard.index, as_of))
+    else:
+        snapshot = _source_ready(config)
     events = _existing(args.events, "events") if args.events else None
     if events:
         read_events(Path(events))  # a bad events file: one line, exit 2, before Dagster starts or anything is written
-    shard = _shard(args)
     instance = _instance(home, config.shards)
     run_config = _cycle_run_config(
         home,
@@ -527,6 +533,7 @@ COMMANDS = {
     "feedback": cli_feedback.cmd_feedback,
     "serve-webhooks": cli_feedback.cmd_serve_webhooks,
     "report": cli_feedback.cmd_report,
+    "ingest": cli_ingest.cmd_ingest,
 }
 
 

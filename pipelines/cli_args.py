@@ -169,6 +169,15 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
         sub.set_defaults(handler=handlers[name])
         _one_line_errors(sub)
 
+    ingest = commands.add_parser("ingest", help="validate the hour's snapshot once and store it split by shard")
+    ingest.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+    ingest.add_argument("--snapshot", metavar="PATH", help="the snapshot (default: pull from the configured source)")
+    ingest.add_argument("--as-of", help="the hour it is for, ISO 8601 (default: now)")
+    ingest.add_argument("--config", help="config file (default: HOME/config.yaml): shards, store")
+    ingest.add_argument("--allow-stale", action="store_true", help="accept a snapshot older than the last applied")
+    ingest.set_defaults(handler=handlers["ingest"])
+    _one_line_errors(ingest)
+
     suppress = commands.add_parser("suppress", help="never email an address (until `dunning unsuppress`)")
     suppress.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     suppress.add_argument("--email", required=True, metavar="ADDR", help="the address (any case)")

@@ -144,6 +144,7 @@ class Ledger(AlertStore, Protocol):
         snapshot_path: str | None = None,
         run_outcome: RunOutcome = RunOutcome.COMPLETED,
         rejected_rows: int | None = None,
+        rows_read: int | None = None,
     ) -> None: ...
 
     def retryable_failures(self, as_of: dt.datetime, max_attempts: int, kind: EmailKind = ...) -> pl.DataFrame: ...

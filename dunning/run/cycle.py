@@ -201,6 +201,7 @@ def audit_cycle(
     snapshot_path: str | None,
     run_outcome: RunOutcome = RunOutcome.COMPLETED,
     rejected_rows: int | None = None,
+    rows_read: int | None = None,
 ) -> pl.DataFrame:
     """Build and store this cycle's audit and run summary; returns the audit rows. `rejected_rows`: what validation
     rejected, when known (a dry run's count; None: the run's quarantine is counted)."""
@@ -208,7 +209,16 @@ def audit_cycle(
         due_rows(plan), outcomes, ledger.open_problems(), snapshot, run_id=run_id, as_of=as_of, dry_run=dry_run
     )
     ledger.write_audit(
-        run_id, audit, summarize(audit), as_of, dry_run, snapshot.height, snapshot_path, run_outcome, rejected_rows
+        run_id,
+        audit,
+        summarize(audit),
+        as_of,
+        dry_run,
+        snapshot.height,
+        snapshot_path,
+        run_outcome,
+        rejected_rows,
+        rows_read,
     )
     return audit
 

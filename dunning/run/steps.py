@@ -63,6 +63,7 @@ class AppliedSnapshot:
     loaded: cycle.ValidatedSnapshot
     cycled: pl.DataFrame  # the valid rows with cycle, days overdue, owed, sendable
     taken_at: dt.datetime
+    rows_read: int = 0  # the file's rows, accepted and rejected (a shard's part of an ingest: that part's)
 
 
 def apply_snapshot(
@@ -108,7 +109,7 @@ def apply_snapshot(
             pl.lit(clock.as_of).alias("as_of"), *HISTORY_COLUMNS,
         )  # fmt: skip
         ledger.merge_history_day(clock.partition_date, history, shard=shard)
-    return AppliedSnapshot(loaded, cycled, taken_at)
+    return AppliedSnapshot(loaded, cycled, taken_at, whole.valid.height + whole.rejected.height)
 
 
 STRIPE = "stripe"  # who excluded an invoice for its dispute

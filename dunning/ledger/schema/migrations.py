@@ -164,6 +164,11 @@ MIGRATIONS = (
             next(s for s in DDL if "CREATE TABLE IF NOT EXISTS delivery_events (" in s),
         ),
     ),
+    Migration(
+        16,
+        "ingest once: the snapshot rows each run read (a shard: its part of the ingest)",
+        ("ALTER TABLE dunning_runs ADD COLUMN IF NOT EXISTS rows_read BIGINT",),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

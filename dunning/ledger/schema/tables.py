@@ -131,7 +131,8 @@ DDL = (
         skipped BIGINT,
         emails BIGINT,
         not_owed_reminded BIGINT,
-        outcome VARCHAR
+        outcome VARCHAR,
+        rows_read BIGINT
     )
     """,
     """

@@ -163,6 +163,7 @@ class Operations(SqlConnection):
         snapshot_path: str | None = None,
         run_outcome: RunOutcome = RunOutcome.COMPLETED,
         rejected_rows: int | None = None,
+        rows_read: int | None = None,
     ) -> None:
         """The audit rows and the run's summary; `counts` as `audit.summarize` gives them. `rejected_rows`: what
         validation rejected (a dry run quarantines nothing); None counts the run's quarantine."""
@@ -192,6 +193,7 @@ class Operations(SqlConnection):
                     ),
                     "not_owed_reminded": counts["not_owed_reminded"],
                     "outcome": str(run_outcome),
+                    "rows_read": rows_read,
                 }
             ]
         )
@@ -220,7 +222,8 @@ class Operations(SqlConnection):
         # a run skipped as unchanged completed too: it checked everything and found nothing to do
         done = " AND coalesce(outcome, 'completed') IN ('completed', 'unchanged')" if completed_only else ""
         rows = self.frame(
-            "SELECT run_id, as_of, finished_wall_at, outcome, due, sent, failed, unknown, held FROM dunning_runs "
+            "SELECT run_id, as_of, finished_wall_at, outcome, due, sent, failed, unknown, held, rows_read "
+            "FROM dunning_runs "
             f"WHERE NOT dry_run AND run_id NOT LIKE 'backfill:%'{done} ORDER BY finished_wall_at DESC LIMIT 1"
         ).to_dicts()
         return rows[0] if rows else None

@@ -1,0 +1,177 @@
+"""The snapshot store: where `dunning ingest` leaves a validated snapshot split by shard, for the shard runs to read.
+
+`store.url` is a local directory (default `HOME/store`) or `s3://bucket/prefix`, both through `obstore` (the
+Python binding of the Rust `object_store` crate: one API for a directory and S3-compatible stores, no boto stack,
+credentials and endpoint read from the standard AWS environment variables, never the config). `AWS_ALLOW_HTTP=true`
+(plain http) is accepted only for an endpoint on this machine (a MinIO or a test server on 127.0.0.1).
+
+Layout, one folder per ingest:
+
+    ingests/<ingest id>/part-<K>-of-<N>.parquet   the accepted rows of shard K, written first
+    ingests/<ingest id>/manifest.json              written last: names every part, its rows and sha256
+
+A part is visible only once complete (an S3 PUT is atomic; the local store writes a temporary file and renames
+it); an ingest without its manifest does not exist for a reader. A shard run takes the newest complete manifest
+whose as-of is at or before its own and within one cron interval (`choose_manifest`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import polars as pl
+
+from dunning.errors import ConfigError, SnapshotError
+from dunning.urls import is_loopback
+
+INGESTS = "ingests"
+MANIFEST = "manifest.json"
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Part:
+    shard: int
+    path: str
+    rows: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    ingest_id: str
+    as_of: dt.datetime
+    taken_at: dt.datetime
+    shards: int
+    rows: int
+    rejected: int
+    source: str
+    parts: tuple[Part, ...]
+
+    def part(self, shard: int) -> Part:
+        return next(p for p in self.parts if p.shard == shard)
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "format": FORMAT, "ingest_id": self.ingest_id, "as_of": self.as_of.isoformat(),
+            "taken_at": self.taken_at.isoformat(), "shards": self.shards, "rows": self.rows,
+            "rejected": self.rejected, "source": self.source,
+            "parts": [{"shard": p.shard, "path": p.path, "rows": p.rows, "sha256": p.sha256} for p in self.parts],
+        }, indent=1).encode()  # fmt: skip
+
+    @staticmethod
+    def from_json(data: bytes) -> Manifest:
+        doc = json.loads(data)
+        if doc.get("format") != FORMAT:
+            raise ValueError(f"manifest format {doc.get('format')!r}")
+        return Manifest(
+            ingest_id=str(doc["ingest_id"]), as_of=dt.datetime.fromisoformat(doc["as_of"]),
+            taken_at=dt.datetime.fromisoformat(doc["taken_at"]), shards=int(doc["shards"]), rows=int(doc["rows"]),
+            rejected=int(doc["rejected"]), source=str(doc["source"]),
+            parts=tuple(Part(int(p["shard"]), str(p["path"]), int(p["rows"]), str(p["sha256"])) for p in doc["parts"]),
+        )  # fmt: skip
+
+
+def _allow_http(url: str) -> bool:
+    """Whether plain http may be used: only with `AWS_ALLOW_HTTP=true` and an endpoint on this machine."""
+    if os.environ.get("AWS_ALLOW_HTTP", "").strip().lower() not in ("true", "1"):
+        return False
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+    host = urlsplit(endpoint).hostname
+    if not endpoint.startswith("http://") or host is None or not is_loopback(host):
+        raise ConfigError(
+            "store.url: AWS_ALLOW_HTTP=true is accepted only with AWS_ENDPOINT_URL on this machine "
+            f"(http://127.0.0.1:…); {url} would send credentials and invoices unencrypted"
+        )
+    return True
+
+
+class SnapshotStore:
+    """One store: a directory or an S3 prefix (module docstring)."""
+
+    def __init__(self, url: str):
+        from obstore.store import LocalStore, S3Store
+
+        self.url = url
+        if url.startswith("s3://"):
+            parts = urlsplit(url)
+            if not parts.netloc:
+                raise ConfigError(f"store.url {url!r}: no bucket (s3://bucket/prefix)")
+            options: Any = {"allow_http": True} if _allow_http(url) else {}
+            self._store: Any = S3Store(parts.netloc, prefix=parts.path.strip("/") or None, client_options=options)
+        elif "://" in url:
+            raise ConfigError(f"store.url {url!r}: a directory or s3://bucket/prefix")
+        else:
+            Path(url).mkdir(parents=True, exist_ok=True)
+            self._store = LocalStore(url)
+
+    def put(self, path: str, data: bytes) -> None:
+        import obstore
+
+        obstore.put(self._store, path, data)
+
+    def get(self, path: str) -> bytes:
+        import obstore
+
+        return bytes(obstore.get(self._store, path).bytes())
+
+    def paths(self, prefix: str) -> list[str]:
+        import obstore
+
+        return [meta["path"] for batch in obstore.list(self._store, prefix) for meta in batch]
+
+    def manifests(self) -> list[Manifest]:
+        """Every complete ingest in the store, newest as-of first; an unreadable manifest is skipped."""
+        found = []
+        for path in self.paths(f"{INGESTS}/"):
+            if path.endswith(f"/{MANIFEST}"):
+                try:
+                    found.append(Manifest.from_json(self.get(path)))
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+        return sorted(found, key=lambda m: (m.as_of, m.ingest_id), reverse=True)
+
+    def write_ingest(self, manifest: Manifest, parts: dict[int, bytes]) -> None:
+        """Every part first, then the manifest that names them: readers see all of an ingest or none of it."""
+        for part in manifest.parts:
+            self.put(part.path, parts[part.shard])
+        self.put(f"{INGESTS}/{manifest.ingest_id}/{MANIFEST}", manifest.to_json())
+
+    def read_part(self, manifest: Manifest, shard: int) -> bytes:
+        """Part `shard` of `manifest`, checked against the sha256 the manifest names."""
+        part = manifest.part(shard)
+        try:
+            data = self.get(part.path)
+        except Exception as error:  # noqa: BLE001 - obstore's not-found and transport errors alike
+            raise SnapshotError(
+                f"ingest {manifest.ingest_id}: part {shard}/{manifest.shards} cannot be read from {self.url} "
+                f"({type(error).__name__}); run `dunning ingest` again"
+            ) from None
+        if hashlib.sha256(data).hexdigest() != part.sha256:
+            raise SnapshotError(f"ingest {manifest.ingest_id}: part {shard}/{manifest.shards} does not match its "
+                                "manifest (sha256); run `dunning ingest` again")  # fmt: skip
+        return data
+
+
+def choose_manifest(
+    manifests: list[Manifest], as_of: dt.datetime, shards: int, within: dt.timedelta
+) -> Manifest | None:
+    """The newest manifest of `shards` parts whose as-of is at or before `as_of` and no more than `within` before."""
+    for manifest in manifests:
+        if manifest.shards == shards and as_of - within <= manifest.as_of <= as_of:
+            return manifest
+    return None
+
+
+def parquet_bytes(frame: pl.DataFrame) -> bytes:
+    out = io.BytesIO()
+    frame.write_parquet(out)
+    return out.getvalue()
