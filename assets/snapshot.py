@@ -56,6 +56,7 @@ def _snapshot_path(
     kinds={"polars", "duckdb", "pandera"},
     pool=LEDGER_POOL,
     output_required=False,
+    deps=["ingested_snapshot"],  # a sharded run reads its part of the hour's ingest (`assets.ingest`)
     # reminders_due reads every column; the steps after it (the breaker's trip record, the audit) only these: the
     # frames IO manager keeps only them once reminders_due has its copy (a gigabyte less held at 10M invoices)
     metadata={NARROW_AFTER_FULL_LOAD: SNAPSHOT_AUDIT_COLUMNS},

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dagster as dg
 
 from assets.audit import dunning_audit
+from assets.ingest import ingested_snapshot
 from assets.publication import analyst_history
 from assets.reminders import reminders_due
 from assets.sending import send_batch
@@ -17,24 +18,40 @@ from assets.snapshot import billing_events, invoice_snapshot
 from checks.asset_checks import circuit_breaker, no_reminders_for_unowed_invoices, reminders_due_are_sound
 from pipelines.feedback_job import feedback_import
 from pipelines.io_manager import RunScopedFramesIOManager
-from pipelines.jobs import dunning_cycle_job
+from pipelines.jobs import dunning_cycle_job, dunning_ingest_job
 from pipelines.recovery_job import flood_recovery
-from pipelines.schedules import hourly_dunning
+from pipelines.schedules import hourly_dunning, hourly_ingest
 from pipelines.sensors import (
     dead_mans_switch,
     feedback_files_landed,
     landing_snapshots,
     page_on_run_failure,
+    shards_after_ingest,
     stripe_events,
 )
 from resources.dunning import CycleRequest, DunningHome
 
 defs = dg.Definitions(
-    assets=[invoice_snapshot, billing_events, reminders_due, send_batch, dunning_audit, analyst_history],
+    assets=[
+        ingested_snapshot,
+        invoice_snapshot,
+        billing_events,
+        reminders_due,
+        send_batch,
+        dunning_audit,
+        analyst_history,
+    ],
     asset_checks=[reminders_due_are_sound, circuit_breaker, no_reminders_for_unowed_invoices],
-    jobs=[dunning_cycle_job, flood_recovery, feedback_import],
-    schedules=[hourly_dunning],
-    sensors=[page_on_run_failure, landing_snapshots, dead_mans_switch, stripe_events, feedback_files_landed],
+    jobs=[dunning_cycle_job, dunning_ingest_job, flood_recovery, feedback_import],
+    schedules=[hourly_dunning, hourly_ingest],
+    sensors=[
+        page_on_run_failure,
+        landing_snapshots,
+        dead_mans_switch,
+        stripe_events,
+        feedback_files_landed,
+        shards_after_ingest,
+    ],
     resources={
         "dunning_home": DunningHome(home=dg.EnvVar("DUNNING_HOME")),
         "cycle_request": CycleRequest(),

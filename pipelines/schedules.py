@@ -16,30 +16,28 @@ from croniter import croniter
 
 from dunning.errors import LedgerBusy
 from dunning.ingest.landing import latest_for_day
-from pipelines.jobs import dunning_cycle_job
+from pipelines.jobs import dunning_cycle_job, dunning_ingest_job
 from resources.dunning import SHARD_TAG, DunningHome
 
+INGEST_AS_OF_TAG = "dunning/as_of"  # on an ingest run: the hour its shard runs are for
 
-@dg.schedule(
-    job=dunning_cycle_job,
-    cron_schedule="* * * * *",  # every minute; `schedule.cron` in the config says which minutes start a cycle
-    execution_timezone="UTC",
-    default_status=dg.DefaultScheduleStatus.STOPPED,
-)
-def hourly_dunning(context: dg.ScheduleEvaluationContext, dunning_home: DunningHome):
-    """Asks for one cycle at each tick of `schedule.cron` (business `timezone`, hourly by default) with the tick as
-    its clock; the run key stops a double launch.
 
-    The cron comes from the config, read at each evaluation: a Dagster schedule's own cron is fixed when the
-    definitions load, and reading the config there would branch on the environment at import. So the schedule is
-    evaluated every minute and skips, cheaply, every minute that is not a tick of `schedule.cron`.
+def shard_requests(as_of: str, partition: str, shards: int, trigger: str) -> list[dg.RunRequest]:
+    """One cycle run per shard K of N, tagged and keyed by shard and hour."""
+    return [
+        dg.RunRequest(
+            run_key=f"dunning-cycle-{as_of}-shard-{shard}",
+            job_name=dunning_cycle_job.name,
+            partition_key=partition,
+            run_config={"resources": {"cycle_request": {"config": {"as_of": as_of, "shard": shard}}}},
+            tags={"dunning/trigger": trigger, SHARD_TAG: shard},
+        )
+        for shard in (f"{k}/{shards}" for k in range(shards))
+    ]
 
-    With `shards: N` (N > 1) it asks for N runs, shard K of N each, tagged and
-    keyed by shard; with one shard the request is exactly the unsharded one.
-    While paused it skips with the reason. With no billing source and no snapshot landed for the day it skips with
-    the reason too: no run, no failure, no page. If the ledger is busy it asks for the run anyway: the job itself
-    holds every send while paused.
-    """
+
+def _tick(context: dg.ScheduleEvaluationContext, dunning_home: DunningHome):
+    """(settings, as_of, partition) when this minute starts a cycle, else the SkipReason saying why not."""
     scheduled = context.scheduled_execution_time
     settings = dunning_home.settings()
     local = scheduled.astimezone(settings.zone)
@@ -58,22 +56,64 @@ def hourly_dunning(context: dg.ScheduleEvaluationContext, dunning_home: DunningH
             return dg.SkipReason(f"dunning is paused since {pause.changed_at} by {pause.changed_by}: {pause.reason}")
     except LedgerBusy:
         context.log.info("ledger busy; requesting the run, which checks the pause itself")
-    as_of = scheduled.isoformat()
-    partition = day.isoformat()
+    return settings, scheduled.isoformat(), day.isoformat()
+
+
+@dg.schedule(
+    job=dunning_cycle_job,
+    cron_schedule="* * * * *",  # every minute; `schedule.cron` in the config says which minutes start a cycle
+    execution_timezone="UTC",
+    default_status=dg.DefaultScheduleStatus.STOPPED,
+)
+def hourly_dunning(context: dg.ScheduleEvaluationContext, dunning_home: DunningHome):
+    """Asks for one cycle at each tick of `schedule.cron` (business `timezone`, hourly by default) with the tick as
+    its clock; the run key stops a double launch.
+
+    The cron comes from the config, read at each evaluation: a Dagster schedule's own cron is fixed when the
+    definitions load, and reading the config there would branch on the environment at import. So the schedule is
+    evaluated every minute and skips, cheaply, every minute that is not a tick of `schedule.cron`.
+
+    With `shards: N` (N > 1) it skips: `hourly_ingest` starts the hour with one ingest, and the sensor
+    `shards_after_ingest` asks for the N shard runs when it succeeds. While paused it skips with the reason. With
+    no billing source and no snapshot landed for the day it skips with the reason too: no run, no failure, no page.
+    If the ledger is busy it asks for the run anyway: the job itself holds every send while paused.
+    """
+    tick = _tick(context, dunning_home)
+    if isinstance(tick, dg.SkipReason):
+        return tick
+    settings, as_of, partition = tick
+    if settings.shards > 1:
+        return dg.SkipReason(
+            f"shards: {settings.shards}: the hour starts with one ingest (schedule hourly_ingest), then one run per "
+            "shard (sensor shards_after_ingest)"
+        )
+    return dg.RunRequest(
+        run_key=f"dunning-cycle-{as_of}",
+        partition_key=partition,
+        run_config={"resources": {"cycle_request": {"config": {"as_of": as_of}}}},
+        tags={"dunning/trigger": "schedule"},
+    )
+
+
+@dg.schedule(
+    job=dunning_ingest_job,
+    cron_schedule="* * * * *",
+    execution_timezone="UTC",
+    default_status=dg.DefaultScheduleStatus.STOPPED,
+)
+def hourly_ingest(context: dg.ScheduleEvaluationContext, dunning_home: DunningHome):
+    """With `shards: N` (N > 1), at each tick of `schedule.cron`: one ingest of the hour's snapshot (validated once,
+    stored split by shard); the shard runs follow it (`shards_after_ingest`). Unsharded it skips: `hourly_dunning`
+    runs the cycle, which reads the snapshot itself."""
+    tick = _tick(context, dunning_home)
+    if isinstance(tick, dg.SkipReason):
+        return tick
+    settings, as_of, partition = tick
     if settings.shards == 1:
-        return dg.RunRequest(
-            run_key=f"dunning-cycle-{as_of}",
-            partition_key=partition,
-            run_config={"resources": {"cycle_request": {"config": {"as_of": as_of}}}},
-            tags={"dunning/trigger": "schedule"},
-        )
-    shards = [f"{k}/{settings.shards}" for k in range(settings.shards)]
-    return [
-        dg.RunRequest(
-            run_key=f"dunning-cycle-{as_of}-shard-{shard}",
-            partition_key=partition,
-            run_config={"resources": {"cycle_request": {"config": {"as_of": as_of, "shard": shard}}}},
-            tags={"dunning/trigger": "schedule", SHARD_TAG: shard},
-        )
-        for shard in shards
-    ]
+        return dg.SkipReason("shards: 1: hourly_dunning runs the cycle, which reads the snapshot itself")
+    return dg.RunRequest(
+        run_key=f"dunning-ingest-{as_of}",
+        partition_key=partition,
+        run_config={"ops": {"ingested_snapshot": {"config": {"as_of": as_of}}}},
+        tags={"dunning/trigger": "schedule", INGEST_AS_OF_TAG: as_of},
+    )

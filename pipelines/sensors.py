@@ -18,8 +18,9 @@ from dunning.plan.clock import utc_now
 from dunning.send import liveness
 from dunning.send.alerts import Alert, deliver, raise_alert
 from pipelines.feedback_job import feedback_files, feedback_import
-from pipelines.jobs import dunning_cycle_job
+from pipelines.jobs import dunning_cycle_job, dunning_ingest_job
 from pipelines.recovery_job import flood_recovery
+from pipelines.schedules import INGEST_AS_OF_TAG, shard_requests
 from resources.dunning import SHARD_TAG, DunningHome
 
 
@@ -191,3 +192,24 @@ def feedback_files_landed(context: dg.SensorEvaluationContext, dunning_home: Dun
         )
     context.update_cursor(json.dumps(sorted(seen)))
     return requests or dg.SkipReason("no new file in the feedback landing folder")
+
+
+@dg.run_status_sensor(
+    run_status=dg.DagsterRunStatus.SUCCESS,
+    monitored_jobs=[dunning_ingest_job],
+    request_job=dunning_cycle_job,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="When an ingest succeeds, one cycle run per shard K of N, each reading only its part of it.",
+)
+def shards_after_ingest(context: dg.RunStatusSensorContext, dunning_home: DunningHome):
+    """A run-status sensor rather than an asset dependency: the shard runs are N runs of the cycle job, each with its
+    own shard tag (the run queue's per-shard limit keys on it), which one asset materialization cannot ask for; the
+    lineage still shows ingest -> shards (`invoice_snapshot` depends on `ingested_snapshot`)."""
+    run = context.dagster_run
+    as_of = run.tags.get(INGEST_AS_OF_TAG)
+    if not as_of:  # an ingest started by hand in the UI without the tag: its config says the hour
+        as_of = run.run_config.get("ops", {}).get("ingested_snapshot", {}).get("config", {}).get("as_of")
+    if not as_of:
+        return dg.SkipReason(f"ingest run {run.run_id[:8]} names no hour")
+    partition = run.tags.get("dagster/partition") or as_of[:10]
+    return shard_requests(as_of, partition, dunning_home.settings().shards, "ingest")

@@ -28,6 +28,7 @@ def test_definitions_load_with_the_expected_graph(monkeypatch, tmp_path):
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert keys == {
+        "ingested_snapshot",
         "invoice_snapshot",
         "billing_events",
         "reminders_due",
@@ -37,6 +38,8 @@ def test_definitions_load_with_the_expected_graph(monkeypatch, tmp_path):
     }
     assert all(graph.get(k).partitions_def is not None for k in graph.get_all_asset_keys())
     assert graph.get(dg.AssetKey("send_batch")).parent_keys == {dg.AssetKey("reminders_due")}
+    assert graph.get(dg.AssetKey("invoice_snapshot")).parent_keys == {dg.AssetKey("ingested_snapshot")}  # lineage
+    assert "ingested_snapshot" not in {k.to_user_string() for k in job.asset_layer.executable_asset_keys}
     checks = {c.name: c for c in graph.asset_check_keys}
     assert REMINDERS_SOUND in checks
     assert defs.resolve_schedule_def("hourly_dunning").cron_schedule == "* * * * *"  # `schedule.cron` picks ticks

@@ -11,11 +11,15 @@ import yaml
 from dunning.errors import UserInputError
 from dunning.ledger.backends.duckdb_ledger import open_ledger
 from dunning.sharding import EVERYONE, MAX_SHARDS, Shard, parse_shard, shard_of
+from pipelines.definitions import defs
 from pipelines.instance import DAGSTER_YAML, get_instance
-from resources.dunning import SHARD_TAG
-from tests.conftest import Deployment, invoice
+from pipelines.jobs import dunning_ingest_job
+from pipelines.schedules import hourly_ingest
+from pipelines.sensors import shards_after_ingest
+from resources.dunning import SHARD_TAG, DunningHome
+from tests.conftest import Deployment, invoice, write_snapshot
 from tests.helpers import SCHEDULE_HOUR as HOUR
-from tests.helpers import scheduled_requests
+from tests.helpers import customers, scheduled_requests
 from tests.test_events import payment_failed_event, write
 
 AS_OF = "2026-11-05T09:00:00Z"
@@ -172,7 +176,26 @@ def test_the_schedule_asks_for_one_run_per_shard(tmp_path):
     assert single.run_config == {"resources": {"cycle_request": {"config": {"as_of": HOUR.isoformat()}}}}
 
     (tmp_path / "config.yaml").write_text("shards: 3\n")
-    requests = scheduled_requests(tmp_path)
+    skipped = scheduled_requests(tmp_path)
+    assert isinstance(skipped, dg.SkipReason) and "hourly_ingest" in skipped.skip_message
+    write_snapshot(tmp_path / "landing" / "2026-11-05.csv", customers(9))
+    context = dg.build_schedule_context(
+        scheduled_execution_time=HOUR, resources={"dunning_home": DunningHome(home=str(tmp_path))}
+    )
+    ingest_request = hourly_ingest(context)
+    assert isinstance(ingest_request, dg.RunRequest) and ingest_request.run_key == f"dunning-ingest-{HOUR.isoformat()}"
+    instance = dg.DagsterInstance.ephemeral()
+    result = dunning_ingest_job.resolve(asset_graph=defs.resolve_asset_graph()).execute_in_process(
+        run_config=ingest_request.run_config, tags=ingest_request.tags, partition_key="2026-11-05",
+        resources={"dunning_home": DunningHome(home=str(tmp_path))}, instance=instance,
+    )  # fmt: skip
+    assert result.success
+    sensor_context = dg.build_run_status_sensor_context(
+        sensor_name="shards_after_ingest", dagster_instance=instance,
+        dagster_run=result.dagster_run, dagster_event=result.get_run_success_event(),
+        resources={"dunning_home": DunningHome(home=str(tmp_path))},
+    )  # fmt: skip
+    requests = shards_after_ingest(sensor_context)
     assert isinstance(requests, list) and len(requests) == 3
     assert len({r.run_key for r in requests}) == 3 and all(HOUR.isoformat() in r.run_key for r in requests)
     assert [r.tags[SHARD_TAG] for r in requests] == ["0/3", "1/3", "2/3"]

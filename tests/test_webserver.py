@@ -76,6 +76,7 @@ def webserver(tmp_path):
 def test_the_ui_shows_the_graph_checks_schedule_sensors_and_cli_runs(webserver):
     nodes = {"/".join(n["assetKey"]["path"]): n for n in webserver["assetNodes"]}
     assert set(nodes) == {
+        "ingested_snapshot",
         "invoice_snapshot",
         "billing_events",
         "reminders_due",
@@ -88,17 +89,19 @@ def test_the_ui_shows_the_graph_checks_schedule_sensors_and_cli_runs(webserver):
     assert deps["send_batch"] == {"reminders_due"}
     assert deps["dunning_audit"] == {"invoice_snapshot", "reminders_due", "send_batch"}
     assert deps["analyst_history"] == {"dunning_audit"}
+    assert deps["invoice_snapshot"] == {"ingested_snapshot"}, "the lineage shows ingest -> shards"
     assert all(n["isPartitioned"] for n in nodes.values())
     checks = {c["name"]: c["blocking"] for c in nodes["reminders_due"]["assetChecksOrError"]["checks"]}
     assert checks == {"reminders_due_are_sound": True, "circuit_breaker": True}
     [repository] = webserver["repositoriesOrError"]["nodes"]
-    assert [s["name"] for s in repository["schedules"]] == ["hourly_dunning"]
+    assert {s["name"] for s in repository["schedules"]} == {"hourly_dunning", "hourly_ingest"}
     assert {s["name"] for s in repository["sensors"]} == {
         "page_on_run_failure",
         "landing_snapshots",
         "dead_mans_switch",
         "stripe_events",
         "feedback_files_landed",
+        "shards_after_ingest",
     }
     runs = webserver["runsOrError"]["results"]
     assert len(runs) == 1 and runs[0]["jobName"] == "dunning_cycle" and runs[0]["status"] == "SUCCESS"
