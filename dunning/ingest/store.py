@@ -172,6 +172,7 @@ def choose_manifest(
 
 
 def parquet_bytes(frame: pl.DataFrame) -> bytes:
+    """A part as Parquet: lz4, no column statistics (a part is read whole, once, by its shard)."""
     out = io.BytesIO()
-    frame.write_parquet(out)
+    frame.write_parquet(out, compression="lz4", statistics=False)
     return out.getvalue()

@@ -44,7 +44,8 @@ def split_by_shard(valid: pl.DataFrame, shards: int) -> dict[int, pl.DataFrame]:
     owners = pl.DataFrame({"customer_id": ids, "_shard": [shard_of(i, shards) for i in ids.to_list()]},
                           schema={"customer_id": pl.String, "_shard": pl.Int32})  # fmt: skip
     tagged = valid.join(owners, on="customer_id", how="left").with_columns(pl.col("_shard").fill_null(0))
-    return {k: tagged.filter(pl.col("_shard") == k).drop("_shard") for k in range(shards)}
+    parts = tagged.partition_by("_shard", as_dict=True, include_key=False)
+    return {k: parts.get((k,), valid.clear()) for k in range(shards)}
 
 
 def part_frame(rows: pl.DataFrame, taken_at: dt.datetime) -> pl.DataFrame:
