@@ -111,17 +111,24 @@ def markdown(r: dict) -> str:
     n, rows = r["shards"], r["rows"]
     worst = max(r["rows_read"]) / rows if rows else 0
     lines = [
-        "", f"## {r['at']} — ingest once, shards read their part", "", f"Machine: {r['machine']}.",
+        "",
+        f"## {r['at']} — ingest once, shards read their part",
+        "",
+        f"Machine: {r['machine']}.",
         f"Command: `python -m bench.ingest --tier {r['tier']} --shards {n}` (total {r['total_s']:.0f} s); the runs one "
-        "after another on copies of one home, each process timed whole (`/usr/bin/time`).", "",
-        "| measurement | result | target |", "|---|---|---|",
+        "after another on copies of one home, each process timed whole (`/usr/bin/time`).",
+        "",
+        "| measurement | result | target |",
+        "|---|---|---|",
         f"| fixed start of one `dunning` process (`status`: imports, the ledger, no work) | "
         f"{r['fixed_start']['one process']['wall_s']} s wall, {r['fixed_start']['one process']['cpu_s']} s CPU | |",
         f"| unsharded full `dunning run`, {rows:,} invoices | {r['unsharded']['wall_s']} s, CPU "
         f"{r['unsharded']['cpu_s']} s, peak RSS {r['unsharded']['peak_rss_mb']} MB | "
-        + ("met" if r["unsharded"]["wall_s"] <= 25 else "**missed**") + " (≤ 25 s) |",
+        + ("met" if r["unsharded"]["wall_s"] <= 25 else "**missed**")
+        + " (≤ 25 s) |",
         f"| unsharded `--dry-run` | {r['dry_run']['wall_s']} s, CPU {r['dry_run']['cpu_s']} s | "
-        + ("met" if r["dry_run"]["wall_s"] <= 6 else "**missed**") + " (≤ 6 s) |",
+        + ("met" if r["dry_run"]["wall_s"] <= 6 else "**missed**")
+        + " (≤ 6 s) |",
         f"| `dunning ingest`, {n} parts | {r['ingest']['wall_s']} s, CPU {r['ingest']['cpu_s']} s, peak RSS "
         f"{r['ingest']['peak_rss_mb']} MB | |",
     ]
@@ -132,10 +139,12 @@ def markdown(r: dict) -> str:
         f"| ingest + {n} shards, CPU / one unsharded run | {r['sharded_cpu_s']} s / {r['unsharded']['cpu_s']} s = "
         f"{r['cpu_ratio']}x | " + ("met" if r["cpu_ratio"] <= 1.3 else "**missed**") + " (≤ 1.3x) |",
         f"| largest part / all rows | {worst:.3f} (1/N = {1 / n:.3f}) | "
-        + ("met" if worst <= 1 / n + 0.05 else "**missed**") + " (≤ 1/N + 5%) |",
+        + ("met" if worst <= 1 / n + 0.05 else "**missed**")
+        + " (≤ 1/N + 5%) |",
         f"| in-process: ingest (load, validate, split, write parts) / load and validate | "
         f"{r['in_process']['ingest_s']} s / {r['in_process']['load_validate_s']} s = {r['in_process']['ratio']}x | "
-        + ("met" if r["in_process"]["ratio"] <= 1.2 else "**missed**") + " (≤ 1.2x) |",
+        + ("met" if r["in_process"]["ratio"] <= 1.2 else "**missed**")
+        + " (≤ 1.2x) |",
         "",
     ]
     return "\n".join(lines)

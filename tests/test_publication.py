@@ -404,3 +404,24 @@ def test_a_postgresql_ledger_copies_only_the_days_that_changed_and_publishes_the
     assert second["2026-11-03.parquet"] != first["2026-11-03.parquet"]
     assert view_count(tmp_path, "SELECT count(*) FROM invoice_history_daily") == 28
     assert view_count(tmp_path, "SELECT count(*) FROM invoice_history_daily WHERE amount_paid = 40") == 12
+
+
+def test_a_table_published_whole_is_rewritten_only_when_it_changed(tmp_path):
+    """A dry run, or an hour with nothing new, must not rewrite a million-row invoice_cycles for the analysts."""
+    with open_ledger(tmp_path / "dunning.duckdb") as ledger:
+        ledger.con.execute(
+            "INSERT INTO exclusions (exclusion_id, scope, target_id, active_target, excluded_at, excluded_by) "
+            "VALUES ('x1', 'customer', 'cus_1', 'customer:cus_1', now(), 'ops')"
+        )
+        publish(ledger.con, tmp_path)
+        target = tmp_path / "analytics" / "exclusions.parquet"
+        first = (target.stat().st_ino, target.stat().st_mtime_ns)
+        publish(ledger.con, tmp_path)
+        assert (target.stat().st_ino, target.stat().st_mtime_ns) == first, "nothing changed: not rewritten"
+        ledger.con.execute("UPDATE exclusions SET reason = 'disputed' WHERE exclusion_id = 'x1'")
+        publish(ledger.con, tmp_path)
+        assert target.stat().st_ino != first[0], "a changed row: rewritten"
+        target.unlink()
+        publish(ledger.con, tmp_path)
+        assert target.exists(), "a file gone is written again"
+    assert view_count(tmp_path, "SELECT count(*) FROM exclusions WHERE reason = 'disputed'") == 1

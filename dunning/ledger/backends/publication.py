@@ -54,6 +54,7 @@ PARTITIONED_TABLES = {
     "dunning_audit": "CAST(timezone('UTC', as_of) AS DATE)",
 }
 UNDATED = "undated"
+WHOLE_TABLES_MANIFEST = "published.json"  # under analytics/: the fingerprint of each table published whole
 PUBLISHED_TABLES = (
     "reminder_ledger",
     "invoice_history_daily",
@@ -220,14 +221,24 @@ def publish(
     directory = home / "analytics"
     directory.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
+    whole_path = directory / WHOLE_TABLES_MANIFEST
+    published = json.loads(whole_path.read_text()) if whole_path.exists() else {}
+    current: dict[str, str] = {}
     for table in PUBLISHED_TABLES:
         if table in PARTITIONED_TABLES:
             given = (day_fingerprints or {}).get(table)
             counts[table] = _publish_by_day(con, table, PARTITIONED_TABLES[table], directory / table, given)
             (directory / f"{table}.parquet").unlink(missing_ok=True)  # the single file of earlier versions
             continue
-        _replace_atomically(directory / f"{table}.parquet", _copy_to(con, table))
-        counts[table] = _count(con, f"SELECT count(*) FROM {table}")
+        # a table published whole is rewritten only when its fingerprint (row count, XOR of its rows' hashes)
+        # changed: a dry run or an hour with nothing new rewrites nothing of a million-row invoice_cycles
+        rows, content = con.execute(f"SELECT count(*), bit_xor(hash(t)) FROM {table} t").fetchall()[0]
+        current[table] = f"{rows}:{content}"
+        target = directory / f"{table}.parquet"
+        if published.get(table) != current[table] or not target.exists():
+            _replace_atomically(target, _copy_to(con, table))
+        counts[table] = int(rows)
+    _replace_atomically(whole_path, lambda path: path.write_text(json.dumps(current, sort_keys=True)))
     _publish_view_file(home / VIEW_FILE, directory)
     return counts
 
