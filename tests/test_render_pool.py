@@ -287,3 +287,43 @@ def test_amounts_formatted_without_babel_read_as_babel_writes_them():
                 expected = f"{pattern.apply(Decimal(amount).scaleb(-digits), parsed)} {currency}"
                 assert format_amount(amount, currency, locale) == expected, (locale, currency, amount)
     assert plain > 500, "most locales take the plain path"
+
+
+def test_render_fields_name_every_field_the_email_code_reads_from_a_row():
+    """A worker is sent only `RENDER_FIELDS` of each row: a field the email code reads but the list lacks would render
+    differently in a worker than in process. Every `row["…"]` / `row.get("…")` read in the modules that build an email
+    must be in the list (keys of the template context the code builds itself are not rows and are listed apart)."""
+    import re
+
+    from dunning.email.render import RENDER_FIELDS
+
+    root = Path(__file__).resolve().parents[1] / "dunning"
+    sources = [
+        *sorted((root / "email").glob("*.py")),
+        root / "send" / "render_pool.py",
+        root / "plan" / "invoice_emails.py",
+    ]
+    read = set()
+    for source in sources:
+        read |= set(
+            re.findall(
+                r"""\b(?:r|row|rows\[0\]|records\[0\]|record|first|issued)(?:\.get\(|\[)"([a-z_]+)\"""",
+                source.read_text(),
+            )
+        )
+    context_keys = {"lines", "total", "description", "quantity", "amount", "emails", "first_at", "last_at"}
+    assert read - context_keys <= RENDER_FIELDS, (
+        f"read from rows but not sent to workers: {read - context_keys - RENDER_FIELDS}"
+    )
+
+
+def test_a_slim_row_renders_the_same_bytes_as_the_whole_plan_row(tmp_path):
+    from dunning.email.render import RENDER_FIELDS
+
+    config = DunningConfig(group_by="customer")
+    due = sending.with_email_ids(_due(tmp_path, _rows(40), config), config)
+    settings = sending.render_settings(config, AS_OF)
+    for _, group in due.group_by("email_group", maintain_order=True):
+        records = group.to_dicts()
+        slim = [{k: v for k, v in r.items() if k in RENDER_FIELDS} for r in records]
+        assert build(slim, settings) == build(records, settings)

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 import polars as pl
 
 from dunning.config import DunningConfig
-from dunning.email.render import Sender
+from dunning.email.render import RENDER_FIELDS, Sender
 from dunning.email.wire import WireEmail
 from dunning.errors import DunningError, LedgerLost
 from dunning.keys import email_id_of_joined, idempotency_key_for
@@ -436,7 +436,11 @@ def _claim_and_send(
             grouped.setdefault(record["email_group"], []).append(record)
         groups = list(grouped.values())
         outstanding.update((g[0]["message_id"], len(g)) for g in groups)
-        return _Claimed(rows, groups, pool.render(groups) if pool is not None and groups else None)
+        if pool is None or not groups:
+            return _Claimed(rows, groups, None)
+        # a worker is sent only what building an email reads: a third of the row's fields, pickled per email
+        slim = [[{k: v for k, v in r.items() if k in RENDER_FIELDS} for r in group] for group in groups]
+        return _Claimed(rows, groups, pool.render(slim))
 
     def record(claimed: _Claimed, sent: list[tuple[list[Record], SendOutcome]]) -> None:
         rows = claimed.rows
