@@ -128,3 +128,27 @@ def test_the_store_on_s3_holds_the_parts_and_a_shard_reads_its_own(deployment, t
 
     part = pl.read_parquet(store.read_part(manifest, 1))
     assert part.height == manifest.part(1).rows and part.height < 6
+
+
+def test_a_shard_started_while_its_ingest_is_still_writing_parts_refuses_with_exit_2(deployment, tmp_path, monkeypatch):
+    """The manifest is written last: parts without it are an ingest that does not exist yet for a reader."""
+    from dunning.ingest import store as store_module
+
+    cfg = config(tmp_path)
+    written = []
+    original = store_module.SnapshotStore.put
+
+    def put(self, path, data):
+        if path.endswith("manifest.json"):  # the ingest is stopped before its last write
+            raise KeyboardInterrupt
+        written.append(path)
+        return original(self, path, data)
+
+    monkeypatch.setattr(store_module.SnapshotStore, "put", put)
+    code, _, _ = deployment.cli("ingest", "--snapshot", str(deployment.snapshot(customers(4))), "--as-of", AS_OF,
+                                "--config", cfg)  # fmt: skip
+    assert code == 130 and len(written) == 2, "both parts written, the manifest not"
+    monkeypatch.setattr(store_module.SnapshotStore, "put", original)
+    code, _, err = deployment.cli("run", "--shard", "0/2", "--as-of", AS_OF, "--config", cfg)
+    assert code == 2 and "no ingest of 2 parts" in err
+    assert deployment.outbox() == []
