@@ -180,3 +180,70 @@ def test_a_file_dropped_in_the_feedback_landing_folder_is_imported_once_by_the_s
     result = feedback_import.execute_in_process(run_config=request.run_config, resources=resources)
     assert result.success
     assert suppressions(deployment) == [("ada@example.com", "hard_bounce", "mbox")]
+
+
+def test_a_bounce_after_an_operators_temporary_suppression_makes_it_permanent(deployment, tmp_path):
+    two_customers(deployment)
+    ids = sent_to(deployment)
+    assert deployment.cli("suppress", "--email", "ada@example.com", "--until", "2026-11-05")[0] == 0
+    box = write_mbox(tmp_path / "b.mbox", [dsn("ada@example.com", ids["ada@example.com"])])
+    code, out, _ = deployment.cli("feedback", "--mbox", str(box))
+    assert "suppressed: 1 address(es): ada@example.com" in out, "the bounce outlasts the operator's date"
+    assert deployment.query("SELECT reason, until FROM suppressions WHERE active_email IS NOT NULL") == [
+        ("hard_bounce", None)
+    ]
+    later = deployment.run_in_process([invoice()], DAY8)
+    assert later.sent_keys == [], "no one is mailed after they bounced, whatever date an operator had set"
+    assert deployment.cli("suppress", "--email", "ada@example.com", "--until", "2026-11-09")[0] == 0
+    assert deployment.query("SELECT until FROM suppressions WHERE active_email IS NOT NULL") == [(None,)], (
+        "an operator's date never shortens a bounce"
+    )
+
+
+def test_a_report_naming_our_message_id_but_no_valid_recipient_suppresses_nothing(deployment, tmp_path):
+    """Message-IDs are derived from the keys, so one can be guessed: the report must also state the address."""
+    two_customers(deployment)
+    ids = sent_to(deployment)
+    box = write_mbox(tmp_path / "guessed.mbox", [dsn("nobody-valid", ids["bob@example.com"])])
+    code, out, _ = deployment.cli("feedback", "--mbox", str(box))
+    assert code == 0 and suppressions(deployment) == []
+
+
+def test_the_same_bounce_by_another_route_after_a_lift_does_not_suppress_again(deployment, tmp_path):
+    two_customers(deployment)
+    raw = dsn("ada@example.com", sent_to(deployment)["ada@example.com"])
+    deployment.cli("feedback", "--mbox", str(write_mbox(tmp_path / "b.mbox", [raw])))
+    assert deployment.cli("unsuppress", "--email", "ada@example.com")[0] == 0
+    deployment.cli("feedback", "--maildir", str(write_maildir(tmp_path / "Maildir", [raw])))
+    assert suppressions(deployment) == []
+
+
+def test_a_failure_between_recording_and_suppressing_loses_no_bounce(deployment, tmp_path, monkeypatch):
+    from dunning.ledger.stores.suppressions import SuppressionStore
+
+    two_customers(deployment)
+    box = write_mbox(tmp_path / "b.mbox", [dsn("ada@example.com", sent_to(deployment)["ada@example.com"])])
+
+    def fail(*_):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(SuppressionStore, "suppress_many", fail)
+    assert deployment.cli("feedback", "--mbox", str(box))[0] != 0
+    monkeypatch.undo()
+    assert events(deployment) == [], "the report was not recorded without its suppression"
+    deployment.cli("feedback", "--mbox", str(box))
+    assert suppressions(deployment) == [("ada@example.com", "hard_bounce", "mbox")]
+
+
+def test_one_hostile_resend_event_never_costs_the_files_good_ones(deployment, tmp_path):
+    two_customers(deployment)
+    good = json.dumps(resend_event("email.bounced", "re_1", "ada@example.com"))
+    deep = "[" * 100_000 + "]" * 100_000
+    overflow = json.dumps(
+        resend_event("email.bounced", "re_2", "bob@example.com", created_at="9999-12-31T23:59:59-23:59")
+    )
+    (tmp_path / "mixed.jsonl").write_text("\n".join([deep, overflow, good]) + "\n")
+    code, out, err = deployment.cli("feedback", "--resend-events", str(tmp_path / "mixed.jsonl"))
+    assert code == 0, err
+    assert ("ada@example.com", "hard_bounce", "resend_file") in suppressions(deployment)
+    assert "unreadable: 1" in out

@@ -172,3 +172,24 @@ def test_the_run_summary_counts_what_it_settled(deployment, tmp_path):
         code, out, err = deployment.run(two_invoices(), LATER, "--config", config)
     assert code == 0, err
     assert "settled from earlier runs: 2 unknown key(s): 2 sent by resubmission" in out
+
+
+def test_an_address_suppressed_after_the_plan_gets_no_resubmission(deployment, tmp_path, monkeypatch):
+    """The plan's settle rows said the present allows a resubmission; a bounce arrived before the send step (the
+    webhook receiver applies at once on PostgreSQL): the send step reads the suppressions again and holds it."""
+    from dunning.run import steps
+
+    with FakeResend(script={1: "500-after-accept"}) as api:
+        config = api.config(tmp_path / "resend.yaml")
+        deployment.run_in_process(two_invoices(), DAY, config)
+        original = steps.send_step
+
+        def bounce_arrives_then_send(ledger, *args, **kwargs):
+            ledger.suppress("ada@example.com", "hard_bounce", "resend_webhook", dt.datetime.now(dt.UTC))
+            return original(ledger, *args, **kwargs)
+
+        monkeypatch.setattr(steps, "send_step", bounce_arrives_then_send)
+        result = deployment.run_in_process(two_invoices(), LATER, config)
+    assert len(api.requests) == 1, "nothing resubmitted to a suppressed address"
+    assert result.result.unknown_settled.held == {"suppressed": 2}
+    assert set(statuses(deployment).values()) == {"unknown"}

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from email.message import Message
 from typing import Any
 
-from dunning.safe_text import is_address
+from dunning.safe_text import CONTROL_CLASS, is_address
 
 MAX_MESSAGE_BYTES = 5 * 1024 * 1024  # a bounce is a few kilobytes; a larger message is not read
 MAX_PARTS = 64
@@ -43,7 +43,7 @@ MAX_MESSAGE_ID = 998
 MAX_EVENT_BYTES = 1024 * 1024  # one Resend event
 HARD_BOUNCE, SOFT_BOUNCE, COMPLAINT, DELIVERED = "hard_bounce", "soft_bounce", "complaint", "delivered"
 SUPPRESSING = {HARD_BOUNCE: "hard_bounce", COMPLAINT: "complaint"}  # report kind -> suppression reason
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]+")
+_CONTROL = re.compile(f"[{CONTROL_CLASS}\u200b-\u200f]+")  # the project's control characters, and zero-widths
 _STATUS = re.compile(r"^([245])\.\d{1,3}\.\d{1,3}$")
 _MESSAGE_ID = re.compile(r"^<[^<>\s]+>$")
 _PARSER = email.parser.BytesParser(policy=email.policy.compat32)
@@ -169,11 +169,11 @@ def _reported_at(message: Message) -> dt.datetime | None:
 
     try:
         value = parsedate_to_datetime(str(message.get("Date", "")))
-    except (TypeError, ValueError, IndexError):
+        if value is None:
+            return None
+        return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if value is None:
-        return None
-    return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
 
 
 def _dsn_kind(action: str, status: str | None) -> str | None:
@@ -200,9 +200,12 @@ def _dsn_reports(message: Message, part: Message, raw_key: str, source: str) -> 
         if kind is None:
             continue
         recipient = clean_address(block.get("Final-Recipient")) or clean_address(block.get("Original-Recipient"))
+        # one report, whichever route brought it (mbox, Maildir, a copy forwarded twice): what it says, when it
+        # names our email and a recipient; else these bytes
+        said = _key("dsn", message_id, recipient, status, kind) if message_id and recipient else f"{raw_key}:{index}"
         reports.append(
             Report(
-                event_key=f"{source}:{raw_key}:{index}",
+                event_key=f"dsn:{said}",
                 kind=kind,
                 source=source,
                 email=recipient,
@@ -221,12 +224,14 @@ def _arf_report(message: Message, part: Message, raw_key: str, source: str) -> R
     recipient = clean_address(fields.get("Original-Rcpt-To"))
     if recipient is None and original is not None:
         recipient = clean_address(original.get("To"))
+    message_id = clean_message_id(original.get("Message-ID")) if original is not None else None
+    said = _key("arf", message_id, recipient) if message_id and recipient else raw_key
     return Report(
-        event_key=f"{source}:{raw_key}:0",
+        event_key=f"arf:{said}",
         kind=COMPLAINT,
         source=source,
         email=recipient,
-        message_id=clean_message_id(original.get("Message-ID")) if original is not None else None,
+        message_id=message_id,
         status_code=clean_text(fields.get("Feedback-Type"), 40),
         detail=clean_text(fields.get("User-Agent")),
         reported_at=_reported_at(message),
@@ -280,9 +285,9 @@ def _when(value: object) -> dt.datetime | None:
         return None
     try:
         moment = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
+        return (moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
+    except (ValueError, OverflowError):
         return None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
 
 
 def resend_event(event: Any, source: str, trusted: bool = True) -> list[Report] | None:
@@ -325,7 +330,7 @@ def _documents(text: str) -> Iterator[tuple[int, Any, str | None]]:
     stripped = text.strip()
     try:
         whole = json.loads(stripped)
-    except ValueError:
+    except (ValueError, RecursionError):  # a JSON Lines file, or nesting deeper than the parser goes
         whole = None
     else:
         if isinstance(whole, list):
@@ -341,8 +346,8 @@ def _documents(text: str) -> Iterator[tuple[int, Any, str | None]]:
             continue
         try:
             yield number, json.loads(line), None
-        except ValueError as error:
-            yield number, None, f"line {number}: not JSON ({clean_text(error, 100)})"
+        except (ValueError, RecursionError) as error:
+            yield number, None, f"line {number}: not JSON ({clean_text(error, 100) or type(error).__name__})"
 
 
 def read_resend_events(raw: bytes, source: str = "resend_file") -> Reading:
@@ -353,9 +358,17 @@ def read_resend_events(raw: bytes, source: str = "resend_file") -> Reading:
         if why is not None:
             reading.unreadable.append(Unreadable(f"{source}:{_key(raw, position)}", source, why, b""))
             continue
-        reports = resend_event(document, source)
+        try:
+            reports = resend_event(document, source)
+        except Exception as error:  # noqa: BLE001 - one hostile event never costs the file's others
+            why = clean_text(f"{type(error).__name__}: {error}", 200) or type(error).__name__
+            reading.unreadable.append(Unreadable(f"{source}:{_key(raw, position)}", source, why, b""))
+            continue
         if reports is None:
-            blob = json.dumps(document, default=str)[:4096].encode()
+            try:
+                blob = json.dumps(document, default=str)[:4096].encode()
+            except (ValueError, RecursionError):
+                blob = b""
             reading.unreadable.append(Unreadable(f"{source}:{_key(blob)}", source, "not a Resend event", blob))
         elif not reports:
             reading.not_reports += 1

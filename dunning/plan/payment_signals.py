@@ -41,11 +41,18 @@ SIGNALS_SCHEMA = pl.Schema(
 LOOKBACK = dt.timedelta(days=400)  # an open dispute or a payment older than this is the snapshot's to say
 
 
+# within one second (Stripe's `created` resolution) an event that ends something is taken as the later one: a
+# payment that started and succeeded in the same second is not left "in flight", a dispute opened and closed is closed
+_ENDS_LAST = pl.col("type").is_in([*ENDS, DISPUTE_CLOSED, *PAID]).cast(pl.Int8)
+
+
 def _latest(events: pl.DataFrame, types: tuple[str, ...]) -> pl.DataFrame:
-    """Per invoice, its latest event among `types` (by creation, then id)."""
+    """Per invoice, its latest event among `types` (by creation, an ending event last within a second, then id)."""
     return (
         events.filter(pl.col("type").is_in(types))
-        .sort("created_at", "event_id")
+        .with_columns(_ENDS_LAST.alias("_ends"))
+        .sort("created_at", "_ends", "event_id")
+        .drop("_ends")
         .group_by("invoice_id", maintain_order=True)
         .last()
     )

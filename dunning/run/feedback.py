@@ -128,10 +128,10 @@ def apply_reports(
     suppress: dict[str, tuple[str, str, str, dict[str, Any] | None]] = {}
     for report in reading.reports:
         match = ours.get(report.event_key)
-        email = report.email or (
-            str(match["customer_email"]).lower() if match and match.get("customer_email") else None
-        )
-        allowed = _may_suppress(report if report.email else _with_email(report, email), match, config)
+        # the address is the report's own, never filled in from the email it names: a Message-ID can be guessed,
+        # so a report suppresses only an address it states and that email went to
+        email = report.email
+        allowed = _may_suppress(report, match, config)
         rows.append({
             "event_key": report.event_key, "kind": report.kind, "source": report.source, "email": email,
             "message_id": report.message_id or report.provider_email_id,
@@ -148,7 +148,18 @@ def apply_reports(
             "message_id": None, "idempotency_keys": None, "customer_id": None, "status_code": None,
             "detail": item.why, "reported_at": None, "recorded_at": at, "matched": False, "suppressed": False,
         })  # fmt: skip
-    new = ledger.record_delivery_events(pl.DataFrame(rows, schema=DELIVERY_EVENT_SCHEMA, orient="row"))
+    with ledger.transaction():  # recorded and suppressed together: a report is never on record without its effect
+        new = ledger.record_delivery_events(pl.DataFrame(rows, schema=DELIVERY_EVENT_SCHEMA, orient="row"))
+        result.suppressed = _suppress_new(ledger, rows, new, suppress, result, at)
+    _keep_unreadable(reading, new, home, result)
+    return result
+
+
+def _suppress_new(
+    ledger: Ledger, rows: list[dict[str, Any]], new: set[str],
+    suppress: dict[str, tuple[str, str, str, dict[str, Any] | None]], result: FeedbackResult, at: dt.datetime,
+) -> list[str]:  # fmt: skip
+    """Count the reports recorded for the first time, and suppress the addresses those may condemn."""
     by_key = {row["event_key"]: row for row in rows}
     condemned: list[dict[str, Any]] = []
     for key in sorted(new):
@@ -167,7 +178,10 @@ def apply_reports(
                               "customer_id": match["customer_id"] if match else None})  # fmt: skip
     schema = {"email": pl.String, "reason": pl.String, "source": pl.String, "event_key": pl.String,
               "customer_id": pl.String}  # fmt: skip
-    result.suppressed = ledger.suppress_many(pl.DataFrame(condemned, schema=schema, orient="row"), at)
+    return ledger.suppress_many(pl.DataFrame(condemned, schema=schema, orient="row"), at)
+
+
+def _keep_unreadable(reading: Reading, new: set[str], home: Path, result: FeedbackResult) -> None:
     kept = [u for u in reading.unreadable if u.event_key in new and u.raw]
     if kept:
         directory = home / UNREADABLE_DIR
@@ -175,10 +189,3 @@ def apply_reports(
         for item in kept:
             (directory / f"{item.event_key.replace(':', '-')}.eml").write_bytes(item.raw)
         result.kept_in = str(directory)
-    return result
-
-
-def _with_email(report: Report, email: str | None) -> Report:
-    from dataclasses import replace
-
-    return replace(report, email=email)

@@ -92,7 +92,7 @@ def _read(path: Path) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_bytes())
         body = json.loads(record["body"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     return {**record, "event": body} if isinstance(record, dict) else None
 
@@ -106,16 +106,18 @@ def apply_inbox(ledger: Ledger, home: Path, config: DunningConfig, run_id: str, 
     stripe_events, reading, applied = [], Reading(), []
     for path in files:
         record = _read(path)
-        if record is None:  # set aside for a human, so it neither blocks nor repeats
+        try:
+            if record is None:
+                raise ValueError("not an inbox record")
+            if record["provider"] == "stripe":
+                stripe_events.append(record["event"])
+            else:
+                reading.reports += resend_event(record["event"], "resend_webhook", trusted=True) or []
+        except Exception:  # noqa: BLE001 - set aside for a human, so it neither blocks every run nor repeats
             result.unreadable.append(path.name)
             (path.parent / "unreadable").mkdir(exist_ok=True)
             path.replace(path.parent / "unreadable" / path.name)
             continue
-        if record["provider"] == "stripe":
-            stripe_events.append(record["event"])
-        else:
-            reports = resend_event(record["event"], "resend_webhook", trusted=True)
-            reading.reports += reports or []
         applied.append(path)
     if stripe_events:
         loaded = split_events(stripe_events)

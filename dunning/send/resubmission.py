@@ -128,6 +128,16 @@ def resolve_unknown(
         pending = pending.join(settle.select("idempotency_key", "hold"), on="idempotency_key", how="inner")
     else:
         pending = pending.with_columns(pl.lit("no present to check against", dtype=pl.String).alias("hold"))
+    if pending.height and "customer_email" in pending.columns:  # suppressed since the plan: read again, now
+        now_suppressed = set(ledger.suppressed_emails(wall.date()).get_column("email").to_list())
+        if now_suppressed:
+            late = pending.get_column("customer_email").str.to_lowercase().is_in(sorted(now_suppressed))
+            pending = pending.with_columns(
+                pl.when(late.fill_null(False) & pl.col("hold").is_null())
+                .then(pl.lit(str(HoldReason.SUPPRESSED)))
+                .otherwise(pl.col("hold"))
+                .alias("hold")
+            )
     done = Settled()
     answers: list[tuple[str, SendStatus, str | None, str | None, str | None]] = []
     settled_emails: list[str] = []

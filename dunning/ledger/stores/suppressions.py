@@ -75,7 +75,7 @@ class SuppressionStore(SqlConnection):
                                       event_key, created_at, until)
             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (active_email) DO UPDATE SET
-                until = CASE WHEN ? THEN excluded.until ELSE suppressions.until END,
+                until = CASE WHEN ? AND suppressions.reason = 'manual' THEN excluded.until ELSE suppressions.until END,
                 note = CASE WHEN ? THEN coalesce(excluded.note, suppressions.note) ELSE suppressions.note END
             RETURNING suppression_id
             """,
@@ -85,8 +85,9 @@ class SuppressionStore(SqlConnection):
         return Suppressed(suppression_id, suppression_id == new_id)
 
     def suppress_many(self, rows: pl.DataFrame, at: dt.datetime) -> list[str]:
-        """Suppress each address of `rows` (`email`, `reason`, `source`, `customer_id`, `event_key`) not suppressed
-        already, in one statement; the addresses newly suppressed. The first row of an address wins."""
+        """Suppress each address of `rows` (`email`, `reason`, `source`, `customer_id`, `event_key`) for good: a new
+        row, or an operator's temporary suppression made permanent (a bounce outlasts any `until`); the addresses
+        whose suppression this made or lengthened. The first row of an address wins."""
         if rows.is_empty():
             return []
         batch = (
@@ -100,12 +101,20 @@ class SuppressionStore(SqlConnection):
             )
         )  # fmt: skip
         with self.registered("suppress_rows", batch):
+            # an operator's suppression whose `until` has passed no longer holds: it ends, so the bounce takes its place
+            self.con.execute(
+                "UPDATE suppressions SET active_email = NULL, lifted_at = ?, lifted_by = 'until passed' "
+                "WHERE active_email IN (SELECT email FROM suppress_rows) AND until IS NOT NULL AND until < ?",
+                [at, at.date()],
+            )
             inserted = self.con.execute(
                 """
                 INSERT INTO suppressions (suppression_id, email, active_email, reason, source, note, customer_id,
                                           event_key, created_at, until)
                 SELECT * FROM suppress_rows ORDER BY email
-                ON CONFLICT DO NOTHING
+                ON CONFLICT (active_email) DO UPDATE SET
+                    until = NULL, reason = excluded.reason, source = excluded.source, event_key = excluded.event_key
+                WHERE suppressions.until IS NOT NULL
                 RETURNING email
                 """
             ).fetchall()
