@@ -115,3 +115,28 @@ def test_a_snapshot_taken_after_the_payment_decides_by_itself(deployment, tmp_pa
     deployment.run_in_process([export], "2026-11-05T09:00:00Z")  # read as paid: the cycle closes
     reopened = invoice(snapshot_at="2026-11-07T06:00:00Z", due_date="2026-11-03")  # charged back, due again
     assert deployment.run_in_process([reopened], DAY8).sent_keys == ["dunning:in_1:2:day3"]
+
+
+def test_two_disputes_on_one_invoice_keep_it_excluded_until_both_close():
+    import polars as pl
+
+    def row(event_id, kind, dispute_id, second):
+        payload = json.dumps({"data": {"object": {"id": dispute_id, "object": "dispute"}}})
+        moment = dt.datetime(2026, 11, 3, 12, 0, second, tzinfo=dt.UTC)
+        return {"invoice_id": "in_1", "type": kind, "created_at": moment, "event_id": event_id, "payload": payload}
+
+    opened, closed = "charge.dispute.created", "charge.dispute.closed"
+    events = pl.DataFrame([row("e1", opened, "dp_1", 0), row("e2", opened, "dp_2", 1), row("e3", closed, "dp_1", 2)])
+    assert payment_signals.disputes(events) == (["in_1"], [])
+    both = pl.concat([events, pl.DataFrame([row("e4", closed, "dp_2", 3)])])
+    assert payment_signals.disputes(both) == ([], ["in_1"])
+
+
+def test_a_payment_that_started_and_succeeded_in_one_second_is_not_left_in_flight():
+    import polars as pl
+
+    moment = dt.datetime(2026, 11, 3, 12, tzinfo=dt.UTC)
+    kinds = ["payment_intent.succeeded", "payment_intent.processing"]  # the ending one first by id
+    events = pl.DataFrame({"invoice_id": ["in_1", "in_1"], "type": kinds, "created_at": [moment, moment],
+                           "event_id": ["evt_a", "evt_z"]})  # fmt: skip
+    assert payment_signals.in_flight(events) == []

@@ -38,6 +38,7 @@ SIGNAL_TYPES = tuple(sorted({*DISPUTES, *STARTS, *ENDS}))
 SIGNALS_SCHEMA = pl.Schema(
     {"invoice_id": pl.String(), "type": pl.String(), "created_at": pl.Datetime("us", "UTC"), "event_id": pl.String()}
 )
+WITH_PAYLOAD = pl.Schema({**SIGNALS_SCHEMA, "payload": pl.String()})
 LOOKBACK = dt.timedelta(days=400)  # an open dispute or a payment older than this is the snapshot's to say
 
 
@@ -88,8 +89,21 @@ def in_flight(events: pl.DataFrame) -> list[str]:
 
 
 def disputes(events: pl.DataFrame) -> tuple[list[str], list[str]]:
-    """(invoices whose dispute is open, invoices whose latest dispute closed)."""
-    latest = _latest(events.cast(SIGNALS_SCHEMA), DISPUTES)
-    opened = _valid_ids(latest.filter(pl.col("type") == DISPUTE_OPENED).get_column("invoice_id"))
-    closed = _valid_ids(latest.filter(pl.col("type") == DISPUTE_CLOSED).get_column("invoice_id"))
+    """(invoices with a dispute open, invoices all of whose disputes closed): each dispute (its object id, from
+    the event's payload) by its own latest event, so a second dispute stays open when the first closes."""
+    rows = events.filter(pl.col("type").is_in(DISPUTES))
+    if "payload" not in rows.columns:
+        rows = rows.with_columns(pl.lit(None, dtype=pl.String).alias("payload"))
+    rows = rows.cast(WITH_PAYLOAD).with_columns(
+        pl.coalesce(pl.col("payload").str.json_path_match("$.data.object.id"), pl.lit("")).alias("_dispute")
+    )
+    latest = (
+        rows.with_columns(_ENDS_LAST.alias("_ends"))
+        .sort("created_at", "_ends", "event_id")
+        .group_by("invoice_id", "_dispute", maintain_order=True)
+        .last()
+    )
+    by_invoice = latest.group_by("invoice_id").agg((pl.col("type") == DISPUTE_OPENED).any().alias("open"))
+    opened = _valid_ids(by_invoice.filter(pl.col("open")).get_column("invoice_id").sort())
+    closed = _valid_ids(by_invoice.filter(~pl.col("open")).get_column("invoice_id").sort())
     return opened, closed

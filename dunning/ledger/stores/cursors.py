@@ -56,10 +56,10 @@ class CursorStore(SqlConnection):
 
     def signal_events(self, types: Sequence[str], since: dt.datetime, until: dt.datetime) -> pl.DataFrame:
         """The stored events of `types` about an invoice, created in [since, until], oldest first (`invoice_id`,
-        `type`, `created_at`, `event_id`): the payment signals (`dunning.run.payment_signals`)."""
+        `type`, `created_at`, `event_id`, `payload`): the payment signals (`dunning.plan.payment_signals`)."""
         marks = ", ".join("?" for _ in types)
         return self.frame(
-            f"SELECT invoice_id, type, created_at, event_id FROM billing_events WHERE invoice_id IS NOT NULL "
+            f"SELECT invoice_id, type, created_at, event_id, payload FROM billing_events WHERE invoice_id IS NOT NULL "
             f"AND created_at IS NOT NULL AND created_at >= ? AND created_at <= ? AND type IN ({marks}) "
             "ORDER BY created_at, event_id",
             [since, until, *types],
