@@ -31,6 +31,7 @@ import polars as pl
 from dunning.config import DunningConfig
 from dunning.errors import UserInputError
 from dunning.ingest.delivery_reports import (
+    MAX_MESSAGE_BYTES,
     SUPPRESSING,
     Reading,
     Report,
@@ -71,7 +72,8 @@ def mailbox_messages(path: Path, kind: str) -> Iterator[bytes]:
     try:
         for key in box.iterkeys():
             try:
-                yield box.get_bytes(key)
+                with box.get_file(key) as message:  # read no more than one byte past the limit: a huge one is bounded
+                    yield message.read(MAX_MESSAGE_BYTES + 1)
             except (OSError, KeyError):  # a message removed while we read: the next import has it or not
                 continue
     finally:
