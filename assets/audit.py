@@ -9,24 +9,13 @@ from dunning.plan import unchanged
 from dunning.plan.clock import CycleClock
 from dunning.report import audit as audit_rules
 from dunning.run import cycle
-from resources.dunning import CycleRequest, DunningHome
+from resources.dunning import CycleRequest, DunningHome, snapshot_count
 
 
 def audit_run_id(context: dg.AssetExecutionContext, clock: CycleClock, policy_id: str) -> str:
     """Live and dry runs are audited under their run id; a backfill under its day and policy, so a re-run
     replaces it."""
     return context.run.run_id if clock.reads_live_state else f"backfill:{clock.partition_date}:{policy_id}"
-
-
-def snapshot_count(context: dg.AssetExecutionContext, name: str) -> int | None:
-    """A count `invoice_snapshot` reported in this run: `rejected_rows` (a dry run quarantines none, so the quarantine
-    cannot be counted), `rows_read`; None when it did not say."""
-    for record in context.instance.all_logs(context.run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
-        materialization = record.asset_materialization
-        if materialization is not None and materialization.asset_key == dg.AssetKey("invoice_snapshot"):
-            value = materialization.metadata.get(name)
-            return int(str(value.value)) if value is not None else None
-    return None
 
 
 def rejected_in_this_run(context: dg.AssetExecutionContext) -> int | None:

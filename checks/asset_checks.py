@@ -13,7 +13,7 @@ from dunning.plan.breaker import BREAKER_CHECK
 from dunning.plan.clock import RunMode
 from dunning.report import audit as audit_rules
 from dunning.run import cycle
-from resources.dunning import CycleRequest, DunningHome
+from resources.dunning import CycleRequest, DunningHome, snapshot_count
 
 # what the audit and the breaker's trip record read of the snapshot (see RunScopedFramesIOManager)
 SNAPSHOT_AUDIT_COLUMNS = ["invoice_id", "owed", "remaining_minor"]
@@ -93,6 +93,7 @@ def circuit_breaker(
                 dry_run=clock.mode is RunMode.DRY_RUN,
                 snapshot_path=cycle_request.snapshot_path,
                 logger=context.log,
+                rows_read=snapshot_count(context, "rows_read"),
             )
     offenders = verdict.offenders.head(50).select("customer_id", "emails_in_window").rows()
     return dg.AssetCheckResult(

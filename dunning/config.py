@@ -673,6 +673,10 @@ def parse_config(data: object, source: str = "config", base_dir: Path | None = N
 
     if config.templates_dir is not None:  # checked by `run.settings`, which may load the template engine
         config = config.model_copy(update={"templates_dir": resolved(config.templates_dir)})
+    if config.store.url is not None and "://" not in config.store.url:  # a directory: relative to this file
+        config = config.model_copy(
+            update={"store": config.store.model_copy(update={"url": resolved(config.store.url)})}
+        )
     if any(p.templates_dir is not None for p in config.policies):
         policies = tuple(
             p if p.templates_dir is None else p.model_copy(update={"templates_dir": resolved(p.templates_dir)})

@@ -25,7 +25,7 @@ from resources.dunning import SHARD_TAG, DunningHome
 
 
 @dg.run_failure_sensor(
-    monitored_jobs=[dunning_cycle_job, flood_recovery],
+    monitored_jobs=[dunning_cycle_job, dunning_ingest_job, flood_recovery],
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Raises one alert per failed dunning run; a breaker trip has already paged, so it is not paged twice.",
 )
@@ -212,4 +212,14 @@ def shards_after_ingest(context: dg.RunStatusSensorContext, dunning_home: Dunnin
     if not as_of:
         return dg.SkipReason(f"ingest run {run.run_id[:8]} names no hour")
     partition = run.tags.get("dagster/partition") or as_of[:10]
-    return shard_requests(as_of, partition, dunning_home.settings().shards, "ingest")
+    return shard_requests(as_of, partition, _ingested_shards(context, run.run_id) or dunning_home.settings().shards,
+                          "ingest")  # fmt: skip
+
+
+def _ingested_shards(context: dg.RunStatusSensorContext, run_id: str) -> int | None:
+    """How many parts the ingest run wrote (its materialization's metadata): the config may have changed since."""
+    for record in context.instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
+        materialization = record.asset_materialization
+        if materialization is not None and "shards" in materialization.metadata:
+            return int(str(materialization.metadata["shards"].value))
+    return None

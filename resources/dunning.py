@@ -91,3 +91,14 @@ class CycleRequest(dg.ConfigurableResource):
         record = context.instance.get_run_record_by_id(context.run.run_id)
         created = record.create_timestamp if record else dt.datetime.now(dt.UTC)
         return created.astimezone(dt.UTC)
+
+
+def snapshot_count(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext, name: str) -> int | None:
+    """A count `invoice_snapshot` reported in this run: `rejected_rows` (a dry run quarantines none, so the quarantine
+    cannot be counted), `rows_read`; None when it did not say."""
+    for record in context.instance.all_logs(context.run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
+        materialization = record.asset_materialization
+        if materialization is not None and materialization.asset_key == dg.AssetKey("invoice_snapshot"):
+            value = materialization.metadata.get(name)
+            return int(str(value.value)) if value is not None else None
+    return None

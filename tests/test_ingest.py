@@ -152,3 +152,75 @@ def test_a_shard_started_while_its_ingest_is_still_writing_parts_refuses_with_ex
     code, _, err = deployment.cli("run", "--shard", "0/2", "--as-of", AS_OF, "--config", cfg)
     assert code == 2 and "no ingest of 2 parts" in err
     assert deployment.outbox() == []
+
+
+def test_an_empty_part_carries_the_ingests_snapshot_time_so_no_shard_is_refused_as_stale(deployment, tmp_path):
+    cfg = config(tmp_path, shards=4)
+    rows = [invoice(invoice_id="in_a", customer_id="cus_a", snapshot_at="2026-11-04T08:50:00Z"),
+            invoice(invoice_id="in_b", customer_id="cus_b", customer_email="b@example.com",
+                    snapshot_at="2026-11-04T08:50:00Z")]  # fmt: skip
+    assert (
+        deployment.cli("ingest", "--snapshot", str(deployment.snapshot(rows)), "--as-of", AS_OF, "--config", cfg)[0]
+        == 0
+    )
+    for shard in ("1/4", "3/4", "0/4", "2/4"):  # the empty parts first
+        code, _, err = deployment.cli("run", "--shard", shard, "--as-of", AS_OF, "--config", cfg)
+        assert code == 0, err
+    taken = {t for (t,) in deployment.query("SELECT DISTINCT snapshot_taken_at FROM applied_snapshots")}
+    assert len(taken) == 1, "every shard applied the ingest's snapshot time"
+    assert len(deployment.outbox()) == 2
+
+
+def test_of_two_ingests_of_one_hour_the_later_one_is_read(deployment, tmp_path):
+    cfg = config(tmp_path, shards=1)
+    deployment.cli("ingest", "--snapshot", str(deployment.snapshot(customers(2))), "--as-of", AS_OF, "--config", cfg)
+    deployment.cli("ingest", "--snapshot", str(deployment.snapshot(customers(3))), "--as-of", AS_OF, "--config", cfg)
+    [newest, _] = SnapshotStore(str(deployment.home / "store")).manifests()
+    assert newest.rows == 3, "the corrected re-ingest wins, whatever its random suffix"
+
+
+def test_a_hand_placed_or_damaged_manifest_is_never_read(deployment, tmp_path):
+    from dunning.ingest.store import Manifest
+
+    cfg = config(tmp_path)
+    deployment.cli("ingest", "--snapshot", str(deployment.snapshot(customers(4))), "--as-of", AS_OF, "--config", cfg)
+    [manifest_path] = (deployment.home / "store").rglob("manifest.json")
+    doc = json.loads(manifest_path.read_text())
+    for bad in ({"ingest_id": "../../../tmp/owned"}, {"as_of": "2026-11-04T09:00:00"}, {"parts": doc["parts"][:1]}):
+        with pytest.raises(ValueError):
+            Manifest.from_json(json.dumps({**doc, **bad}).encode(), folder=manifest_path.parent.name)
+    manifest_path.write_text(json.dumps({**doc, "parts": doc["parts"][:1]}))
+    code, _, err = deployment.cli("run", "--shard", "1/2", "--as-of", AS_OF, "--config", cfg)
+    assert code == 2 and "no ingest of 2 parts" in err
+
+
+@pytest.mark.parametrize(
+    ("cron", "zone", "as_of", "interval"),
+    [
+        ("0 * * * *", "Europe/Berlin", "2026-10-25T01:30:00Z", "1:00:00"),  # the night clocks go back
+        ("0 * * * *", "Europe/Berlin", "2026-03-29T01:30:00Z", "1:00:00"),  # and forward
+        ("0 9 * * 1-5", "UTC", "2026-11-09T09:00:00Z", "3 days, 0:00:00"),  # Monday reads Friday's
+        ("0 9,17 * * *", "UTC", "2026-11-04T09:00:00Z", "16:00:00"),
+    ],
+)
+def test_the_window_a_shard_may_read_is_the_cron_interval_ending_at_it_in_real_time(cron, zone, as_of, interval):
+    import datetime as dt
+
+    from dunning.config import DunningConfig
+    from dunning.run.ingest import cron_interval
+
+    config = DunningConfig.model_validate({"timezone": zone, "schedule": {"cron": cron}})
+    moment = dt.datetime.fromisoformat(as_of.replace("Z", "+00:00"))
+    assert str(cron_interval(config, moment)) == interval
+
+
+def test_a_store_that_cannot_be_listed_is_exit_2_in_one_line(deployment, tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")  # nothing listens there
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_MAX_RETRIES", "0")
+    cfg = config(tmp_path, extra="store: {url: 's3://nowhere/x'}\n")
+    code, _, err = deployment.cli("run", "--shard", "0/2", "--as-of", AS_OF, "--config", cfg)
+    assert code == 2 and "cannot be listed" in err and "Traceback" not in err

@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from dunning.urls import is_loopback
 INGESTS = "ingests"
 MANIFEST = "manifest.json"
 FORMAT = 1
+INGEST_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
+TAKEN_AT_KEY = b"dunning.snapshot_taken_at"  # a part's Parquet metadata: the ingest's snapshot time, rows or none
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Manifest:
     rejected: int
     source: str
     parts: tuple[Part, ...]
+    written_at: dt.datetime | None = None  # when the manifest was written: of two ingests of one hour, the later wins
 
     def part(self, shard: int) -> Part:
         return next(p for p in self.parts if p.shard == shard)
@@ -64,20 +68,38 @@ class Manifest:
             "format": FORMAT, "ingest_id": self.ingest_id, "as_of": self.as_of.isoformat(),
             "taken_at": self.taken_at.isoformat(), "shards": self.shards, "rows": self.rows,
             "rejected": self.rejected, "source": self.source,
+            "written_at": self.written_at.isoformat() if self.written_at else None,
             "parts": [{"shard": p.shard, "path": p.path, "rows": p.rows, "sha256": p.sha256} for p in self.parts],
         }, indent=1).encode()  # fmt: skip
 
     @staticmethod
-    def from_json(data: bytes) -> Manifest:
+    def from_json(data: bytes, folder: str | None = None) -> Manifest:
+        """A manifest as written by `dunning ingest`; ValueError for anything else (a hand-placed or damaged one is
+        never read): its id the folder's, aware times, one part per shard 0..N-1 at the name the ingest gives it."""
         doc = json.loads(data)
         if doc.get("format") != FORMAT:
             raise ValueError(f"manifest format {doc.get('format')!r}")
+        ingest_id = str(doc["ingest_id"])
+        if not INGEST_ID.fullmatch(ingest_id) or (folder is not None and folder != ingest_id):
+            raise ValueError(f"manifest names ingest {ingest_id!r}")
+        times = [dt.datetime.fromisoformat(doc[k]) for k in ("as_of", "taken_at")]
+        written = dt.datetime.fromisoformat(doc["written_at"]) if doc.get("written_at") else None
+        if any(t.tzinfo is None for t in [*times, *([written] if written else [])]):
+            raise ValueError("manifest times without a zone")
+        shards = int(doc["shards"])
+        parts = tuple(Part(int(p["shard"]), str(p["path"]), int(p["rows"]), str(p["sha256"])) for p in doc["parts"])
+        if sorted(p.shard for p in parts) != list(range(shards)) or any(
+            p.path != part_path(ingest_id, p.shard, shards) for p in parts
+        ):
+            raise ValueError("manifest parts are not one per shard at their names")
         return Manifest(
-            ingest_id=str(doc["ingest_id"]), as_of=dt.datetime.fromisoformat(doc["as_of"]),
-            taken_at=dt.datetime.fromisoformat(doc["taken_at"]), shards=int(doc["shards"]), rows=int(doc["rows"]),
-            rejected=int(doc["rejected"]), source=str(doc["source"]),
-            parts=tuple(Part(int(p["shard"]), str(p["path"]), int(p["rows"]), str(p["sha256"])) for p in doc["parts"]),
+            ingest_id=ingest_id, as_of=times[0], taken_at=times[1], shards=shards, rows=int(doc["rows"]),
+            rejected=int(doc["rejected"]), source=str(doc["source"]), parts=parts, written_at=written,
         )  # fmt: skip
+
+
+def part_path(ingest_id: str, shard: int, shards: int) -> str:
+    return f"{INGESTS}/{ingest_id}/part-{shard}-of-{shards}.parquet"
 
 
 def _allow_http(url: str) -> bool:
@@ -131,13 +153,19 @@ class SnapshotStore:
     def manifests(self) -> list[Manifest]:
         """Every complete ingest in the store, newest as-of first; an unreadable manifest is skipped."""
         found = []
-        for path in self.paths(f"{INGESTS}/"):
+        try:
+            paths = self.paths(f"{INGESTS}/")
+        except Exception as error:  # noqa: BLE001 - obstore's transport and permission errors alike
+            raise SnapshotError(f"store {self.url} cannot be listed ({type(error).__name__}); check store.url and "
+                                "the AWS_* environment") from None  # fmt: skip
+        for path in paths:
             if path.endswith(f"/{MANIFEST}"):
                 try:
-                    found.append(Manifest.from_json(self.get(path)))
-                except (OSError, ValueError, KeyError, TypeError):
+                    found.append(Manifest.from_json(self.get(path), folder=path.split("/")[-2]))
+                except Exception:  # noqa: BLE001 - unreadable, damaged or hand-placed: not an ingest
                     continue
-        return sorted(found, key=lambda m: (m.as_of, m.ingest_id), reverse=True)
+        epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
+        return sorted(found, key=lambda m: (m.as_of, m.written_at or epoch, m.ingest_id), reverse=True)
 
     def write_ingest(self, manifest: Manifest, parts: dict[int, bytes]) -> None:
         """Every part first, then the manifest that names them: readers see all of an ingest or none of it."""
@@ -171,8 +199,30 @@ def choose_manifest(
     return None
 
 
-def parquet_bytes(frame: pl.DataFrame) -> bytes:
-    """A part as Parquet: lz4, no column statistics (a part is read whole, once, by its shard)."""
+def parquet_bytes(frame: pl.DataFrame, taken_at: dt.datetime | None = None) -> bytes:
+    """A part as Parquet: lz4, no column statistics (a part is read whole, once, by its shard), and the ingest's
+    snapshot time in the file's metadata, so an empty part says it too."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    table = frame.to_arrow()
+    if taken_at is not None:
+        table = table.replace_schema_metadata(
+            {**(table.schema.metadata or {}), TAKEN_AT_KEY: taken_at.isoformat().encode()}
+        )
     out = io.BytesIO()
-    frame.write_parquet(out, compression="lz4", statistics=False)
+    pq.write_table(table, out, compression="lz4", write_statistics=False)
     return out.getvalue()
+
+
+def part_taken_at(path: str | Path) -> dt.datetime | None:
+    """The snapshot time an ingest wrote into a part's metadata, or None for any other file."""
+    if not str(path).endswith(".parquet"):
+        return None
+    try:
+        import pyarrow.parquet as pq
+
+        value = (pq.read_schema(path).metadata or {}).get(TAKEN_AT_KEY)
+        moment = dt.datetime.fromisoformat(value.decode()) if value else None
+    except (OSError, ValueError):
+        return None
+    return moment if moment is not None and moment.tzinfo is not None else None

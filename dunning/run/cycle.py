@@ -235,6 +235,7 @@ def record_breaker_trip(
     dry_run: bool,
     snapshot_path: str | None,
     logger: logging.Logger | None = None,
+    rows_read: int | None = None,
 ) -> str | None:
     """One alert for the trip (none on a dry run) and the held reminders in the audit; returns the alert id."""
     audit_cycle(
@@ -247,6 +248,7 @@ def record_breaker_trip(
         dry_run=dry_run,
         snapshot_path=snapshot_path,
         run_outcome=RunOutcome.HALTED_BY_BREAKER,
+        rows_read=rows_read,
     )
     if dry_run:
         return None

@@ -21,9 +21,9 @@ import polars as pl
 from dunning.config import DunningConfig
 from dunning.errors import InvalidRowsHalt, SnapshotError
 from dunning.ingest.snapshot import OPTIONAL_COLUMNS, REQUIRED_COLUMNS
-from dunning.ingest.store import INGESTS, Manifest, Part, SnapshotStore, choose_manifest, parquet_bytes
+from dunning.ingest.store import Manifest, Part, SnapshotStore, choose_manifest, parquet_bytes, part_path
 from dunning.ledger.base import Ledger
-from dunning.run import cycle
+from dunning.run import cycle, steps
 from dunning.sharding import shard_of
 
 
@@ -68,15 +68,17 @@ def ingest(
         raise SnapshotError(f"snapshot {path}: none of its rows was accepted: {whole.summary}")
     if whole.rejected.height:  # quarantined once, here, not by every shard
         ledger.quarantine(run_id, path, whole.rejected, wall)
+        steps.alert_duplicates(ledger, whole.rejected, config, as_of, run_id)  # the parts hold none of them
     ingest_id = f"{as_of.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
     data, parts = {}, []
     for shard, rows in split_by_shard(whole.valid, config.shards).items():
-        blob = parquet_bytes(part_frame(rows, taken_at))
+        blob = parquet_bytes(part_frame(rows, taken_at), taken_at)
         data[shard] = blob
-        name = f"{INGESTS}/{ingest_id}/part-{shard}-of-{config.shards}.parquet"
-        parts.append(Part(shard, name, rows.height, hashlib.sha256(blob).hexdigest()))
+        parts.append(
+            Part(shard, part_path(ingest_id, shard, config.shards), rows.height, hashlib.sha256(blob).hexdigest())
+        )
     manifest = Manifest(ingest_id, as_of, taken_at, config.shards, whole.valid.height, whole.rejected.height,
-                        str(path), tuple(parts))  # fmt: skip
+                        str(path), tuple(parts), written_at=dt.datetime.now(dt.UTC))  # fmt: skip
     store = SnapshotStore(store_url(config, home))
     store.write_ingest(manifest, data)
     return IngestResult(manifest, store.url)
@@ -89,14 +91,16 @@ def reads_the_store(config: DunningConfig, home: Path) -> bool:
 
 
 def cron_interval(config: DunningConfig, as_of: dt.datetime) -> dt.timedelta:
-    """The time between the two ticks of `schedule.cron` before `as_of`: how old an ingest a shard may read."""
+    """The interval of `schedule.cron` that ends at `as_of`: from the tick before the one at or before `as_of` to
+    that tick, in real time (UTC), so a daylight-saving change neither shrinks nor doubles it. How old an ingest a
+    shard may read: Friday's 09:00 for Monday's 09:00 under `0 9 * * 1-5`."""
     from croniter import croniter
 
-    local = as_of.astimezone(config.zone)
+    local = as_of.astimezone(config.zone) + dt.timedelta(seconds=1)  # a tick at `as_of` itself is "at or before"
     ticks = croniter(config.schedule.cron, local)
     last: dt.datetime = ticks.get_prev(dt.datetime)
     before: dt.datetime = ticks.get_prev(dt.datetime)
-    return max(last - before, dt.timedelta(minutes=1))
+    return max(last.astimezone(dt.UTC) - before.astimezone(dt.UTC), dt.timedelta(minutes=1))
 
 
 def shard_snapshot(config: DunningConfig, home: Path, shards: int, index: int, as_of: dt.datetime) -> Path:

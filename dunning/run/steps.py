@@ -31,6 +31,7 @@ from dunning.email.render import draft_for
 from dunning.errors import InvalidRowsHalt, SnapshotError
 from dunning.ingest.events import event_keys
 from dunning.ingest.snapshot_rules import DUPLICATED
+from dunning.ingest.store import part_taken_at
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.operations import PauseState
 from dunning.plan import escalation, invoice_emails, payment_signals, schedule
@@ -76,7 +77,8 @@ def apply_snapshot(
     without a customer id is shard 0's); the snapshot's age and the halt are judged on the whole file, so every
     shard agrees on them. `loaded` is the shard's part."""
     whole = cycle.load_snapshot(path, config)
-    taken_at = cycle.snapshot_taken_at(whole.valid, clock.as_of)
+    # a shard's part of an ingest carries the ingest's snapshot time, also when it has no row
+    taken_at = part_taken_at(path) or cycle.snapshot_taken_at(whole.valid, clock.as_of)
     if clock.live:  # before anything is written
         cycle.refuse_stale(ledger, taken_at, allow_stale)
     loaded = cycle.ValidatedSnapshot(shard.keep(whole.valid), shard.keep(whole.rejected))

@@ -262,12 +262,14 @@ class RunInputStore(SqlConnection):
                         "emails": 0,
                         "not_owed_reminded": 0,
                         "outcome": str(RunOutcome.UNCHANGED),
+                        "rows_read": 0,  # it hashed the file and read no row of it
                     }
                 ],
                 schema_overrides={
                     "as_of": pl.Datetime("us", "UTC"),
                     "finished_wall_at": pl.Datetime("us", "UTC"),
                     "snapshot_rows": pl.Int64,
+                    "rows_read": pl.Int64,
                 },
             )
             with self.registered("unchanged_run", summary):
