@@ -150,20 +150,31 @@ class SnapshotStore:
 
         return [meta["path"] for batch in obstore.list(self._store, prefix) for meta in batch]
 
-    def manifests(self) -> list[Manifest]:
-        """Every complete ingest in the store, newest as-of first; an unreadable manifest is skipped."""
-        found = []
+    def ingest_ids(self) -> list[str]:
+        """The ingest folders in the store (one listing of folder names, not of every part ever written)."""
+        import obstore
+
         try:
-            paths = self.paths(f"{INGESTS}/")
+            listing = obstore.list_with_delimiter(self._store, f"{INGESTS}/")
         except Exception as error:  # noqa: BLE001 - obstore's transport and permission errors alike
             raise SnapshotError(f"store {self.url} cannot be listed ({type(error).__name__}); check store.url and "
                                 "the AWS_* environment") from None  # fmt: skip
-        for path in paths:
-            if path.endswith(f"/{MANIFEST}"):
-                try:
-                    found.append(Manifest.from_json(self.get(path), folder=path.split("/")[-2]))
-                except Exception:  # noqa: BLE001 - unreadable, damaged or hand-placed: not an ingest
-                    continue
+        names = (str(p).rstrip("/").rsplit("/", 1)[-1] for p in listing["common_prefixes"])
+        return sorted(n for n in names if INGEST_ID.fullmatch(n))
+
+    def manifests(self, since: dt.datetime | None = None, until: dt.datetime | None = None) -> list[Manifest]:
+        """The complete ingests in the store, newest first; with `since`/`until` only those whose as-of (the time
+        in the ingest's id) lies between them, so a shard run reads a few manifests, not every one ever written. A
+        damaged or hand-placed manifest is skipped."""
+        found = []
+        for ingest_id in self.ingest_ids():
+            stamp = dt.datetime.strptime(ingest_id[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC)
+            if (since is not None and stamp < since.replace(microsecond=0)) or (until is not None and stamp > until):
+                continue
+            try:
+                found.append(Manifest.from_json(self.get(f"{INGESTS}/{ingest_id}/{MANIFEST}"), folder=ingest_id))
+            except Exception:  # noqa: BLE001 - missing (still being written), damaged or hand-placed: not an ingest
+                continue
         epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
         return sorted(found, key=lambda m: (m.as_of, m.written_at or epoch, m.ingest_id), reverse=True)
 

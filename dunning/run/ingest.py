@@ -69,7 +69,7 @@ def ingest(
     if whole.rejected.height:  # quarantined once, here, not by every shard
         ledger.quarantine(run_id, path, whole.rejected, wall)
         steps.alert_duplicates(ledger, whole.rejected, config, as_of, run_id)  # the parts hold none of them
-    ingest_id = f"{as_of.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
+    ingest_id = f"{as_of.astimezone(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"  # its as-of, in UTC
     data, parts = {}, []
     for shard, rows in split_by_shard(whole.valid, config.shards).items():
         blob = parquet_bytes(part_frame(rows, taken_at), taken_at)
@@ -108,7 +108,7 @@ def shard_snapshot(config: DunningConfig, home: Path, shards: int, index: int, a
     HOME/snapshots/), or SnapshotError naming the ingest that is missing."""
     store = SnapshotStore(store_url(config, home))
     within = cron_interval(config, as_of)
-    manifest = choose_manifest(store.manifests(), as_of, shards, within)
+    manifest = choose_manifest(store.manifests(since=as_of - within, until=as_of), as_of, shards, within)
     if manifest is None:
         raise SnapshotError(
             f"shard {index}/{shards}: no ingest of {shards} parts in {store.url} taken at or before "
