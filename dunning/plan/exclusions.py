@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Sequence
 
 import polars as pl
 
@@ -115,23 +116,13 @@ SUPPRESSED_ADDRESS = "address"
 IN_FLIGHT = "in_flight"  # likewise the invoices with a payment processing (`dunning.plan.payment_signals`)
 
 
-def with_suppressions(exclusions: pl.DataFrame, suppressed: pl.DataFrame) -> pl.DataFrame:
-    """The exclusions in force plus one `address` row per suppressed address (`suppressed`: lower-case `email`)."""
-    if suppressed.is_empty():
+def with_held(exclusions: pl.DataFrame, scope: str, targets: Sequence[str]) -> pl.DataFrame:
+    """The exclusions in force plus one row of `scope` per target, in force with no end: suppressed addresses
+    (`SUPPRESSED_ADDRESS`, lower-case), invoices with a payment processing (`IN_FLIGHT`), invoices a dispute holds
+    this run (`invoice`)."""
+    if not targets:
         return exclusions
-    rows = suppressed.select(
-        pl.lit(SUPPRESSED_ADDRESS).alias("scope"),
-        pl.col("email").alias("target_id"),
-        pl.lit(None, pl.Date).alias("until_date"),
-    )
-    return pl.concat([exclusions.cast(IN_FORCE_SCHEMA), rows.cast(IN_FORCE_SCHEMA)])
-
-
-def with_in_flight(exclusions: pl.DataFrame, invoice_ids: list[str]) -> pl.DataFrame:
-    """The exclusions in force plus one `in_flight` row per invoice whose payment is processing."""
-    if not invoice_ids:
-        return exclusions
-    rows = pl.DataFrame({"scope": IN_FLIGHT, "target_id": invoice_ids, "until_date": None}, schema=IN_FORCE_SCHEMA)
+    rows = pl.DataFrame({"scope": scope, "target_id": list(targets), "until_date": None}, schema=IN_FORCE_SCHEMA)
     return pl.concat([exclusions.cast(IN_FORCE_SCHEMA), rows])
 
 
@@ -147,7 +138,7 @@ def hold_expr(cycled: pl.DataFrame, exclusions: pl.DataFrame | None, config: Dun
     present, marks invoices to exclude under `source.exclude_auto_advance_false`);
     `exclusions` are those in force (`in_force`). The expression reads a plan
     row's `customer_id`, `invoice_id`, `currency` and `remaining_minor`, and with
-    suppressed addresses among them (`with_suppressions`) its `kind` and `customer_email`.
+    suppressed addresses among them (`with_held`) its `kind` and `customer_email`.
     """
     exclusions = exclusions if exclusions is not None else pl.DataFrame(schema=IN_FORCE_SCHEMA)
     customers = _targets(exclusions, ExclusionScope.CUSTOMER)

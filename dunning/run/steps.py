@@ -36,7 +36,7 @@ from dunning.ledger.base import Ledger
 from dunning.ledger.stores.operations import PauseState
 from dunning.plan import escalation, invoice_emails, payment_signals, schedule
 from dunning.plan.clock import CycleClock, RunMode
-from dunning.plan.exclusions import in_force, with_in_flight, with_suppressions
+from dunning.plan.exclusions import IN_FLIGHT, SUPPRESSED_ADDRESS, in_force, with_held
 from dunning.plan.notices import notice_rows
 from dunning.plan.policies import stage_days_frame
 from dunning.plan.policy import assign_cycles, business_date
@@ -167,15 +167,12 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
     Exclusions in force on the cycle's business date hold their keys in every mode (a backfill uses today's)."""
     failed, notices, settle = None, None, None
     day = business_date(clock.as_of, config)
-    exclusions = with_suppressions(in_force(ledger.open_exclusions(), day), ledger.suppressed_emails(day))
+    suppressed = ledger.suppressed_emails(day).get_column("email").to_list()
+    exclusions = with_held(in_force(ledger.open_exclusions(), day), SUPPRESSED_ADDRESS, suppressed)
     signals = ledger.signal_events(payment_signals.SIGNAL_TYPES, clock.as_of - payment_signals.LOOKBACK, clock.as_of)
-    exclusions = with_in_flight(exclusions, payment_signals.in_flight(signals))
+    exclusions = with_held(exclusions, IN_FLIGHT, payment_signals.in_flight(signals))
     # a dispute told of by this run's own events holds its invoice now; the table learns of it at the next snapshot
-    opened, _ = payment_signals.disputes(signals)
-    if opened:
-        disputed = pl.DataFrame({"scope": str(ExclusionScope.INVOICE), "target_id": opened, "until_date": None},
-                                schema=exclusions.schema)  # fmt: skip
-        exclusions = pl.concat([exclusions, disputed])
+    exclusions = with_held(exclusions, str(ExclusionScope.INVOICE), payment_signals.disputes(signals)[0])
     if clock.reads_live_state:
         failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts)
         events = shard.keep(events) if events is not None else None
