@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import statistics
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import duckdb
 
-from bench.run import AS_OF, DATA, ROOT, TIERS, machine, template_for, timed_cli
+from bench.run import AS_OF, DATA, ROOT, TIERS, finish, machine, template_for, timed_cli
 from bench.trash import discard
 from tests.delivery_messages import arf, dsn, plain_reply
 
@@ -166,10 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"at": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(), "machine": machine(),
               "repeat": args.repeat, "mbox": mbox_import(args.messages),
               "check": suppression_check(args.tier, args.suppressed, args.repeat)}  # fmt: skip
-    report["total_s"] = time.perf_counter() - started
-    print(json.dumps(report, indent=2, default=str))
-    with Path(args.out).open("a") as out:
-        out.write(markdown(report))
+    finish(report, started, markdown, args.out)
     return 0
 
 

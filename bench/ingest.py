@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.run import AS_OF, ROOT, TIERS, machine, template_for, timed_cli
+from bench.run import AS_OF, ROOT, TIERS, finish, machine, template_for, timed_cli
 from bench.trash import discard
 
 
@@ -98,12 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         "sharded_cpu_s": round(sharded_cpu, 2), "cpu_ratio": round(sharded_cpu / single["cpu_s"], 2),
         "in_process": in_process(template, args.shards, args.repeat),
     }  # fmt: skip
-    report["total_s"] = round(time.perf_counter() - started, 1)
     for part in [report["unsharded"], report["dry_run"], report["ingest"], *report["shard_runs"]]:
         part["out"] = part["out"].strip().splitlines()[:2]
-    print(json.dumps(report, indent=2, default=str))
-    with Path(args.out).open("a") as out:
-        out.write(markdown(report))
+    finish(report, started, markdown, args.out)
     return 0
 
 

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.history import prepare_home
@@ -161,6 +162,15 @@ def calibration(repeat: int = 3) -> dict:
         for _ in range(repeat)
     ]
     return {"python_loop_s": round(statistics.median(runs), 2), "runs_s": [round(r, 2) for r in runs]}
+
+
+def finish(report: dict, started: float, markdown: str | Callable[[dict], str], out: str | Path) -> None:
+    """The end of a bench command: its total time in `report`, the report as JSON on stdout, and its markdown
+    section appended to `out` (`bench/RESULTS.md`)."""
+    report["total_s"] = round(time.perf_counter() - started, 1)
+    print(json.dumps(report, indent=2, default=str))
+    with Path(out).open("a") as handle:
+        handle.write(markdown if isinstance(markdown, str) else markdown(report))
 
 
 def machine() -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import statistics
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import polars as pl
 
-from bench.run import AS_OF, ROOT, TIERS, machine, template_for
+from bench.run import AS_OF, ROOT, TIERS, finish, machine, template_for
 from bench.steps import floor_query
 
 ZONES = ["Europe/Berlin", "America/New_York", "Asia/Tokyo", "Australia/Sydney", "America/Los_Angeles",
@@ -157,10 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "plan": plan_timings(template, args.repeat),
         "floor": floor_query(template, AS_OF, repeat=args.repeat),
     }
-    report["total_s"] = time.perf_counter() - started
-    print(json.dumps(report, indent=2, default=str))
-    with Path(args.out).open("a") as out:
-        out.write(markdown(report))
+    finish(report, started, markdown, args.out)
     return 0
 
 

@@ -438,16 +438,12 @@ def test_through_the_command_an_escalation_passes_the_gates_and_a_missing_secret
 
 @pytest.mark.slow
 def test_the_run_says_how_many_keys_wait_and_why_in_its_summary_and_in_the_ui(deployment, tmp_path):
-    import dagster as dg
-
     path = config(tmp_path, WINDOW % ("customer", ""))
     rows = [invoice(customer_timezone="Asia/Tokyo"), invoice(invoice_id="in_2", customer_timezone="Nowhere/Land")]
     code, out, err = deployment.run(rows, "2026-11-05T20:00:00Z", "--config", str(path))  # 05:00 in Tokyo
     assert code == 0, err
     assert "outside_send_window 2" in out
-    instance = dg.DagsterInstance.from_config(str(deployment.home / "dagster"))
-    event = instance.get_latest_materialization_event(dg.AssetKey("reminders_due"))
-    metadata = event.asset_materialization.metadata
+    metadata = deployment.latest_materialization("reminders_due").metadata
     assert metadata["waiting"].value == 2
     assert metadata["waiting_by_reason"].value == {"outside_send_window": 2}
     assert metadata["unknown_customer_timezones"].value == 1

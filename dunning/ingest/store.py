@@ -145,11 +145,6 @@ class SnapshotStore:
 
         return bytes(obstore.get(self._store, path).bytes())
 
-    def paths(self, prefix: str) -> list[str]:
-        import obstore
-
-        return [meta["path"] for batch in obstore.list(self._store, prefix) for meta in batch]
-
     def ingest_ids(self) -> list[str]:
         """The ingest folders in the store (one listing of folder names, not of every part ever written)."""
         import obstore
