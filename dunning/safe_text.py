@@ -44,6 +44,8 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 ADDRESS_PATTERN = rf"^{_ATEXT}{{1,64}}(?:\.{_ATEXT}{{1,64}})*@(?:{_LABEL}\.)+[A-Za-z]{{2,63}}$"
 _ADDRESS = re.compile(ADDRESS_PATTERN)
 _URL = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^/\s?#@]*@)?([^/\s?#]*)(\S*)")
+# urllib3 names the request's path and query without scheme or host ("Max retries exceeded with url: /hooks/T0/tok?k=")
+_BARE_PATH = re.compile(r"\b(url: )/\S*")
 
 
 def has_control(text: str) -> bool:
@@ -90,11 +92,13 @@ def _cut_url(match: re.Match[str]) -> str:
 
 
 def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
-    """`text` with every URL cut to scheme and host (paths, queries and user info carry tokens), each secret masked."""
+    """`text` with every URL cut to scheme and host (paths, queries and user info carry tokens), and a request's path
+    named alone (urllib3's `url: /path?query`) cut too; each secret masked. The rule for every error text that is
+    stored or shown (alerts, `reminder_ledger.last_error`); migration 18 applied it to the rows recorded before."""
     for secret in secrets:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
-    return _URL.sub(_cut_url, text)
+    return _BARE_PATH.sub(r"\1/…", _URL.sub(_cut_url, text))
 
 
 @contextlib.contextmanager

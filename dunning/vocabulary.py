@@ -163,6 +163,9 @@ class HoldReason(StrEnum):
     SPACING = "spacing"  # the customer had a reminder less than `min_hours_between_reminders` ago
     # the invoice was handed to a collections system in this cycle (`escalation.stop_reminders`): no more reminders
     ESCALATED = "escalated"
+    # its escalation was refused for good (`dunning.send.escalation_refusals`): its reminders wait for a human
+    # (`dunning retry`, `dunning resolve`)
+    ESCALATION_REFUSED = "escalation_refused"
     # delivery feedback (`dunning.ledger.stores.suppressions`): the address bounced hard, complained or was suppressed
     # by an operator; the key waits, never sent while the suppression is in force, and goes once it is lifted
     SUPPRESSED = "suppressed"

@@ -364,14 +364,58 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     note = f"resolved by {_operator()}: {'sent' if args.sent else 'not sent'}" + (f" ({given})" if given else "")
     with open_ledger_for(_ledger_settings(args, home), home) as ledger:
         done = ledger.resolve_by_hand(args.keys, args.sent, note, utc_now())
-    missing = sorted(set(args.keys) - set(done))
+        # an escalation refused for good waits for a human too (`dunning.ledger.stores.escalation_store`)
+        refused = ledger.resolve_refused(sorted(set(args.keys) - set(done)), args.sent, note, utc_now())
+        ledger.drop_escalation_bodies(done)  # an escalation's kept body: a retry builds a new one
+    missing = sorted(set(args.keys) - set(done) - set(refused))
     if done:
         say(
             f"{len(done)} key(s) marked {'sent' if args.sent else 'not sent (a later cycle retries them)'}: "
             f"{', '.join(sorted(done))}"
         )
+    if refused:
+        say(
+            f"{len(refused)} refused escalation(s) "
+            + ("marked sent (handed over another way): never posted again" if args.sent else
+               "recorded skipped (not escalated): their invoices' reminders go on, no escalation this cycle")
+            + f": {', '.join(refused)}"
+        )  # fmt: skip
     if missing:
-        raise UserInputError(f"not in the ledger as unknown, left unchanged: {', '.join(missing)}")
+        raise UserInputError(
+            f"not in the ledger as unknown, nor as an escalation refused for good, left unchanged: {', '.join(missing)}"
+        )
+    return 0
+
+
+RETRIED_KINDS = ("reminder", "invoice", "escalation")  # the kinds a run re-plans from their failed keys
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    """`failed` keys back in line for the next run, after a human fixed the cause (`dunning retry`)."""
+    home = _home(args)
+    given = exclusions.clean_reason(args.note, "--note")
+    wall = utc_now()
+    note = f"put back in line by {_operator()} at {wall:%Y-%m-%dT%H:%M:%SZ} (dunning retry)" + (
+        f": {given}" if given else ""
+    )
+    keys = list(dict.fromkeys(args.keys))
+    with open_ledger_for(_ledger_settings(args, home), home) as ledger:
+        states = {str(r["idempotency_key"]): r for r in ledger.key_states(keys).to_dicts()}
+        done = ledger.put_back_failed(keys, RETRIED_KINDS, note, wall)
+    if done:
+        say(
+            f"{len(done)} failed key(s) back in line, their attempts (retry.max_attempts) given back: the next run "
+            f"re-plans each from its snapshot and sends it if it is still owed and due: {', '.join(done)}"
+        )
+    not_failed = [f"{k} ({states[k]['status']})" if k in states else f"{k} (not in the ledger)"
+                  for k in keys if k not in done and (k not in states or states[k]["status"] != "failed")]  # fmt: skip
+    never = [f"{k} (a {states[k]['kind']} is never sent again by a run)" for k in keys
+             if k not in done and k in states and states[k]["status"] == "failed"]  # fmt: skip
+    problems = ([f"not failed, left unchanged: {', '.join(not_failed)}"] if not_failed else []) + (
+        [f"not retried by any run, left unchanged: {', '.join(never)}"] if never else []
+    )
+    if problems:
+        raise UserInputError("; ".join(problems))
     return 0
 
 
@@ -525,6 +569,7 @@ COMMANDS = {
     "resume": cmd_resume,
     "recover": cmd_recover,
     "resolve": cmd_resolve,
+    "retry": cmd_retry,
     "status": cmd_status,
     "exclude": cmd_exclude,
     "include": cmd_include,

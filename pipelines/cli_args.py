@@ -137,17 +137,36 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     recover.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present)")
     recover.set_defaults(handler=handlers["recover"])
 
-    resolve = commands.add_parser("resolve", help="record a human's answer for keys whose outcome is unknown")
+    resolve = commands.add_parser(
+        "resolve", help="record a human's answer for keys whose outcome is unknown, or escalations refused for good"
+    )
     resolve.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     resolve.add_argument("keys", nargs="+", help="idempotency keys (see `dunning status`)")
     answer = resolve.add_mutually_exclusive_group(required=True)
-    answer.add_argument("--sent", action="store_true", help="the customer got it: never send it again")
     answer.add_argument(
-        "--not-sent", dest="sent", action="store_false", help="it did not arrive: retry it like a failure"
-    )
+        "--sent", action="store_true",
+        help="the customer got it (a refused escalation: it was handed over another way): never send it again",
+    )  # fmt: skip
+    answer.add_argument(
+        "--not-sent", dest="sent", action="store_false",
+        help="it did not arrive: retry it like a failure (a refused escalation: it will not be handed over; its "
+        "invoice's reminders go on)",
+    )  # fmt: skip
     resolve.add_argument("--note", help="what you checked, for the record")
     resolve.add_argument("--config", help=LEDGER_CONFIG_HELP)
     resolve.set_defaults(handler=handlers["resolve"])
+
+    retry = commands.add_parser(
+        "retry", help="put failed keys back in line for the next run, once the cause is fixed (see `dunning status`)"
+    )
+    retry.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+    retry.add_argument(
+        "keys", nargs="+", help="idempotency keys of failed sends or escalations (a refused escalation included)"
+    )
+    retry.add_argument("--note", help="what was fixed, for the record")
+    retry.add_argument("--config", help=LEDGER_CONFIG_HELP)
+    retry.set_defaults(handler=handlers["retry"])
+    _one_line_errors(retry)
 
     for name, verb in (("exclude", "hold a customer or one invoice out of dunning"), ("include", "end an exclusion")):
         sub = commands.add_parser(name, help=f"{verb} (see `dunning status`)")

@@ -283,10 +283,11 @@ def _summary_text(header: str, summary: RunSummary, pause: PauseState, dry_run: 
         )
     if dry_run:
         lines.append(f"would send: {summary.would_send} reminder key(s)")
-    else:
+    else:  # the emails' keys: escalations are hand-overs, said apart below
+        audited = dict(summary.escalations_audited)
         lines.append(
-            f"sent: {c['sent']} reminder key(s) in {c['emails']} email(s); failed: {c['failed']}; "
-            f"unknown: {c['unknown']}"
+            f"sent: {c['sent'] - audited.get('sent', 0)} reminder key(s) in {c['emails']} email(s); "
+            f"failed: {c['failed'] - audited.get('failed', 0)}; unknown: {c['unknown'] - audited.get('unknown', 0)}"
         )
     if summary.settled:  # unknown outcomes of earlier runs, answered in this one
         total = sum(n for _, _, n in summary.settled)
@@ -294,9 +295,22 @@ def _summary_text(header: str, summary: RunSummary, pause: PauseState, dry_run: 
             f"settled from earlier runs: {total} unknown key(s): "
             + ", ".join(f"{n} {status} by {how}" for how, status, n in summary.settled)
         )
-    if summary.other_kinds:  # the counts above are of every key; say which were not reminders
+    other = [(kind, n) for kind, n in summary.other_kinds if dry_run or kind != "escalation"]
+    if other:  # the counts above are of every email's key; say which were not reminders
         label = "would send also" if dry_run else "of which not reminders"
-        lines.append(f"{label}: " + ", ".join(f"{kind} {n}" for kind, n in summary.other_kinds))
+        lines.append(f"{label}: " + ", ".join(f"{kind} {n}" for kind, n in other))
+    handed = dict(summary.escalations)
+    if not dry_run and handed:
+        lines.append(
+            f"{handed.get('sent', 0)} escalation(s) handed to the collections system"
+            + (f"; failed: {handed.get('failed', 0)}; unknown: {handed.get('unknown', 0)}"
+               if handed.get("failed") or handed.get("unknown") else "")
+        )  # fmt: skip
+    if summary.escalations_refused:
+        lines.append(
+            f"warning: {summary.escalations_refused} escalation(s) refused for good: one alert each, their invoices "
+            "wait for a human (`dunning status`, then `dunning retry` or `dunning resolve`)"
+        )
     held_now = [(reason, n) for reason, n in summary.held_by_reason if reason not in EARLIER]
     if held_now:
         lines.append("held: " + ", ".join(f"{reason} {n}" for reason, n in held_now))
@@ -414,6 +428,8 @@ def status(
         "exclusions": _exclusions_in_force(ledger, live.now.astimezone(config.zone).date()),
         "suppressions": ledger.open_suppressions(live.now.astimezone(config.zone).date()).to_dicts(),
         "contacts_to_fix": ledger.contacts_to_fix(live.now.astimezone(config.zone).date()).to_dicts(),
+        # escalations refused for good: the invoice is in no one's hands until a human answers
+        "escalations_refused": ledger.refused_escalations().drop("refusal_alert_id").to_dicts(),
     }
 
 
@@ -489,6 +505,20 @@ def status_text(s: dict) -> str:
     if s["contacts_to_fix"]:
         lines.append(f"customers who need a new contact: {len(s['contacts_to_fix'])}")
         lines += [f"  {c['customer_id']}: {c['email']} ({c['reason']})" for c in s["contacts_to_fix"][:20]]
+    refused = s["escalations_refused"]
+    if refused:
+        lines.append(f"escalations refused, waiting for a human: {len(refused)} (their reminders wait too)")
+        lines += [
+            f"  {e['idempotency_key']}: invoice {e['invoice_id']} of {e['customer_id']}, refused {liveness.wall(e['refused_at'])}"
+            f" after {e['attempts']} attempt(s): {e['last_error']}"
+            for e in refused[:20]
+        ]
+        if len(refused) > 20:
+            lines.append(f"  … and {len(refused) - 20} more (analytics view escalations)")
+        lines.append(
+            "  fix the cause, then `dunning retry KEY...`; `dunning resolve KEY --sent` if handed over another way, "
+            "`--not-sent` to give the invoice back to its reminders"
+        )
     if s["config_error"]:
         lines.append(f"config: {s['config_error']} (default thresholds used above)")
     return "\n".join(lines)

@@ -41,7 +41,8 @@ def test_a_release_0_1_ledger_is_migrated_in_order_with_nothing_lost(tmp_path):
     with open_ledger(path) as ledger:
         versions = [v for (v,) in ledger.con.execute("SELECT version FROM schema_version ORDER BY version").fetchall()]
         after = ledger.con.execute(
-            "SELECT * EXCLUDE (lease_expires_at, provider_message_id, settled_run_id, policy, skip_reason) "
+            "SELECT * EXCLUDE (lease_expires_at, provider_message_id, settled_run_id, policy, skip_reason, refused_at, "
+            "refusal_alert_id) "
             "FROM reminder_ledger "
             "ORDER BY idempotency_key"
         ).fetchall()

@@ -6,6 +6,11 @@ ledger before the webhook is called, once per invoice and cycle, with the three 
 due date under a policy with an `escalation`; exclusions and the minimum balance hold it like a reminder, the pause
 stops it, and the breaker does not count it: it is not an email. With `stop_reminders`, from its claim no reminder
 of that invoice is claimed again in the cycle (audit reason `escalated`).
+
+An escalation refused for good (`dunning.send.escalation_refusals`) is not in the collections system's hands, and
+not back in ours either until a human says so: its invoice's reminders wait with reason `escalation_refused`. A
+human who gives it back to the reminders (`dunning resolve --not-sent`) records the key `skipped`: the reminders
+go on, and the invoice is not escalated again in the cycle.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Callable
 import polars as pl
 
 from dunning.config import DunningConfig
-from dunning.vocabulary import PLAN_ROLE_DTYPE, EmailKind, PlanRole
+from dunning.vocabulary import PLAN_ROLE_DTYPE, EmailKind, HoldReason, LedgerStatus, PlanRole
 
 KEY_PREFIX = "escalation"
 
@@ -44,13 +49,18 @@ def candidates(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     )
 
 
-def plan_escalations(due: pl.DataFrame, recorded: Callable[[list[str]], set[str]]) -> tuple[pl.DataFrame, pl.DataFrame]:
+def plan_escalations(
+    due: pl.DataFrame, states: Callable[[list[str]], pl.DataFrame]
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """From `candidates`: the escalations to send (plan rows, role `due`, kind `escalation`), and the invoices
-    (`invoice_id`, `cycle`) whose reminders stop: escalated before (the key on record) or now, with
-    `stop_reminders`. `recorded` says which keys the ledger holds."""
-    on_record = recorded(due.get_column("idempotency_key").to_list()) if due.height else set()
-    is_recorded = pl.col("idempotency_key").is_in(sorted(on_record))
-    rows = due.filter(~is_recorded).with_columns(
+    (`invoice_id`, `cycle`, `reason`) whose reminders stop: escalated before (the key on record) or now, with
+    `stop_reminders` (reason `escalated`), or refused for good (`escalation_refused`); a key a human gave back to the
+    reminders (`skipped`) stops nothing. `states` gives the ledger's `idempotency_key`, `status` and `refused` of
+    the keys on record (`Ledger.escalation_states`)."""
+    on_record = states(due.get_column("idempotency_key").to_list()) if due.height else None
+    if on_record is None or on_record.is_empty():
+        on_record = pl.DataFrame(schema={"idempotency_key": pl.String, "status": pl.String, "refused": pl.Boolean})
+    rows = due.join(on_record.select("idempotency_key"), on="idempotency_key", how="anti").with_columns(
         pl.lit(PlanRole.DUE, dtype=PLAN_ROLE_DTYPE).alias("role"),
         pl.lit(str(EmailKind.ESCALATION)).alias("kind"),
         pl.col("remaining_minor").alias("amount_minor"),
@@ -60,7 +70,20 @@ def plan_escalations(due: pl.DataFrame, recorded: Callable[[list[str]], set[str]
         pl.col("idempotency_key").alias("email_id"),
         pl.format("<{}>", pl.col("idempotency_key")).alias("message_id"),
     )
-    stopped = due.filter(pl.col("stop_reminders")).select("invoice_id", "cycle").unique()
+    reason = (
+        pl.when(pl.col("refused").fill_null(False))
+        .then(pl.lit(str(HoldReason.ESCALATION_REFUSED)))
+        .otherwise(pl.lit(str(HoldReason.ESCALATED)))
+    )
+    recorded = on_record.select("idempotency_key", pl.col("status").alias("key_status"), "refused")
+    stopped = (
+        due.filter(pl.col("stop_reminders"))
+        .select("idempotency_key", "invoice_id", "cycle")  # `cycled` has a `status` of its own: the invoice's
+        .join(recorded, on="idempotency_key", how="left")
+        .filter(pl.col("key_status").is_null() | (pl.col("key_status") != LedgerStatus.SKIPPED))
+        .select("invoice_id", "cycle", reason.alias("reason"))
+        .unique(["invoice_id", "cycle"])
+    )
     return rows, stopped
 
 

@@ -41,6 +41,7 @@ _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 HOLDS = (
     HoldReason.EXCLUDED, HoldReason.BELOW_MINIMUM, HoldReason.EVENT_ADDRESS_NOT_TRUSTED, HoldReason.ESCALATED,
     HoldReason.OUTSIDE_SEND_WINDOW, HoldReason.SPACING, HoldReason.SUPPRESSED, HoldReason.PAYMENT_IN_FLIGHT,
+    HoldReason.ESCALATION_REFUSED,
 )  # fmt: skip
 # holds that only move a send (`dunning.plan.schedule`): the key stays newly due and goes at the first run allowed;
 # a run that left one is no reference for an unchanged hour (`dunning.plan.unchanged`)

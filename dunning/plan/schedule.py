@@ -172,7 +172,8 @@ def scheduled(
     stopped: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """The plan with the schedule applied to its due and retry keys: `hold` gains `escalated` (reminders of an
-    invoice handed over, `stopped`: invoice_id, cycle), `outside_send_window` (email kinds) and `spacing`
+    invoice handed over, `stopped`: invoice_id, cycle, and `reason` when it is another, `escalation_refused`),
+    `outside_send_window` (email kinds) and `spacing`
     (reminders), in that order after the plan's own holds; `waits_until` says when a waiting key may go; and
     `reminders_sent_before` (`counts`, per invoice and cycle; 0 without one) is what the templates' first contact
     is judged on. A row without a policy (a notice, an invoice email) takes its invoice's."""
@@ -197,7 +198,8 @@ def scheduled(
         spacing = pl.DataFrame(schema={"customer_id": pl.String, "spacing_hours": pl.Float64})
     plan = spacing_holds(plan, spacing, last.cast(EMPTY_LAST), as_of)
     if stopped is not None and stopped.height:
-        stop = stopped.select("invoice_id", "cycle", pl.lit(str(HoldReason.ESCALATED)).alias("escalated_hold"))
+        why = pl.col("reason") if "reason" in stopped.columns else pl.lit(str(HoldReason.ESCALATED))
+        stop = stopped.select("invoice_id", "cycle", why.alias("escalated_hold"))
         plan = plan.join(stop, on=["invoice_id", "cycle"], how="left", maintain_order="left")
     else:
         plan = plan.with_columns(pl.lit(None, dtype=pl.String).alias("escalated_hold"))

@@ -94,7 +94,7 @@ def simulated_double_pass(
         results.append(("first pass within the breaker", verdict.passed, verdict.describe()))
         first = steps.send_step(
             ledger, SimulatedProvider, plan, config, clock, run_id=SIMULATION_RUN, dead_runs=lambda owners: (),
-            now=lambda: as_of, render=_placeholder,
+            now=lambda: as_of, render=_placeholder, simulate_escalations=True,
         )  # fmt: skip
         claimed = first.report.claimed if first.report else 0
         again = cycle.sendable_due(live_pass())

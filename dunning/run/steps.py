@@ -42,10 +42,10 @@ from dunning.plan.policies import stage_days_frame
 from dunning.plan.policy import assign_cycles, business_date
 from dunning.run import cycle
 from dunning.safe_text import for_terminal
+from dunning.send import escalating, escalation_refusals, heap
 from dunning.send import escalation as escalation_send
-from dunning.send import heap
 from dunning.send.alerts import Alert, raise_alert
-from dunning.send.escalation import EscalationReport
+from dunning.send.escalating import EscalationReport
 from dunning.send.handover import read_journal
 from dunning.send.providers.base import EmailProvider
 from dunning.send.resubmission import Settled, resolve_unknown, settle_rows
@@ -201,7 +201,7 @@ def plan_escalation_step(
     due = escalation.candidates(cycled, config)
     if due.is_empty():
         return None, None
-    rows, stopped = escalation.plan_escalations(due, ledger.recorded_keys)
+    rows, stopped = escalation.plan_escalations(due, ledger.escalation_states)
     failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts, EmailKind.ESCALATION)
     if failed.height:
         rows = pl.concat([rows, escalation.plan_escalation_retries(failed, cycled)], how="diagonal_relaxed")
@@ -263,12 +263,14 @@ def send_step(
     clock: CycleClock, *,
     run_id: str, dead_runs: Callable[[Sequence[str]], Sequence[str]], now: Callable[[], dt.datetime],
     progress: Callable[[SendReport, int], None] | None = None, render: Callable[[list[Record]], Message] | None = None,
-    render_processes: int = 1, journal_dir: str | None = None,
+    render_processes: int = 1, journal_dir: str | None = None, simulate_escalations: bool = False,
 ) -> SendStepResult:  # fmt: skip
     """Step 4, for a live run. `open_provider` is called only when not paused; `dead_runs` says which of the
     runs holding claims are known to have ended; `render_processes` > 1 renders in worker processes
     (`dunning.send.render_pool`); `journal_dir` keeps this run's hand-over journal and is where the journals of dead
-    runs are read (`dunning.send.handover`)."""
+    runs are read (`dunning.send.handover`). Escalations go after the emails (`dunning.send.escalating`), then the
+    refusals for good are paged (`dunning.send.escalation_refusals`); `simulate_escalations` (the resume guard's
+    double pass) answers each escalation `sent` without a request, reads no secret and pages nothing."""
     due = cycle.sendable_due(plan)
     handovers = cycle.escalations_due(plan)
     pause = ledger.pause_state()
@@ -276,7 +278,7 @@ def send_step(
         return SendStepResult(None, held_outcomes(cycle.to_attempt(plan), SendStatus.PAUSED), pause)
     settle = cycle.settle_rows_of(plan)
     # every escalation secret this run needs, read before anything is claimed: a missing one is a config error
-    hooks = escalation_send.webhooks(config, escalation_policies(ledger, handovers, settle))
+    hooks = escalation_send.webhooks(config, escalation_policies(ledger, handovers, settle), simulate_escalations)
     ledger.record_skipped(cycle.skipped_rows(plan).filter(pl.col("kind") == EmailKind.INVOICE), run_id, clock.as_of)
     heap.settle()  # the run's modules and frames are loaded: the send loop's collections need not walk them
     with open_provider() as provider:  # built only when something may be sent (not while paused)
@@ -292,12 +294,13 @@ def send_step(
             render_processes=render_processes, journal_dir=journal_dir,
         )  # fmt: skip
         ledger.commit_cursor(run_id, now())  # this run's polled events have their notices claimed: poll on from them
-    handed, handed_outcomes = escalation_send.send_escalations(
-        ledger, handovers, hooks, run_id=run_id, as_of=clock.as_of, now=now,
-        backoff_minutes=config.retry.backoff_minutes, lease=dt.timedelta(minutes=config.claim_lease_minutes),
+    handed, handed_outcomes = escalating.hand_over_escalations(
+        ledger, handovers, settle, config, hooks, run_id=run_id, as_of=clock.as_of, now=now, journal_dir=journal_dir,
     )  # fmt: skip
-    resubmitted = escalation_send.resubmit_unknown(ledger, settle, config, hooks, run_id=run_id, now=now)
+    resubmitted = escalating.resubmit_unknown(ledger, settle, config, hooks, run_id=run_id, now=now)
     handed.resubmitted, handed.held = resubmitted.resubmitted, resubmitted.held
+    if not simulate_escalations:
+        handed.refused = escalation_refusals.page_refusals(ledger, config, run_id=run_id, as_of=clock.as_of)
     outcomes = pl.concat([outcomes, handed_outcomes.select(outcomes.columns).cast(outcomes.schema)])
     first = first_sent(due, outcomes, config, clock)
     alert_suppressed_contacts(ledger, plan, outcomes, config, run_id, now())
@@ -334,7 +337,7 @@ def escalation_policies(ledger: Ledger, handovers: pl.DataFrame, settle: pl.Data
     ones it may resubmit."""
     policies = set(handovers.get_column("policy").drop_nulls().to_list()) if handovers.height else set()
     if settle.height:
-        policies |= escalation_send.kept_policies(ledger, settle)
+        policies |= escalating.kept_policies(ledger, settle)
     return policies
 
 

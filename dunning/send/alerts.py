@@ -102,14 +102,27 @@ def deliver(alert: Alert, settings: Alerts, logger: logging.Logger | None = None
     return results
 
 
+def masked(alert: Alert) -> Alert:
+    """`alert` with its text and details masked of every secret this process holds (`secret_env.scrub`)."""
+    if not holding_any():
+        return alert
+    details = json.loads(scrub(json.dumps(alert.details, default=str))) if alert.details else alert.details
+    return dataclasses.replace(alert, message=scrub(alert.message), details=details)
+
+
+def deliver_stored(
+    ledger: AlertStore, settings: Alerts, alert: Alert, alert_id: str, logger: logging.Logger | None = None
+) -> None:
+    """Deliver an alert already stored (masked) under `alert_id`, and record where it went."""
+    ledger.mark_alert_delivered(alert_id, "; ".join(deliver(alert, settings, logger)))
+
+
 def raise_alert(ledger: AlertStore, settings: Alerts, alert: Alert, logger: logging.Logger | None = None) -> str:
     """Store the alert, deliver it, and record where it went; its text and details masked of every secret this
     process holds first (`secret_env.scrub`), so no backend, log or table gets one. Returns the alert id."""
-    if holding_any():
-        details = json.loads(scrub(json.dumps(alert.details, default=str))) if alert.details else alert.details
-        alert = dataclasses.replace(alert, message=scrub(alert.message), details=details)
+    alert = masked(alert)
     alert_id = ledger.add_alert(
         alert.kind, alert.message, alert.created_at, alert.run_id, alert.details, alert.severity
     )
-    ledger.mark_alert_delivered(alert_id, "; ".join(deliver(alert, settings, logger)))
+    deliver_stored(ledger, settings, alert, alert_id, logger)
     return alert_id

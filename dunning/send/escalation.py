@@ -1,5 +1,6 @@
 """The hand-over to a collections system: a signed webhook, claimed in the ledger before the request, once per
-invoice and cycle, with the three outcomes (guarantee 16).
+invoice and cycle, with the three outcomes (guarantee 16). This module is the request and what its answer means;
+`dunning.send.escalating` claims, posts one at a time and records.
 
 The request is a POST of JSON with `Idempotency-Key: escalation:{invoice_id}:{cycle}` (the receiver dedupes on it)
 and `Dunning-Signature: t={unix seconds},v1={hex HMAC-SHA256(secret, "{t}.{body}")}`, the secret read from the
@@ -8,14 +9,17 @@ environment variable `escalation.secret_env` names. What its answer means:
 | answer | outcome | next |
 |---|---|---|
 | 2xx | `sent` | never again |
-| 408, 429, 5xx | `failed` | retried after the backoff (a 429's `Retry-After` when later) |
-| any other 4xx or 3xx | `failed` | not retried: the receiver refused it; a human looks (`open_problems`) |
+| 408, 429, 5xx | `failed` | retried after the backoff (a 429's `Retry-After` when later); after `retry.max_attempts`: refused for good |
+| any other 4xx or 3xx | `failed` | refused for good at once, not retried |
 | refused, unresolvable, connect timeout | `failed` | retried after the backoff: it never left |
 | read timeout, connection lost after it left | `unknown` | resubmitted by a later run: same body, same key, fresh `t` |
 
-A resubmission is judged against the present like an email's (`dunning.send.resubmission.settle_rows`): while paused
-nothing is sent (the send step stops first), and an invoice paid, void or excluded since keeps its escalation
-`unknown` with the reason, for a human.
+Refused for good: one alert of kind `escalation_refused`, the invoice listed by `dunning status` and its reminders
+held until a human answers (`dunning.ledger.stores.escalation_store`: `dunning retry`, `dunning resolve`).
+
+The webhook URL's path and query carry the receiver's token: an error text never holds them. What `requests`
+says is cut (`safe_text.redact`: URLs to their host, urllib3's `url: /path` too), and the URL's own path and query
+are masked wherever they still appear, so the ledger, the alerts and the analysts' copy name the host only.
 """
 
 from __future__ import annotations
@@ -24,19 +28,20 @@ import datetime as dt
 import hashlib
 import hmac
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 import polars as pl
 import requests
+from requests.utils import requote_uri
 
 from dunning.config import DunningConfig
 from dunning.config_schedule import Escalation
 from dunning.ledger.base import Ledger
-from dunning.ledger.stores.payloads import PAYLOAD_SCHEMA
+from dunning.safe_text import redact
 from dunning.secret_env import read_secret, scrub
 from dunning.send.providers.http import may_have_left, retry_after_seconds
-from dunning.vocabulary import EmailKind, LedgerStatus, SendStatus
+from dunning.vocabulary import SendStatus
 
 SIGNATURE_HEADER = "Dunning-Signature"
 PROVIDER = "escalation"  # `provider_payloads.provider` of a kept hand-over
@@ -83,6 +88,25 @@ class Answer:
     retry_after_seconds: float | None = None
 
 
+def url_parts(url: str) -> tuple[str, ...]:
+    """The parts of `url` that carry a token, as a text may quote them: the URL itself, its path and query together
+    and apart, as given and as `requests` quotes or unquotes them (longest first: each is masked whole)."""
+    parts = urlsplit(url)
+    tail = parts.path + (f"?{parts.query}" if parts.query else "")
+    forms = {url, tail, parts.path if len(parts.path) > 1 else "", parts.query}
+    forms |= {requote_uri(f) for f in forms if f} | {unquote(f) for f in forms if f}
+    return tuple(sorted((f for f in forms if len(f) > 1), key=len, reverse=True))
+
+
+def recordable(text: str, url: str) -> str:
+    """An error text as it may be stored or shown: secrets masked, URLs cut to their host, and whatever is left of
+    the webhook URL's path or query masked."""
+    text = redact(scrub(text))
+    for part in url_parts(url):
+        text = text.replace(part, "…")
+    return text
+
+
 class Webhook:
     """One policy's escalation endpoint, its secret read when it is built (a missing variable: ConfigError naming
     it, before anything is claimed)."""
@@ -91,6 +115,7 @@ class Webhook:
         self.rule = rule
         self.secret = read_secret(rule.secret_env, key)
         self.session = session or requests.Session()
+        self.host = urlsplit(rule.webhook_url).hostname or "the receiver"
 
     def post(self, idempotency_key: str, body: bytes, wall: dt.datetime) -> Answer:
         headers = {
@@ -105,7 +130,7 @@ class Webhook:
                 allow_redirects=False,
             )  # fmt: skip
         except requests.RequestException as exc:
-            text = scrub(f"{type(exc).__name__}: {exc}")[:300]
+            text = recordable(f"{type(exc).__name__}: {exc}", self.rule.webhook_url)[:300]
             if may_have_left(exc):
                 return Answer(SendStatus.UNKNOWN, f"no answer after the request left: {text}")
             return Answer(SendStatus.FAILED, f"not delivered (never left): {text}")
@@ -118,68 +143,36 @@ class Webhook:
         return Answer(SendStatus.FAILED, f"HTTP {code}: refused by the receiver, not retried", NO_RETRY_SECONDS)
 
 
-def webhooks(config: DunningConfig, policies: set[str]) -> dict[str, Webhook]:
-    """The endpoint of each policy in `policies` that escalates, secrets read now."""
-    built = {}
+class SimulatedWebhook(Webhook):
+    """A policy's endpoint in a simulation (the resume guard's double pass): every hand-over is answered `sent`,
+    nothing is posted and no secret is read."""
+
+    def __init__(self, rule: Escalation, key: str, session: requests.Session | None = None):
+        self.rule, self.secret, self.host = rule, "", "a simulation"
+
+    def post(self, idempotency_key: str, body: bytes, wall: dt.datetime) -> Answer:
+        return Answer(SendStatus.SENT)
+
+
+def webhooks(config: DunningConfig, policies: set[str], simulated: bool = False) -> dict[str, Webhook]:
+    """The endpoint of each policy in `policies` that escalates, secrets read now (`simulated`: none read, none
+    called)."""
+    built: dict[str, Webhook] = {}
+    endpoint = SimulatedWebhook if simulated else Webhook
     for index, policy in enumerate(config.resolved_policies()):
         if policy.name in policies and policy.escalation is not None:
             where = "escalation" if policy.name == "default" else f"policies[{index}] ({policy.name}).escalation"
-            built[policy.name] = Webhook(policy.escalation, f"{where}.secret_env")
+            built[policy.name] = endpoint(policy.escalation, f"{where}.secret_env")
     return built
 
 
-@dataclass
-class EscalationReport:
-    claimed: int = 0
-    sent: int = 0
-    failed: int = 0
-    unknown: int = 0
-    resubmitted: int = 0
-    held: dict[str, int] = field(default_factory=dict)
+def policy_of(payload: str) -> str:
+    """The policy a kept body names: whose endpoint posts it again."""
+    return str(json.loads(payload).get("policy") or "default")
 
 
-def send_escalations(
-    ledger: Ledger, due: pl.DataFrame, hooks: dict[str, Webhook], *, run_id: str, as_of: dt.datetime,
-    now: Callable[[], dt.datetime], backoff_minutes: float, lease: dt.timedelta,
-) -> tuple[EscalationReport, pl.DataFrame]:  # fmt: skip
-    """Claim each due escalation (one transaction), then post those this run won and record each outcome; an
-    `unknown` one keeps its body for a later run to resubmit. Returns the report and one outcome row per key."""
-    report = EscalationReport()
-    if due.is_empty():
-        return report, pl.DataFrame(schema=OUTCOME_SCHEMA)
-    claim = ledger.claim(due, due.clear(), run_id, as_of, None, lease_until=now() + lease)
-    won = due.filter(pl.col("idempotency_key").is_in(sorted(claim.won)))
-    report.claimed = won.height
-    rows: list[tuple[str, str, str | None, str | None, float | None]] = [
-        (k, str(SendStatus.LOST), None, "claimed by another run", None)
-        for k in sorted(set(due.get_column("idempotency_key")) - claim.won)
-    ]
-    history = _reminders_by_invoice(ledger, won)
-    payloads: list[tuple[str, str, str, str, dt.datetime]] = []
-    for row in won.to_dicts():
-        key = str(row["idempotency_key"])
-        body = body_of(row, history.get((str(row["invoice_id"]), int(row["cycle"])), []))
-        answer = hooks[str(row["policy"])].post(key, body, now())
-        _count(report, answer.status)
-        rows.append((key, str(answer.status), row["message_id"], answer.error, answer.retry_after_seconds))
-        if answer.status == SendStatus.UNKNOWN:
-            payloads.append((key, key, PROVIDER, body.decode("utf-8"), now()))
-    outcomes = pl.DataFrame(rows, schema=OUTCOME_SCHEMA, orient="row")
-    ledger.keep_payloads(pl.DataFrame(payloads, schema=PAYLOAD_SCHEMA, orient="row"))
-    ledger.record_outcomes(outcomes, as_of, now(), backoff_minutes, run_id=run_id)
-    return report, outcomes
-
-
-def _count(report: EscalationReport, status: SendStatus) -> None:
-    if status == SendStatus.SENT:
-        report.sent += 1
-    elif status == SendStatus.FAILED:
-        report.failed += 1
-    else:
-        report.unknown += 1
-
-
-def _reminders_by_invoice(ledger: Ledger, rows: pl.DataFrame) -> dict[tuple[str, int], list[dict[str, object]]]:
+def reminders_by_invoice(ledger: Ledger, rows: pl.DataFrame) -> dict[tuple[str, int], list[dict[str, object]]]:
+    """The stage and `sent_at` of each reminder of the cycles of `rows` (`invoice_id`, `cycle`), for their bodies."""
     if rows.is_empty():
         return {}
     grouped: dict[tuple[str, int], list[dict[str, object]]] = {}
@@ -191,56 +184,3 @@ def _reminders_by_invoice(ledger: Ledger, rows: pl.DataFrame) -> dict[tuple[str,
     return grouped
 
 
-def _kept(ledger: Ledger, settle: pl.DataFrame) -> pl.DataFrame:
-    pending = ledger.unknown_sends().filter(
-        (pl.col("kind") == EmailKind.ESCALATION) & (pl.col("provider") == PROVIDER) & pl.col("payload").is_not_null()
-    )
-    return pending.join(settle.select("idempotency_key", "hold"), on="idempotency_key", how="inner")
-
-
-def _policy_of(payload: str) -> str:
-    return str(json.loads(payload).get("policy") or "default")
-
-
-def kept_policies(ledger: Ledger, settle: pl.DataFrame) -> set[str]:
-    """The policies of the `unknown` escalations among `settle` whose body is kept: their endpoints may be called."""
-    return {_policy_of(p) for p in _kept(ledger, settle).get_column("payload").to_list()}
-
-
-def resubmit_unknown(
-    ledger: Ledger, settle: pl.DataFrame, config: DunningConfig, hooks: dict[str, Webhook], *, run_id: str,
-    now: Callable[[], dt.datetime],
-) -> EscalationReport:  # fmt: skip
-    """Settle `unknown` escalations: each kept body is posted again under its key, with a fresh signature, when the
-    present allows (`settle`: the plan's settle rows with their `hold`); otherwise it stays `unknown`, the reason
-    kept for a human."""
-    report = EscalationReport()
-    pending = _kept(ledger, settle)
-    if pending.is_empty():
-        return report
-    answers: list[tuple[str, str, str | None, str | None, float | None]] = []
-    held: list[tuple[str, str | None, str | None]] = []
-    for row in pending.to_dicts():
-        key, body = str(row["idempotency_key"]), str(row["payload"]).encode("utf-8")
-        hook = hooks.get(_policy_of(str(row["payload"])))
-        if row["hold"] is not None or hook is None:
-            why = row["hold"] or "its policy no longer escalates"
-            held.append((key, why, f"not resubmitted: {why}; still unknown"))
-            report.held[why] = report.held.get(why, 0) + 1
-            continue
-        answer = hook.post(key, body, now())
-        if answer.status == SendStatus.UNKNOWN:
-            held.append((key, None, f"resubmitted under its idempotency key: still no answer ({answer.error})"[:500]))
-            report.unknown += 1
-            continue
-        report.resubmitted += 1
-        _count(report, answer.status)
-        answers.append((key, str(answer.status), row["message_id"], answer.error, answer.retry_after_seconds))
-    if answers:
-        frame = pl.DataFrame(answers, schema=OUTCOME_SCHEMA, orient="row")
-        ledger.record_outcomes(frame, None, now(), config.retry.backoff_minutes, expected_status=LedgerStatus.UNKNOWN,
-                               settled_by=run_id)  # fmt: skip
-        ledger.drop_payloads([a[0] for a in answers])
-    if held:
-        ledger.hold_unknown(pl.DataFrame(held, schema=["email_id", "held_reason", "note"], orient="row"))
-    return report

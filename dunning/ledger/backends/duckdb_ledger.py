@@ -14,6 +14,7 @@ from dunning.ledger.backends.connection import LedgerConnection, connect
 from dunning.ledger.backends.publication import publish
 from dunning.ledger.stores.claims import ClaimStore
 from dunning.ledger.stores.cursors import CursorStore
+from dunning.ledger.stores.escalation_store import EscalationStore
 from dunning.ledger.stores.exclusions import ExclusionStore
 from dunning.ledger.stores.history import HistoryStore
 from dunning.ledger.stores.invoice_email_store import InvoiceEmailStore
@@ -64,6 +65,7 @@ class LedgerTables(
     HistoryStore,
     ScheduleStore,
     SuppressionStore,
+    EscalationStore,
 ):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""

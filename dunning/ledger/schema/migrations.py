@@ -48,6 +48,20 @@ _LEDGER_COLUMNS_V7 = (
     "lease_expires_at, provider_message_id"
 )
 _LEDGER_COLUMNS_V12 = _LEDGER_COLUMNS_V7 + ", settled_run_id"  # what migration 13's rebuild copies
+# `safe_text.redact` in SQL both databases run alike (RE2 in DuckDB, PostgreSQL's regular expressions): a URL with a
+# path, query or fragment is cut to scheme and host, one with user info loses it, and urllib3's "with url: /path?query"
+# (no scheme) loses the path; rows without any are not rewritten
+_NO_SPACE = "[:space:]"
+SCRUB_RECORDED_URLS = tuple(
+    f"UPDATE reminder_ledger SET last_error = regexp_replace(last_error, '{pattern}', '{replacement}', 'g') "
+    f"WHERE last_error LIKE '{where}'"
+    for pattern, replacement, where in (
+        (rf"([A-Za-z][A-Za-z0-9+.-]*://)([^/?#@{_NO_SPACE}]*@)?([^/?#{_NO_SPACE}]*)[/?#][^{_NO_SPACE}]*", r"\1\3/…",
+         "%://%"),
+        (rf"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@{_NO_SPACE}]*@([^/?#{_NO_SPACE}]*)", r"\1\2/…", "%://%"),
+        (rf"(url: )/[^{_NO_SPACE}]*", r"\1/…", "%url: /%"),
+    )
+)  # fmt: skip
 MIGRATIONS = (
     Migration(1, "baseline: the tables of release 0.1", ()),  # an empty file gets the current DDL below
     Migration(
@@ -168,6 +182,16 @@ MIGRATIONS = (
         16,
         "ingest once: the snapshot rows each run read (a shard: its part of the ingest)",
         ("ALTER TABLE dunning_runs ADD COLUMN IF NOT EXISTS rows_read BIGINT",),
+    ),
+    Migration(
+        18,
+        "escalations refused for good wait for a human (when, and the one alert raised for it); the error texts "
+        "recorded before URLs were cut to their host are scrubbed of every URL's path, query and user info",
+        (
+            "ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS refused_at TIMESTAMPTZ",
+            "ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS refusal_alert_id VARCHAR",
+            *SCRUB_RECORDED_URLS,
+        ),
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -53,7 +53,9 @@ DDL = (
         provider_message_id VARCHAR,
         settled_run_id VARCHAR,
         policy VARCHAR NOT NULL DEFAULT 'default',
-        skip_reason VARCHAR
+        skip_reason VARCHAR,
+        refused_at TIMESTAMPTZ,
+        refusal_alert_id VARCHAR
     )
     """,
     """

@@ -26,6 +26,8 @@ import polars as pl
 
 from dunning.ledger.schema.tables import LEDGER_COLUMNS
 from dunning.ledger.sql import Executes, SqlConnection
+from dunning.ledger.stores.payloads import PAYLOAD_SCHEMA
+from dunning.safe_text import redact
 from dunning.secret_env import holding_any, scrub
 from dunning.vocabulary import PROVIDER_STATUSES, EmailKind, LedgerStatus, PlanRole, plain
 
@@ -64,6 +66,10 @@ BACKOFF_MICROSECONDS = """CAST(? * 60000000 * pow(2, greatest(reminder_ledger.at
     - CASE WHEN o.status = 'released' THEN 1 ELSE 0 END, 0)) AS BIGINT)"""
 # and no sooner than the provider asked (a 429's Retry-After)
 RETRY_DELAY_MICROSECONDS = f"greatest({BACKOFF_MICROSECONDS}, coalesce(o.retry_after_us, 0))"
+
+
+def _recordable(error: str) -> str:
+    return redact(scrub(error) if holding_any() else error)
 
 
 def _policy(rows: pl.DataFrame) -> pl.Expr:
@@ -157,8 +163,13 @@ class ClaimStore(SqlConnection):
         claimed_at: dt.datetime,
         cap: ClaimCap | None = None,
         lease_until: dt.datetime | None = None,
+        bodies: pl.DataFrame | None = None,
     ) -> ClaimResult:
-        """Insert `due` as `claimed` and, for invoices whose claim we won, `skipped` stages; one transaction."""
+        """Insert `due` as `claimed` and, for invoices whose claim we won, `skipped` stages; one transaction.
+
+        `bodies` (PAYLOAD_SCHEMA rows, one per key): the request each key's hand-over will make, kept in the same
+        transaction for the keys this claim wins, in place of any kept before (`dunning.send.escalating`): what a
+        run that dies mid-request leaves is resubmitted exactly as it may have left."""
         stamp = [pl.lit(run_id).alias("run_id"), pl.lit(claimed_at).alias("claimed_at")]
         customers = due.select("customer_id").unique()
         result = ClaimResult()
@@ -201,9 +212,16 @@ class ClaimStore(SqlConnection):
                     result.won |= self._retake_failed(con, run_id, claimed_at, lease_until)
                 won = allowed.filter(pl.col("idempotency_key").is_in(list(result.won)))
                 self._record_skipped_and_advance(con, won, skipped, stamp)
+                if bodies is not None and result.won:
+                    self._keep_bodies(con, bodies.filter(pl.col("idempotency_key").is_in(list(result.won))))
         except self.lost_claim_errors:
             return ClaimResult(lost=True)
         return result
+
+    def _keep_bodies(self, con: Executes, bodies: pl.DataFrame) -> None:
+        with self.registered("claimed_bodies", bodies.cast(PAYLOAD_SCHEMA)):
+            con.execute("DELETE FROM provider_payloads WHERE email_id IN (SELECT email_id FROM claimed_bodies)")
+            self.insert_by_name("provider_payloads", "claimed_bodies")
 
     def _suppressed_keys(self, con: Executes, rows: pl.DataFrame, claimed_at: dt.datetime) -> set[str]:
         """The keys of `rows` whose email goes to an address suppressed now (`ledger.stores.suppressions`), read in
@@ -323,8 +341,9 @@ class ClaimStore(SqlConnection):
         recorded = outcomes.filter(pl.col("status").is_in(plain(PROVIDER_STATUSES)))
         if "provider_message_id" not in recorded.columns:
             recorded = recorded.with_columns(pl.lit(None, dtype=pl.String).alias("provider_message_id"))
-        if holding_any():  # a provider's error text may quote a secret (a header, a URL): never stored as it is
-            recorded = recorded.with_columns(pl.col("error").map_elements(scrub, return_dtype=pl.String))
+        # a provider's error text may quote a secret (a header) or a URL whose path or query holds a token: never
+        # stored as it is (secrets masked, URLs cut to their host: `safe_text.redact`, the alerts' rule)
+        recorded = recorded.with_columns(pl.col("error").map_elements(_recordable, return_dtype=pl.String))
         if "retry_after_seconds" not in recorded.columns:
             recorded = recorded.with_columns(pl.lit(None, dtype=pl.Float64).alias("retry_after_seconds"))
         recorded = recorded.with_columns(

@@ -41,6 +41,12 @@ class RunSummary:
     other_kinds: tuple[tuple[str, int], ...] = ()
     # `unknown` keys of earlier runs this run settled: (how, status) -> keys; how is `lookup` or `resubmission`
     settled: tuple[tuple[str, str, int], ...] = ()
+    # hand-overs to a collections system (not emails): what this run did with them, by ledger status (`sent`: handed
+    # over, also a resubmission or a retake of an earlier run's; `failed`, `unknown`), and its audit's escalation rows
+    # by outcome (counted in `counts` with every key)
+    escalations: tuple[tuple[str, int], ...] = ()
+    escalations_audited: tuple[tuple[str, int], ...] = ()
+    escalations_refused: int = 0  # refused for good in this run: one alert each
 
 
 @dataclass(frozen=True)
@@ -87,8 +93,11 @@ class Operations(SqlConnection):
         run_id: str | None = None,
         details: dict[str, Any] | None = None,
         severity: str = "critical",
+        alert_id: str | None = None,
     ) -> str:
-        alert_id = uuid.uuid4().hex
+        """Store one alert (its text and details masked of every secret this process holds); returns its id,
+        `alert_id` when given (an alert whose id its subject's row names first, `escalation_store`)."""
+        alert_id = alert_id or uuid.uuid4().hex
         stored = scrub(json.dumps(details, default=str)) if details else None  # masked, whatever produced the text
         self.con.execute(
             "INSERT INTO alerts (alert_id, created_at, kind, severity, message, run_id, details) "
@@ -187,8 +196,9 @@ class Operations(SqlConnection):
                     "skipped": self.scalar(
                         "SELECT count(*) FROM reminder_ledger WHERE run_id = ? AND status = 'skipped'", [run_id]
                     ),
-                    "emails": self.scalar(
-                        "SELECT count(DISTINCT email_id) FROM reminder_ledger WHERE run_id = ? AND status = 'sent'",
+                    "emails": self.scalar(  # an escalation is a hand-over, not an email
+                        "SELECT count(DISTINCT email_id) FROM reminder_ledger WHERE run_id = ? AND status = 'sent' "
+                        "AND kind <> 'escalation'",
                         [run_id],
                     ),
                     "not_owed_reminded": counts["not_owed_reminded"],
@@ -316,6 +326,20 @@ class Operations(SqlConnection):
             "FROM reminder_ledger WHERE settled_run_id = ? GROUP BY 1, 2 ORDER BY 1, 2",
             [run_id],
         ).fetchall()
+        escalations = self.con.execute(
+            "SELECT status, count(*) FROM reminder_ledger WHERE kind = 'escalation' AND "
+            "((status = 'sent' AND (run_id = ? OR settled_run_id = ?)) OR (status IN ('failed', 'unknown') "
+            "AND run_id = ?)) GROUP BY status ORDER BY status",
+            [run_id, run_id, run_id],
+        ).fetchall()
+        audited = self.con.execute(
+            "SELECT outcome, count(*) FROM dunning_audit WHERE run_id = ? AND kind = 'escalation' "
+            "GROUP BY outcome ORDER BY outcome",
+            [run_id],
+        ).fetchall()
+        refused = self.scalar(
+            "SELECT count(*) FROM alerts WHERE run_id = ? AND kind = 'escalation_refused'", [run_id]
+        )
         return RunSummary(
             counts,
             [(r, int(n)) for r, n in rules],
@@ -324,6 +348,9 @@ class Operations(SqlConnection):
             stopped[0][0] if stopped else None,
             tuple((str(k), int(n)) for k, n in kinds),
             tuple((str(how), str(status), int(n)) for how, status, n in settled),
+            tuple((str(k), int(n)) for k, n in escalations),
+            tuple((str(k), int(n)) for k, n in audited),
+            int(refused or 0),  # type: ignore[call-overload]
         )
 
     def status_counts(self) -> StatusCounts:

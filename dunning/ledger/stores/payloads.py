@@ -13,6 +13,7 @@ from __future__ import annotations
 import polars as pl
 
 from dunning.ledger.sql import SqlConnection
+from dunning.safe_text import redact
 
 PAYLOAD_SCHEMA = pl.Schema(
     {
@@ -66,7 +67,9 @@ class PayloadStore(SqlConnection):
         it is how long the outcome has waited for a human (`dunning.send.liveness`)."""
         if held.is_empty():
             return 0
-        rows = held.select("email_id", "held_reason", "note").unique("email_id", keep="first")
+        rows = held.select(
+            "email_id", "held_reason", pl.col("note").map_elements(redact, return_dtype=pl.String)
+        ).unique("email_id", keep="first")
         with self.transaction() as con, self.registered("held_emails", rows):
             changed = con.execute(
                 """
