@@ -28,9 +28,9 @@ from pydantic import (
 from dunning.config_schedule import DEFAULT_POLICY, MAX_HOURS, NAME_PATTERN, Escalation, PolicyMatch, SendWindow
 from dunning.errors import ConfigError
 from dunning.safe_text import has_control, is_address
-from dunning.secret_env import not_a_secret, remember_configured
+from dunning.secret_env import not_a_secret, remember, remember_configured
 from dunning.sharding import MAX_SHARDS
-from dunning.urls import http_url
+from dunning.urls import http_url, token_parts
 from dunning.vocabulary import Tone
 
 
@@ -621,6 +621,11 @@ class DunningConfig(_Strict):
         names += [p.escalation.secret_env for p in self.resolved_policies() if p.escalation is not None]
         return [n for n in names if n]
 
+    def token_urls(self) -> list[str]:
+        """The URLs this config names whose path or query may hold a token: alert and escalation webhooks."""
+        urls = [self.alerts.webhook_url] + [p.escalation.webhook_url for p in self.resolved_policies() if p.escalation]
+        return [u for u in urls if u]
+
     @property
     def policy_id(self) -> str:
         """A short stable id of everything that decides what is sent, to label simulations."""
@@ -667,6 +672,7 @@ def parse_config(data: object, source: str = "config", base_dir: Path | None = N
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_describe(exc)}") from None
     remember_configured(config.secret_names())  # masked in every text from here on, before any is read
+    remember(p for url in config.token_urls() for p in token_parts(url))  # a webhook URL: its path and query too
 
     def resolved(directory: str) -> str:
         return str(((base_dir or Path.cwd()) / Path(directory).expanduser()).resolve())

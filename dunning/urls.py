@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
@@ -38,3 +38,16 @@ def http_url(value: str | None, key: str) -> str | None:
             "value is not shown)"
         )
     return value
+
+
+def token_parts(url: str | None) -> tuple[str, ...]:
+    """The parts of `url` that may carry its token, as a text may quote them: the URL itself, its path and query
+    together and apart, as given, percent-encoded and decoded (longest first, so each is masked whole). A path or a
+    query is a secret: a Slack webhook's path is its token, a collections system's query its key."""
+    if not url:
+        return ()
+    parts = urlsplit(url)
+    tail = parts.path + (f"?{parts.query}" if parts.query else "")
+    forms = {url, tail, parts.path if len(parts.path) > 1 else "", parts.query}
+    forms |= {quote(f, safe="/?=&:%") for f in forms if f} | {unquote(f) for f in forms if f}
+    return tuple(sorted((f for f in forms if len(f) > 1), key=len, reverse=True))

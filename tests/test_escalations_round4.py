@@ -318,3 +318,20 @@ def test_migration_18_scrubs_urls_out_of_errors_recorded_before(backend):
     assert TOKEN not in rows[KEY] and API_KEY not in rows[KEY] and "/hooks/T0123" not in rows[KEY], rows[KEY]
     assert "hooks.example" in rows[KEY] and "Max retries exceeded" in rows[KEY], "the rest of the text is kept"
     assert rows["dunning:in_1:1:day3"] == "no url here: HTTP 500"
+
+
+def test_resume_proves_the_guard_without_posting_an_escalation(deployment, tmp_path, monkeypatch):
+    """The guard's double pass runs the real send step with its claims rolled back: a hand-over it posted would
+    reach the collections system for real, and be posted again by the first run after the resume."""
+    monkeypatch.setenv(ENV, SECRET)
+    receiver = Receiver(SECRET)
+    with EscalationServer(receiver) as server:
+        path = config(tmp_path, server.url)
+        assert deployment.cli("pause", "--reason", "checking")[0] == 0
+        deployment.run_in_process(ROWS, at(9), path)
+        snapshot = deployment.snapshot(ROWS)
+        code, out, err = deployment.cli("resume", "--snapshot", str(snapshot), "--as-of", at(10), "--config", str(path))
+        assert code == 0, out + err
+        assert receiver.requests == [], "the simulation posted nothing"
+        deployment.run_in_process(ROWS, at(11), path)
+    assert receiver.keys_requested() == {KEY: 1}

@@ -29,11 +29,10 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import polars as pl
 import requests
-from requests.utils import requote_uri
 
 from dunning.config import DunningConfig
 from dunning.config_schedule import Escalation
@@ -41,6 +40,7 @@ from dunning.ledger.base import Ledger
 from dunning.safe_text import redact
 from dunning.secret_env import read_secret, scrub
 from dunning.send.providers.http import may_have_left, retry_after_seconds
+from dunning.urls import token_parts
 from dunning.vocabulary import SendStatus
 
 SIGNATURE_HEADER = "Dunning-Signature"
@@ -88,21 +88,11 @@ class Answer:
     retry_after_seconds: float | None = None
 
 
-def url_parts(url: str) -> tuple[str, ...]:
-    """The parts of `url` that carry a token, as a text may quote them: the URL itself, its path and query together
-    and apart, as given and as `requests` quotes or unquotes them (longest first: each is masked whole)."""
-    parts = urlsplit(url)
-    tail = parts.path + (f"?{parts.query}" if parts.query else "")
-    forms = {url, tail, parts.path if len(parts.path) > 1 else "", parts.query}
-    forms |= {requote_uri(f) for f in forms if f} | {unquote(f) for f in forms if f}
-    return tuple(sorted((f for f in forms if len(f) > 1), key=len, reverse=True))
-
-
 def recordable(text: str, url: str) -> str:
     """An error text as it may be stored or shown: secrets masked, URLs cut to their host, and whatever is left of
     the webhook URL's path or query masked."""
     text = redact(scrub(text))
-    for part in url_parts(url):
+    for part in token_parts(url):
         text = text.replace(part, "…")
     return text
 
