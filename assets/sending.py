@@ -180,5 +180,7 @@ def send_batch(
             "escalations_failed": step.escalations.failed,
             "escalations_unknown": step.escalations.unknown,
             "escalations_resubmitted": step.escalations.resubmitted,
+            "escalations_retried_after_a_crash": step.escalations.retried,
+            "escalations_refused": step.escalations.refused,
         },
     )

@@ -509,8 +509,8 @@ def status_text(s: dict) -> str:
     if refused:
         lines.append(f"escalations refused, waiting for a human: {len(refused)} (their reminders wait too)")
         lines += [
-            f"  {e['idempotency_key']}: invoice {e['invoice_id']} of {e['customer_id']}, refused {liveness.wall(e['refused_at'])}"
-            f" after {e['attempts']} attempt(s): {e['last_error']}"
+            f"  {e['idempotency_key']}: invoice {e['invoice_id']} of {e['customer_id']}, refused "
+            f"{liveness.wall(e['refused_at'])} after {e['attempts']} attempt(s): {e['last_error']}"
             for e in refused[:20]
         ]
         if len(refused) > 20:

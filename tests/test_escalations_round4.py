@@ -33,8 +33,7 @@ ROWS = [invoice(due_date="2026-10-10")]  # 26 days overdue on 2026-11-05: escala
 def config(tmp_path: Path, url: str, extra: str = "", timeout: float = 0.5, name: str = "esc.yaml") -> Path:
     path = tmp_path / name
     path.write_text(
-        f"escalation: {{after_days: 20, webhook_url: '{url}', secret_env: {ENV}, timeout_seconds: {timeout}}}\n"
-        f"{extra}"
+        f"escalation: {{after_days: 20, webhook_url: '{url}', secret_env: {ENV}, timeout_seconds: {timeout}}}\n{extra}"
     )
     return path
 
@@ -221,8 +220,11 @@ def test_killed_in_the_escalation_loop_a_rerun_sends_each_once_and_resubmits_the
         answered = [r.key for r in receiver.requests[:8]]
         in_doubt = receiver.requests[8]
         with open_ledger(deployment.home / "dunning.duckdb") as ledger:
-            before = dict(ledger.con.execute(
-                "SELECT idempotency_key, status FROM reminder_ledger WHERE kind = 'escalation'").fetchall())  # fmt: skip
+            before = dict(
+                ledger.con.execute(
+                    "SELECT idempotency_key, status FROM reminder_ledger WHERE kind = 'escalation'"
+                ).fetchall()
+            )
         assert all(before[k] == "sent" for k in answered), "each outcome was recorded as it arrived"
         receiver.hold_from = None
         receiver.released.set()
@@ -272,7 +274,10 @@ def test_a_webhook_urls_path_and_query_are_in_no_record_and_no_output(deployment
         alert_url = f"http://127.0.0.1:{alerts_down.port}/services/T0/B0/{ALERT_TOKEN}"
         path = config(tmp_path, url, f"retry: {{max_attempts: 2, backoff_minutes: 1}}\n"
                                      f"alerts: {{webhook_url: '{alert_url}'}}\n")  # fmt: skip
-        outputs = [deployment.run(ROWS, at(9), "--config", str(path)), deployment.run(ROWS, at(10), "--config", str(path))]
+        outputs = [
+            deployment.run(ROWS, at(9), "--config", str(path)),
+            deployment.run(ROWS, at(10), "--config", str(path)),
+        ]
         outputs += [deployment.cli("status"), deployment.cli("status", "--json")]
     row = escalation(deployment)
     assert row["status"] == "failed" and "127.0.0.1" in row["last_error"], "the error names the host"

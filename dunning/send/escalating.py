@@ -165,10 +165,9 @@ def hand_over_escalations(
         claim = ledger.claim(due, due.clear(), run_id, as_of, None, lease_until=loop.lease_until(), bodies=kept)
         rows += [(k, str(SendStatus.LOST), None, "claimed by another run", None)
                  for k in sorted(set(bodies) - claim.won)]  # fmt: skip
-        requests += [
-            _Request(str(r["idempotency_key"]), r["message_id"], bodies[str(r["idempotency_key"])], hooks[str(r["policy"])])
-            for r in due.filter(pl.col("idempotency_key").is_in(sorted(claim.won))).to_dicts()
-        ]  # fmt: skip
+        for r in due.filter(pl.col("idempotency_key").is_in(sorted(claim.won))).to_dicts():
+            key = str(r["idempotency_key"])
+            requests.append(_Request(key, r["message_id"], bodies[key], hooks[str(r["policy"])]))
         report.claimed = len(claim.won)
     retaken = _released(ledger, settle, hooks)
     if retaken:

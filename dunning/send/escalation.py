@@ -9,13 +9,14 @@ environment variable `escalation.secret_env` names. What its answer means:
 | answer | outcome | next |
 |---|---|---|
 | 2xx | `sent` | never again |
-| 408, 429, 5xx | `failed` | retried after the backoff (a 429's `Retry-After` when later); after `retry.max_attempts`: refused for good |
+| 408, 429, 5xx | `failed` | retried after the backoff (a 429's `Retry-After` when later), up to `retry.max_attempts` |
 | any other 4xx or 3xx | `failed` | refused for good at once, not retried |
 | refused, unresolvable, connect timeout | `failed` | retried after the backoff: it never left |
 | read timeout, connection lost after it left | `unknown` | resubmitted by a later run: same body, same key, fresh `t` |
 
-Refused for good: one alert of kind `escalation_refused`, the invoice listed by `dunning status` and its reminders
-held until a human answers (`dunning.ledger.stores.escalation_store`: `dunning retry`, `dunning resolve`).
+Refused for good (a 4xx, or the attempts used up): one alert of kind `escalation_refused`, the invoice listed by
+`dunning status` and its reminders held until a human answers (`dunning.send.escalation_refusals`,
+`dunning.ledger.stores.escalation_store`: `dunning retry`, `dunning resolve`).
 
 The webhook URL's path and query carry the receiver's token: an error text never holds them. What `requests`
 says is cut (`safe_text.redact`: URLs to their host, urllib3's `url: /path` too), and the URL's own path and query
@@ -172,5 +173,3 @@ def reminders_by_invoice(ledger: Ledger, rows: pl.DataFrame) -> dict[tuple[str, 
             {"stage": r["stage"], "sent_at": sent_at.isoformat() if isinstance(sent_at, dt.datetime) else None}
         )
     return grouped
-
-

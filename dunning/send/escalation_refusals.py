@@ -37,8 +37,8 @@ def refusal_message(row: dict[str, object], host: str) -> str:
     key = row["idempotency_key"]
     return (
         f"escalation {key} of invoice {row['invoice_id']} (customer {row['customer_id']}, {row['amount_minor']} "
-        f"{row['currency']} in minor units) was refused for good by {host} after {row['attempts']} attempt(s): "
-        f"{row['last_error'] or 'no answer recorded'}. It is not retried and the invoice's reminders wait (audit "
+        f"{row['currency']} in minor units) was refused for good by {host} after {row['attempts']} attempt(s) (last "
+        f"answer: {row['last_error'] or 'none recorded'}). It is not retried and the invoice's reminders wait (audit "
         f"reason escalation_refused). Fix the cause, then `dunning retry {key}`; or `dunning resolve {key} --sent` "
         "if it was handed over another way, `--not-sent` to give the invoice back to its reminders"
     )

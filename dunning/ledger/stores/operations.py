@@ -337,9 +337,7 @@ class Operations(SqlConnection):
             "GROUP BY outcome ORDER BY outcome",
             [run_id],
         ).fetchall()
-        refused = self.scalar(
-            "SELECT count(*) FROM alerts WHERE run_id = ? AND kind = 'escalation_refused'", [run_id]
-        )
+        refused = self.scalar("SELECT count(*) FROM alerts WHERE run_id = ? AND kind = 'escalation_refused'", [run_id])
         return RunSummary(
             counts,
             [(r, int(n)) for r, n in rules],
