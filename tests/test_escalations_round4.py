@@ -340,3 +340,37 @@ def test_resume_proves_the_guard_without_posting_an_escalation(deployment, tmp_p
         assert receiver.requests == [], "the simulation posted nothing"
         deployment.run_in_process(ROWS, at(11), path)
     assert receiver.keys_requested() == {KEY: 1}
+
+
+def test_a_ledger_lost_between_two_escalations_stops_the_posting_with_exit_4_and_keeps_the_journal(
+    deployment, tmp_path, monkeypatch
+):
+    """The first outcome that cannot be written stops the loop: nothing more is posted, and the journal stays for
+    the next run (which posts what never left and resubmits what may have)."""
+    import duckdb
+
+    from dunning.errors import LedgerLost
+    from dunning.ledger.backends.duckdb_ledger import DuckDBLedger
+    from dunning.run import steps
+    from tests import in_process
+
+    monkeypatch.setenv(ENV, SECRET)
+    rows = [invoice(invoice_id=f"in_{i}", customer_id=f"cus_{i}", due_date="2026-10-10") for i in range(3)]
+    record = DuckDBLedger.record_outcomes
+
+    def failing(self, outcomes, *args, **kwargs):
+        if outcomes.height == 1 and str(outcomes["idempotency_key"][0]).startswith("escalation:"):
+            raise duckdb.ConnectionException("Connection Error: the ledger went away")
+        return record(self, outcomes, *args, **kwargs)
+
+    journal_dir = tmp_path / "journal"
+    send_step = steps.send_step
+    monkeypatch.setattr(in_process.steps, "send_step", lambda *a, **k: send_step(*a, **k, journal_dir=str(journal_dir)))
+    monkeypatch.setattr(DuckDBLedger, "record_outcomes", failing)
+    receiver = Receiver(SECRET)
+    with EscalationServer(receiver) as server, pytest.raises(LedgerLost) as lost:
+        deployment.run_in_process(rows, at(9), config(tmp_path, server.url))
+    assert len(receiver.requests) == 1, "nothing more was posted after the outcome could not be written"
+    assert "3 escalation(s) have no outcome on record" in str(lost.value)
+    [journal] = journal_dir.glob("*.journal")
+    assert journal.read_text().splitlines()[1:] == [f"<{receiver.requests[0].key}>"]
