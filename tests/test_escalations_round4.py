@@ -374,3 +374,51 @@ def test_a_ledger_lost_between_two_escalations_stops_the_posting_with_exit_4_and
     assert "3 escalation(s) have no outcome on record" in str(lost.value)
     [journal] = journal_dir.glob("*.journal")
     assert journal.read_text().splitlines()[1:] == [f"<{receiver.requests[0].key}>"]
+
+
+def test_a_refusal_is_kept_paged_once_and_answered_on_both_databases(backend):
+    """The ledger's part, on DuckDB and PostgreSQL: the body kept with the claim, a 4xx marked refused, one alert
+    however many runs look, `retry` and `resolve` each clearing it and resolving the alert."""
+    import polars as pl
+
+    from dunning.ledger.stores.payloads import PAYLOAD_SCHEMA
+    from tests.helpers import due_frame
+
+    now = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
+    due = (
+        due_frame(["in_1", "in_2"])
+        .with_columns(
+            idempotency_key=pl.format("escalation:{}:1", "invoice_id"), kind=pl.lit("escalation"), stage=pl.lit(None)
+        )
+        .with_columns(email_id=pl.col("idempotency_key"), message_id=pl.format("<{}>", "idempotency_key"))
+    )
+    keys = due.get_column("idempotency_key").to_list()
+    bodies = pl.DataFrame([(k, k, "escalation", '{"policy":"default"}', now) for k in keys], schema=PAYLOAD_SCHEMA,
+                          orient="row")  # fmt: skip
+    refusal = pl.DataFrame({"idempotency_key": keys, "status": ["failed"] * 2, "message_id": [None, None],
+                            "error": ["HTTP 422: refused", "HTTP 500"], "retry_after_seconds": [3.2e9, None]},
+                           schema_overrides={"message_id": pl.String})  # fmt: skip
+    with backend.open() as ledger:
+        assert ledger.claim(due, due.clear(), "run-1", now, lease_until=now, bodies=bodies).won == set(keys)
+        assert ledger.scalar("SELECT count(*) FROM provider_payloads") == 2, "kept with the claim"
+        ledger.record_outcomes(refusal, now, now, 30, run_id="run-1")
+        assert ledger.released_escalations(keys).height == 2, "failed with a kept body (the loop drops it at once)"
+        assert ledger.mark_refused_escalations(5, now) == 1, "the 4xx; the 5xx has attempts left"
+        [refused] = ledger.refusals_to_page().to_dicts()
+        assert refused["idempotency_key"] == keys[0]
+        assert ledger.take_refusal_alert(keys[0], "alert-1") and not ledger.take_refusal_alert(keys[0], "alert-2")
+        ledger.add_alert("escalation_refused", "refused", now, "run-1", alert_id="alert-1")
+        assert ledger.refusals_to_page().is_empty() and ledger.refused_escalations().height == 1
+        states = {r["idempotency_key"]: r["refused"] for r in ledger.escalation_states(keys).to_dicts()}
+        assert states == {keys[0]: True, keys[1]: False}
+        assert ledger.put_back_failed(keys, ("escalation",), "put back by test", now) == keys
+        assert ledger.refused_escalations().is_empty()
+        assert ledger.scalar("SELECT count(*) FROM alerts WHERE resolved_at IS NOT NULL") == 1
+        ledger.con.execute("UPDATE reminder_ledger SET attempts = 5")
+        assert ledger.mark_refused_escalations(5, now) == 2, "both used up now"
+        assert ledger.resolve_refused([keys[0]], False, "not to be", now) == [keys[0]]
+        assert ledger.resolve_refused([keys[1]], True, "by hand", now) == [keys[1]]
+        rows = ledger.frame("SELECT idempotency_key, status, skip_reason FROM reminder_ledger ORDER BY 1").rows()
+        assert rows == [(keys[0], "skipped", "not_escalated"), (keys[1], "sent", None)]
+        assert ledger.released_escalations(keys).is_empty()
+        assert ledger.scalar("SELECT count(*) FROM provider_payloads") == 0, "the answered bodies are dropped"

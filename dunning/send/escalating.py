@@ -90,16 +90,20 @@ class _HandOvers:
         self.deadline = Deadline()
         self.gate: HandOverGate | None = None
         self.renewed_at = now()
+        self.first_claimed: dt.datetime | None = None
         self.outstanding: set[str] = set()
 
     def lease_until(self) -> dt.datetime:
+        """A lease for claims taken now; the first one taken is the deadline's (`start`)."""
         self.renewed_at = self.now()
+        self.first_claimed = min(self.first_claimed or self.renewed_at, self.renewed_at)
         return self.renewed_at + self.lease
 
     def start(self, keys: set[str]) -> None:
-        """The claims are taken: hand over until their lease ends, each request journaled first."""
+        """The claims are taken: hand over until the earliest of their leases ends, each request journaled first."""
         self.outstanding = set(keys)
-        self.deadline.until(self.renewed_at + self.lease, self.lease, self.renewed_at)
+        first = self.first_claimed or self.renewed_at
+        self.deadline.until(first + self.lease, self.lease, self.now())
         journal = open_journal(self.journal_dir, self.run_id) if self.journal_dir is not None else None
         self.gate = HandOverGate(self.deadline, journal)
 

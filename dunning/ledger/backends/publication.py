@@ -156,7 +156,7 @@ ANALYST_VIEWS = {
     # hand-overs to a collections system (`dunning.send.escalation`): not emails, so not in contact_history
     "escalations": """
         SELECT idempotency_key, invoice_id, customer_id, cycle, policy, status, amount_minor, currency, claimed_at,
-               sent_at, attempts, last_error
+               sent_at, attempts, last_error, refused_at
         FROM reminder_ledger WHERE kind = 'escalation'""",
     # delivery feedback: the customers a run held because their address is suppressed, and who must find a new one
     "contacts_to_fix": """
