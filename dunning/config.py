@@ -496,6 +496,10 @@ class DunningConfig(_Strict):
     renders in the run's own process."""
     shards: Count = Field(default=1, ge=1, le=MAX_SHARDS)
     """How many shards split a day's cycle by customer: the schedule starts one run per shard."""
+    max_shrink: Number = Field(default=0.5, ge=0, le=1)
+    """A whole snapshot with fewer than this many times the invoices of the last applied one is refused (exit 2; a
+    pull from the billing source: exit 7 and an alert) unless `dunning run --allow-shrink`: a truncated export. 0:
+    off. A snapshot with no invoice rows is refused whatever this says."""
     min_remaining_minor: dict[str, MinorAmount] = Field(default_factory=dict)
     """Per currency (ISO 4217, e.g. `{EUR: 500}`): an invoice whose remaining balance in minor units is below this is
     not dunned (`below_minimum`)."""

@@ -38,6 +38,7 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 INGEST_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
 TAKEN_AT_KEY = b"dunning.snapshot_taken_at"  # a part's Parquet metadata: the ingest's snapshot time, rows or none
+INVOICES_KEY = b"dunning.snapshot_invoices"  # and the whole snapshot's accepted invoices (what a shrink is judged on)
 
 
 @dataclass(frozen=True)
@@ -205,30 +206,44 @@ def choose_manifest(
     return None
 
 
-def parquet_bytes(frame: pl.DataFrame, taken_at: dt.datetime | None = None) -> bytes:
+def parquet_bytes(frame: pl.DataFrame, taken_at: dt.datetime | None = None, invoices: int | None = None) -> bytes:
     """A part as Parquet: lz4, no column statistics (a part is read whole, once, by its shard), and the ingest's
-    snapshot time in the file's metadata, so an empty part says it too."""
+    snapshot time and whole invoice count in the file's metadata, so an empty part says them too."""
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     table = frame.to_arrow()
-    if taken_at is not None:
-        table = table.replace_schema_metadata(
-            {**(table.schema.metadata or {}), TAKEN_AT_KEY: taken_at.isoformat().encode()}
-        )
+    stamp = {TAKEN_AT_KEY: taken_at.isoformat().encode()} if taken_at is not None else {}
+    if invoices is not None:
+        stamp[INVOICES_KEY] = str(invoices).encode()
+    if stamp:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **stamp})
     out = io.BytesIO()
     pq.write_table(table, out, compression="lz4", write_statistics=False)
     return out.getvalue()
 
 
-def part_taken_at(path: str | Path) -> dt.datetime | None:
-    """The snapshot time an ingest wrote into a part's metadata, or None for any other file."""
+@dataclass(frozen=True)
+class PartStamp:
+    """What an ingest wrote into a part's metadata: the snapshot's time, and the whole snapshot's accepted invoices
+    (None in a part an earlier release wrote)."""
+
+    taken_at: dt.datetime
+    invoices: int | None
+
+
+def part_stamp(path: str | Path) -> PartStamp | None:
+    """The stamp an ingest wrote into a part's metadata, or None for any other file (not an ingest's part)."""
     if not str(path).endswith(".parquet"):
         return None
     try:
         import pyarrow.parquet as pq
 
-        value = (pq.read_schema(path).metadata or {}).get(TAKEN_AT_KEY)
+        metadata = pq.read_schema(path).metadata or {}
+        value, count = metadata.get(TAKEN_AT_KEY), metadata.get(INVOICES_KEY)
         moment = dt.datetime.fromisoformat(value.decode()) if value else None
+        invoices = int(count.decode()) if count else None
     except (OSError, ValueError):
         return None
-    return moment if moment is not None and moment.tzinfo is not None else None
+    if moment is None or moment.tzinfo is None:
+        return None
+    return PartStamp(moment, invoices if invoices is not None and invoices >= 0 else None)
