@@ -12,6 +12,7 @@ import json
 import pytest
 
 from tests.conftest import invoice
+from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture: both databases
 from tests.stripe_server import KEY, FakeStripe, stripe_invoice
 
 AS_OF = "2026-11-10T09:00:00Z"
@@ -164,3 +165,18 @@ def test_a_source_pull_that_shrank_is_held_with_one_alert_until_a_run_allows_it(
     [(resolved,)] = deployment.query("SELECT resolved_at FROM alerts WHERE kind = 'source_shrank'")
     assert resolved is not None
     assert deployment.query("SELECT count(*) FROM applied_snapshots") == [(2,)]
+
+
+def test_migration_19_takes_each_earlier_snapshots_invoices_from_its_runs_summary_on_both(backend):
+    """A home upgraded to this release holds its next snapshot against the last one at once, not a run later."""
+    at = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
+    with backend.open() as ledger:
+        ledger.record_applied_snapshot("run-old", at, at, "/x.csv", False, at)
+        ledger.con.execute(
+            "INSERT INTO dunning_runs (run_id, as_of, dry_run, finished_wall_at, snapshot_rows) VALUES (?, ?, ?, ?, ?)",
+            ["run-old", at, False, at, 11],
+        )
+        ledger.con.execute("DELETE FROM schema_version WHERE version >= 19")  # as the release before left it
+        ledger.con.execute("ALTER TABLE applied_snapshots DROP COLUMN invoice_count")
+    with backend.open() as ledger:
+        assert ledger.latest_applied_snapshot()["invoice_count"] == 11
