@@ -30,7 +30,7 @@ from dunning.errors import ConfigError
 from dunning.safe_text import has_control, is_address
 from dunning.secret_env import not_a_secret, remember_configured
 from dunning.sharding import MAX_SHARDS
-from dunning.urls import http_url
+from dunning.urls import http_url, store_url_problem
 from dunning.vocabulary import Tone
 
 
@@ -343,7 +343,15 @@ class Store(_Strict):
 
     url: str | None = Field(default=None, min_length=1, max_length=4096)
     """A directory, or `s3://bucket/prefix` (credentials and endpoint from the AWS environment variables, never this
-    file); none: `HOME/store`."""
+    file: a URL with credentials in it is refused); none: `HOME/store`."""
+
+    @field_validator("url")
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        problem = store_url_problem(value) if value is not None else None
+        if problem is not None:
+            raise ValueError(f"{problem} (the value is not shown: it may hold a credential)")
+        return value
 
 
 class Feedback(_Strict):

@@ -30,8 +30,9 @@ from urllib.parse import urlsplit
 
 import polars as pl
 
-from dunning.errors import ConfigError, SnapshotError
-from dunning.urls import is_loopback
+from dunning.errors import ConfigError, SnapshotError, StorageError
+from dunning.storage_faults import storage_fault
+from dunning.urls import is_loopback, store_url_problem
 
 INGESTS = "ingests"
 MANIFEST = "manifest.json"
@@ -117,34 +118,73 @@ def _allow_http(url: str) -> bool:
     return True
 
 
+# what the operator reads of a store's refusal: the error's kind, never the server's text (its body can echo a
+# request header such as x-amz-security-token, and Dagster keeps a step's error in the run's event log)
+_REFUSALS = {"PermissionDeniedError": "permission denied", "UnauthenticatedError": "the credentials were refused"}
+_STATUS = re.compile(r"non-2xx status code: (\d{3})")
+
+
+def _refused(error: Exception) -> str | None:
+    """Why the store refused a request when its server answered with an error (permissions, credentials, a
+    signature it rejects, a failure of its own), in our words; None when it did not answer (unreachable) or the
+    object is not there. obstore files a rejected signature (403) as a generic error: its status says it."""
+    known = _REFUSALS.get(type(error).__name__)
+    if known is not None or type(error).__name__ == "NotFoundError":
+        return known
+    status = _STATUS.search(str(error))
+    if status is None or status.group(1) == "404":
+        return None
+    code = int(status.group(1))
+    return f"the credentials were refused: HTTP {code}" if code in (401, 403) else f"HTTP {code}"
+
+
 class SnapshotStore:
-    """One store: a directory or an S3 prefix (module docstring)."""
+    """One store: a directory or an S3 prefix (module docstring). Its errors name the store and what was refused,
+    never the server's answer: a refused write or a refused read is a `StorageError` (exit 8)."""
 
     def __init__(self, url: str):
         from obstore.store import LocalStore, S3Store
 
+        problem = store_url_problem(url)
+        if problem is not None:
+            raise ConfigError(f"store.url {problem}")
         self.url = url
         if url.startswith("s3://"):
             parts = urlsplit(url)
-            if not parts.netloc:
-                raise ConfigError(f"store.url {url!r}: no bucket (s3://bucket/prefix)")
             options: Any = {"allow_http": True} if _allow_http(url) else {}
             self._store: Any = S3Store(parts.netloc, prefix=parts.path.strip("/") or None, client_options=options)
-        elif "://" in url:
-            raise ConfigError(f"store.url {url!r}: a directory or s3://bucket/prefix")
         else:
             Path(url).mkdir(parents=True, exist_ok=True)
             self._store = LocalStore(url)
 
     def put(self, path: str, data: bytes) -> None:
+        """Write `path`; StorageError naming the store and the path (never the server's text) when that fails."""
         import obstore
 
-        obstore.put(self._store, path, data)
+        try:
+            obstore.put(self._store, path, data)
+        except Exception as error:  # noqa: BLE001 - obstore's permission, transport and disk errors alike
+            fault = storage_fault(str(error))  # a local store's full or read-only disk, in our words
+            why = _refused(error) or (fault.reason if fault else type(error).__name__)
+            raise StorageError(
+                f"storage error: the store {self.url} refused to write {path} ({why}); check its permissions and "
+                "the AWS_* environment: nothing of this ingest is published, the shards read the last complete one"
+            ) from None
 
     def get(self, path: str) -> bytes:
+        """Read `path`; StorageError when the store refuses (permissions, credentials), any other error as it is."""
         import obstore
 
-        return bytes(obstore.get(self._store, path).bytes())
+        try:
+            return bytes(obstore.get(self._store, path).bytes())
+        except Exception as error:  # noqa: BLE001 - obstore's permission, not-found and transport errors alike
+            why = _refused(error)
+            if why is None:
+                raise
+            raise StorageError(
+                f"storage error: the store {self.url} refused to read {path} ({why}); check its permissions and "
+                "the AWS_* environment"
+            ) from None
 
     def ingest_ids(self) -> list[str]:
         """The ingest folders in the store (one listing of folder names, not of every part ever written)."""
@@ -153,6 +193,10 @@ class SnapshotStore:
         try:
             listing = obstore.list_with_delimiter(self._store, f"{INGESTS}/")
         except Exception as error:  # noqa: BLE001 - obstore's transport and permission errors alike
+            why = _refused(error)
+            if why is not None:
+                raise StorageError(f"storage error: the store {self.url} refused to list {INGESTS}/ ({why}); check "
+                                   "its permissions and the AWS_* environment") from None  # fmt: skip
             raise SnapshotError(f"store {self.url} cannot be listed ({type(error).__name__}); check store.url and "
                                 "the AWS_* environment") from None  # fmt: skip
         names = (str(p).rstrip("/").rsplit("/", 1)[-1] for p in listing["common_prefixes"])
@@ -169,6 +213,8 @@ class SnapshotStore:
                 continue
             try:
                 found.append(Manifest.from_json(self.get(f"{INGESTS}/{ingest_id}/{MANIFEST}"), folder=ingest_id))
+            except StorageError:  # refused: said, not taken for an ingest that does not exist
+                raise
             except Exception:  # noqa: BLE001 - missing (still being written), damaged or hand-placed: not an ingest
                 continue
         epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
@@ -185,6 +231,8 @@ class SnapshotStore:
         part = manifest.part(shard)
         try:
             data = self.get(part.path)
+        except StorageError:
+            raise
         except Exception as error:  # noqa: BLE001 - obstore's not-found and transport errors alike
             raise SnapshotError(
                 f"ingest {manifest.ingest_id}: part {shard}/{manifest.shards} cannot be read from {self.url} "
