@@ -94,7 +94,9 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     preview.add_argument("--out", metavar="DIR", help="also write each email there as an .eml file, exactly as sent")
     preview.add_argument("--json", action="store_true", help="machine-readable: emails (to, kind, keys, subject), held")
     preview.add_argument(
-        "--allow-shrink", action="store_true", help="what `dunning run --allow-shrink` would send from a shrunk snapshot"
+        "--allow-shrink",
+        action="store_true",
+        help="what `dunning run --allow-shrink` would send from a shrunk snapshot",
     )
     preview.set_defaults(handler=handlers["preview"])
 

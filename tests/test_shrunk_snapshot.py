@@ -80,7 +80,9 @@ def test_a_truncated_export_is_refused_naming_both_counts_until_allowed(deployme
     assert code == 0, err
     assert len(deployment.outbox()) == sent + 10, "allowed: the ten new invoices are dunned"
     assert deployment.query("SELECT invoice_count FROM applied_snapshots ORDER BY snapshot_taken_at") == [
-        (100,), (50,), (10,)
+        (100,),
+        (50,),
+        (10,),
     ]
 
 

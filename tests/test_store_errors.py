@@ -50,12 +50,10 @@ def read_only_s3(monkeypatch):
     trust = {"Version": "2012-10-17",
              "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}]}  # fmt: skip
     role = iam.create_role(RoleName=bucket, AssumeRolePolicyDocument=json.dumps(trust))["Role"]
-    may = {"Version": "2012-10-17",
-           "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"], "Resource": "*"}]}  # fmt: skip
+    allowed = {"Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"], "Resource": "*"}  # no s3:PutObject
+    may = {"Version": "2012-10-17", "Statement": [allowed]}
     iam.put_role_policy(RoleName=bucket, PolicyName="read-only", PolicyDocument=json.dumps(may))
-    credentials = boto3.client("sts", **admin).assume_role(RoleArn=role["Arn"], RoleSessionName="ingest")[
-        "Credentials"
-    ]
+    credentials = boto3.client("sts", **admin).assume_role(RoleArn=role["Arn"], RoleSessionName="ingest")["Credentials"]
     for name, value in {
         "AWS_ACCESS_KEY_ID": credentials["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": credentials["SecretAccessKey"],
         "AWS_SESSION_TOKEN": credentials["SessionToken"], "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint,
@@ -98,7 +96,9 @@ def test_a_refused_write_in_the_hourly_ingest_leaves_nothing_of_the_answer_in_da
     deployment.home.mkdir(parents=True)
     instance = get_instance(deployment.home)
     run_config = {
-        "ops": {"ingested_snapshot": {"config": {"as_of": AS_OF, "snapshot_path": str(deployment.snapshot(customers(4)))}}},
+        "ops": {
+            "ingested_snapshot": {"config": {"as_of": AS_OF, "snapshot_path": str(deployment.snapshot(customers(4)))}}
+        },
         "resources": {"dunning_home": {"config": {"home": str(deployment.home), "config_path": cfg}}},
     }
     result = defs.resolve_job_def("dunning_ingest").execute_in_process(

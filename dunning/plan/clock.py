@@ -58,18 +58,24 @@ def refuse_future(as_of: dt.datetime, wall: dt.datetime, allowed: bool) -> None:
     date its snapshot so that every ordinary run after it looks stale. A dry run and `preview` may look ahead."""
     ahead = ahead_of_wall(as_of, wall)
     if ahead is not None and not allowed:
+        now = wall.isoformat(timespec="seconds")
         raise UserInputError(
-            f"--as-of {as_of.isoformat()} is {span(ahead)} ahead of the wall clock ({wall.isoformat(timespec='seconds')}): "
+            f"--as-of {as_of.isoformat()} is {span(ahead)} ahead of the wall clock ({now}): "
             "a live run at that clock sends now what is due only then and dates its snapshot so that later runs "
             f"look stale; pass {ALLOW_FUTURE_FLAG} if you mean it, or look ahead with --dry-run or `dunning preview`"
         )
 
 
 def span(delta: dt.timedelta) -> str:
+    """A duration as an operator reads it: `2 h 30 min`, `3 d 1 h`, `12 min`."""
     minutes = int(delta.total_seconds() // 60)
     days, minutes = divmod(minutes, 24 * 60)
     hours, minutes = divmod(minutes, 60)
-    parts = [f"{days} d" if days else "", f"{hours} h" if hours else "", f"{minutes} min" if minutes or not (days or hours) else ""]
+    parts = [
+        f"{days} d" if days else "",
+        f"{hours} h" if hours else "",
+        f"{minutes} min" if minutes or not (days or hours) else "",
+    ]
     return " ".join(p for p in parts if p)
 
 

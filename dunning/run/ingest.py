@@ -62,8 +62,8 @@ def ingest(
     size is judged here, once (`snapshot_guard`: `source` names the billing source it was pulled from)."""
     whole = cycle.load_snapshot(path, config)
     taken_at = cycle.snapshot_taken_at(whole.valid, as_of)
-    rows = whole.valid.height + whole.rejected.height
-    snapshot_guard.refuse_empty(ledger, rows, path, config, source=source, live=True, run_id=run_id, as_of=as_of)
+    read = whole.valid.height + whole.rejected.height
+    snapshot_guard.refuse_empty(ledger, read, path, config, source=source, live=True, run_id=run_id, as_of=as_of)
     snapshot_guard.refuse_stale(ledger, taken_at, allow_stale)
     snapshot_guard.refuse_shrunk(ledger, whole.valid.height, path, config, allow_shrink=allow_shrink, source=source,
                                  live=True, run_id=run_id, as_of=as_of)  # fmt: skip

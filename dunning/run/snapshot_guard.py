@@ -42,7 +42,8 @@ def refuse_empty(
     if rows:
         return
     latest = ledger.latest_applied_snapshot()
-    before = f"; the last applied snapshot had {latest['invoice_count']} ({_last(latest)})" if _count(latest) else ""
+    count = _count(latest)
+    before = f"; the last applied snapshot had {count} ({_last(latest)})" if count else ""
     if source is None:
         raise SnapshotError(
             f"snapshot {path} has no invoice rows (a header only, or an empty list): an export that failed?"
@@ -52,7 +53,7 @@ def refuse_empty(
         f"the {source} source answered with no invoices{before}: held, nothing applied, the last snapshot stands; "
         "check the account and the API key"
     )
-    _alert_once(ledger, config, message, live, run_id, as_of, {"invoices": 0, "before": _count(latest)})
+    _alert_once(ledger, config, message, live, run_id, as_of, {"invoices": 0, "before": count})
     raise BillingSourceFailed(message)
 
 
@@ -118,4 +119,3 @@ def refuse_stale(ledger: Ledger, taken_at: dt.datetime, allow_stale: bool) -> No
         f"{latest['snapshot_taken_at'].isoformat()}, run {run}){cause}; pass --allow-stale to apply it anyway (it "
         "still reopens no cycle a newer snapshot closed)"
     )
-
