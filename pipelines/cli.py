@@ -215,11 +215,11 @@ def _warn_about(config: DunningConfig) -> None:
 
 
 @contextlib.contextmanager
-def _dry_run_home(args: argparse.Namespace) -> Iterator[Path]:
-    """The home a run works on (`_home`); a dry run where there is no home and none was named works on a temporary
-    one, removed after it, so that looking creates no second home here (guarantee 18)."""
+def _dry_run_home(args: argparse.Namespace) -> Iterator[Path | None]:
+    """None: the run works on its home (`_home`). A dry run where there is no home and none was named works on a
+    temporary one instead, removed after it, so that looking creates no second home here (guarantee 18)."""
     if not args.dry_run or _named_home(args) is not None or _home_path(args).exists():
-        yield _home(args)
+        yield None
         return
     with tempfile.TemporaryDirectory(prefix="dunning-dry-run-") as temporary:
         say(
@@ -232,11 +232,13 @@ def _dry_run_home(args: argparse.Namespace) -> Iterator[Path]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    with _dry_run_home(args) as home:
-        return _run(args, home)
+    with _dry_run_home(args) as temporary:
+        if temporary is None:
+            return _run(args, _home(args))
+        return _run(args, temporary, temporary=True)
 
 
-def _run(args: argparse.Namespace, home: Path) -> int:
+def _run(args: argparse.Namespace, home: Path, temporary: bool = False) -> int:
     config_path = _config_path(args, home)
     config = load_settings(config_path)  # fail fast, before Dagster starts, on a bad config
     _warn_about(config)
@@ -292,6 +294,8 @@ def _run(args: argparse.Namespace, home: Path) -> int:
             )
     if code not in (0, 3) and not args.dry_run:  # a breaker halt is on record in the ledger itself
         report.record_failure(home, result.run_id, text, code)
+    if temporary:  # what to run next names a home that is gone once this returns
+        text = text.split("\nnext:\n", 1)[0] + "\nnext: pass --home DIR or set DUNNING_HOME=DIR to look at your home"
     if code == 0:
         say(text)
     else:

@@ -137,6 +137,7 @@ def test_a_dry_run_and_a_preview_may_look_where_there_is_no_home_and_create_noth
     assert code == 0, err
     assert "would send" in out or "dry run" in out.lower(), out
     assert "temporary home" in err
+    assert "dunning-dry-run-" not in out, "what to run next names no directory that is gone"
     code, out, err = dunning("preview", "--snapshot", str(snapshot), "--as-of", AS_OF, "--json")
     assert code == 0, err
     assert len(json.loads(out)["emails"]) == 3
