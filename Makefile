@@ -86,6 +86,7 @@ bench: setup
 # the Dagster UI (webserver and daemon) on a home: `make ui` for the demo's .dunning, `make ui HOME_DIR=path` for
 # another (the path `dunning run` printed); open http://127.0.0.1:3000
 ui: setup
+	@test -d "$(HOME_DIR)" || { echo "make ui: no home at $(HOME_DIR): run \`make run\` first, or pass HOME_DIR=path (an existing home; only --home or DUNNING_HOME creates one)"; exit 2; }
 	umask 077 && $(BIN)/python -c "import sys, pathlib, pipelines.instance as i; i.get_instance(pathlib.Path(sys.argv[1]))" "$(abspath $(HOME_DIR))"
 	umask 077 && DAGSTER_HOME=$(abspath $(HOME_DIR))/dagster DUNNING_HOME=$(abspath $(HOME_DIR)) $(BIN)/dagster dev -w workspace.yaml
 

@@ -17,6 +17,7 @@ INGEST_GROUP = "ingest"
 class IngestRequest(dg.Config):
     as_of: str
     snapshot_path: str | None = None
+    allow_shrink: bool = False  # store a snapshot with fewer than `max_shrink` times the last applied one's invoices
 
 
 @dg.asset(group_name=INGEST_GROUP, partitions_def=daily_partitions, owners=OWNERS, kinds={"parquet", "pandera"},
@@ -27,9 +28,10 @@ def ingested_snapshot(context: dg.AssetExecutionContext, config: IngestRequest, 
     try:
         settings = dunning_home.settings()
         as_of = parse_as_of(config.as_of)
-        path = config.snapshot_path
+        path, source = config.snapshot_path, None
         if path is None and settings.source.kind != "none":
             path = str(billing_source.pull_invoices(settings.source, dunning_home.root, utc_now()))
+            source = settings.source.kind
         if path is None:
             landed = latest_for_day(dunning_home.root / "landing", as_of.astimezone(settings.zone).date())
             if landed is None:
@@ -37,7 +39,8 @@ def ingested_snapshot(context: dg.AssetExecutionContext, config: IngestRequest, 
             path = str(landed)
         with dunning_home.ledger() as ledger:
             result = ingest.ingest(ledger, path, settings, dunning_home.root, as_of=as_of, wall=utc_now(),
-                                   run_id=context.run.run_id)  # fmt: skip
+                                   run_id=context.run.run_id, allow_shrink=config.allow_shrink,
+                                   source=source)  # fmt: skip
     except DunningError as error:
         raise fail(error) from None
     manifest = result.manifest

@@ -21,7 +21,7 @@ from dunning.ingest import billing_source
 from dunning.ingest.events import EVENTS_SCHEMA, PAYMENT_FAILED, REJECTED_SCHEMA, LoadedEvents, load_events
 from dunning.ingest.landing import latest_for_day
 from dunning.plan import unchanged
-from dunning.plan.clock import CycleClock, utc_now
+from dunning.plan.clock import CycleClock, refuse_future, utc_now
 from dunning.run import inbox, ingest, steps
 from resources.dunning import CycleRequest, DunningHome
 
@@ -32,15 +32,16 @@ def _pulls(config: DunningConfig, cycle_request: CycleRequest, clock: CycleClock
 
 def _snapshot_path(
     dunning_home: DunningHome, cycle_request: CycleRequest, config: DunningConfig, clock: CycleClock
-) -> str:
-    """`--snapshot`; else, with a billing source, a fresh pull (HOME/snapshots/); else the day's landed file."""
+) -> tuple[str, str | None]:
+    """`--snapshot`; else, with a billing source, a fresh pull (HOME/snapshots/); else the day's landed file. With
+    the billing source's kind when it was pulled from it."""
     if cycle_request.snapshot_path:
-        return cycle_request.snapshot_path
+        return cycle_request.snapshot_path, None
     shard = cycle_request.shard_spec()
     if cycle_request.shard and clock.live and ingest.reads_the_store(config, dunning_home.root):
-        return str(ingest.shard_snapshot(config, dunning_home.root, shard.count, shard.index, clock.as_of))
+        return str(ingest.shard_snapshot(config, dunning_home.root, shard.count, shard.index, clock.as_of)), None
     if _pulls(config, cycle_request, clock):
-        return str(billing_source.pull_invoices(config.source, dunning_home.root, utc_now()))
+        return str(billing_source.pull_invoices(config.source, dunning_home.root, utc_now())), config.source.kind
     day = clock.partition_date
     landed = latest_for_day(dunning_home.root / "landing", day)
     if landed is None:
@@ -48,7 +49,7 @@ def _snapshot_path(
             f"no snapshot given and none landed for {day} in {dunning_home.root / 'landing'} "
             "(name files YYYY-MM-DD*.csv|parquet|json)"
         )
-    return str(landed)
+    return str(landed), None
 
 
 @dg.asset(
@@ -77,7 +78,9 @@ def invoice_snapshot(
     try:
         config = dunning_home.settings()
         clock = cycle_request.cycle_clock(context, config)
-        path = _snapshot_path(dunning_home, cycle_request, config, clock)
+        if clock.live and cycle_request.as_of:  # a run launched with a clock ahead (the launchpad), as the CLI's
+            refuse_future(clock.as_of, utc_now(), cycle_request.allow_future_as_of)
+        path, source = _snapshot_path(dunning_home, cycle_request, config, clock)
         with dunning_home.ledger() as ledger:
             if clock.live:
                 inputs = unchanged.RunInputs.of(path, config, clock, cycle_request.shard_spec())
@@ -101,6 +104,8 @@ def invoice_snapshot(
                 allow_stale=cycle_request.allow_stale,
                 wall=utc_now(),
                 shard=cycle_request.shard_spec(),
+                allow_shrink=cycle_request.allow_shrink,
+                source=source,
             )
     except Exception as error:  # noqa: BLE001 - recorded as an operator's line, masked (`as_operator_failure`)
         raise as_operator_failure(error) from None

@@ -30,7 +30,7 @@ from dunning.errors import ConfigError
 from dunning.safe_text import has_control, is_address
 from dunning.secret_env import not_a_secret, remember, remember_configured
 from dunning.sharding import MAX_SHARDS
-from dunning.urls import http_url, token_parts
+from dunning.urls import http_url, store_url_problem, token_parts
 from dunning.vocabulary import Tone
 
 
@@ -343,7 +343,15 @@ class Store(_Strict):
 
     url: str | None = Field(default=None, min_length=1, max_length=4096)
     """A directory, or `s3://bucket/prefix` (credentials and endpoint from the AWS environment variables, never this
-    file); none: `HOME/store`."""
+    file: a URL with credentials in it is refused); none: `HOME/store`."""
+
+    @field_validator("url")
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        problem = store_url_problem(value) if value is not None else None
+        if problem is not None:
+            raise ValueError(f"{problem} (the value is not shown: it may hold a credential)")
+        return value
 
 
 class Feedback(_Strict):
@@ -496,6 +504,10 @@ class DunningConfig(_Strict):
     renders in the run's own process."""
     shards: Count = Field(default=1, ge=1, le=MAX_SHARDS)
     """How many shards split a day's cycle by customer: the schedule starts one run per shard."""
+    max_shrink: Number = Field(default=0.5, ge=0, le=1)
+    """A whole snapshot with fewer than this many times the invoices of the last applied one is refused (exit 2; a
+    pull from the billing source: exit 7 and an alert) unless `dunning run --allow-shrink`: a truncated export. 0:
+    off. A snapshot with no invoice rows is refused whatever this says."""
     min_remaining_minor: dict[str, MinorAmount] = Field(default_factory=dict)
     """Per currency (ISO 4217, e.g. `{EUR: 500}`): an invoice whose remaining balance in minor units is below this is
     not dunned (`below_minimum`)."""

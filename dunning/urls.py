@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from urllib.parse import quote, unquote, urlsplit
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 def is_loopback(host: str | None) -> bool:
@@ -51,3 +53,24 @@ def token_parts(url: str | None) -> tuple[str, ...]:
     forms = {url, tail, parts.path if len(parts.path) > 1 else "", parts.query}
     forms |= {quote(f, safe="/?=&:%") for f in forms if f} | {unquote(f) for f in forms if f}
     return tuple(sorted((f for f in forms if len(f) > 1), key=len, reverse=True))
+
+
+def store_url_problem(url: str) -> str | None:
+    """What is wrong with a `store.url`, in words that never quote it (it may hold a credential), or None: a
+    directory, or `s3://bucket/prefix` with no credentials, query or fragment in it."""
+    if "://" not in url:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme != "s3":
+        return "must be a directory or s3://bucket/prefix"
+    # a secret may hold '/' (AWS's do), which ends the netloc early: any '@', or a ':' before the first '/', is one
+    if "@" in url or ":" in url.split("://", 1)[1].split("/", 1)[0]:
+        return (
+            "credentials in the URL are refused (s3://KEY:SECRET@bucket): S3 credentials come from the AWS_* "
+            "environment variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), never from the config"
+        )
+    if parts.query or parts.fragment:
+        return "takes no query or fragment (s3://bucket/prefix); S3 credentials come from the AWS_* environment"
+    if not S3_BUCKET.fullmatch(parts.netloc):
+        return "has no valid bucket name (s3://bucket/prefix: 3 to 63 lower-case letters, digits, dots, hyphens)"
+    return None

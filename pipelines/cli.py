@@ -15,7 +15,9 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -25,7 +27,7 @@ from dunning.errors import DunningError, GuardNotLive, LedgerBusy, ProviderUnhea
 from dunning.ingest.stripe import read_events
 from dunning.ledger.factory import open_ledger_for
 from dunning.plan import exclusions
-from dunning.plan.clock import parse_as_of, utc_now
+from dunning.plan.clock import parse_as_of, refuse_future, utc_now
 from dunning.private_files import keep_private, private_dir
 from dunning.run import ingest
 from dunning.run.guard import prove_guard
@@ -94,9 +96,45 @@ def _ledger_settings(args: argparse.Namespace, home: Path) -> LedgerSettings:
     return load_ledger_settings(_config_path(args, home))
 
 
-def _home(args: argparse.Namespace) -> Path:
-    home = Path(args.home or os.environ.get("DUNNING_HOME") or ".dunning").expanduser().resolve()
+DEFAULT_HOME = ".dunning"
+
+
+def _named_home(args: argparse.Namespace) -> str | None:
+    """The home the operator named: `--home`, else `DUNNING_HOME`; None when neither did."""
+    return getattr(args, "home", None) or os.environ.get("DUNNING_HOME") or None
+
+
+def _home_path(args: argparse.Namespace) -> Path:
+    """Where the home is (`--home`, `DUNNING_HOME`, else `./.dunning`), without creating or requiring it."""
+    return Path(_named_home(args) or DEFAULT_HOME).expanduser().resolve()
+
+
+def no_home_here(home: Path) -> str:
+    """The line for a command started where there is no home and none was named (guarantee 18)."""
+    return (
+        f"no home here: {home} does not exist and neither --home nor DUNNING_HOME names one; pass --home DIR or set "
+        "DUNNING_HOME=DIR to your deployment's home (a new home starts with an empty ledger: every reminder on "
+        "record in another home would be sent again)"
+    )
+
+
+def _home(args: argparse.Namespace, *, writes: bool = True) -> Path:
+    """The home this command works on, by the one rule every command follows (guarantee 18, one deployment, one
+    ledger): a home named by `--home` or `DUNNING_HOME` is used, and created when `writes` and it does not exist
+    yet; the default `./.dunning` only when it exists; otherwise UserInputError (exit 2) naming both and saying that
+    a new home starts with an empty ledger. So a command started from another directory (cron's) never creates a
+    second, empty ledger and sends every reminder again. A command that only reads (`writes=False`) never creates
+    the home: a named one that does not exist is returned as it is, for the command to say that nothing is there.
+    (`preview` and a dry run look without a home: `_home_path`, `_dry_run_home`.)"""
+    home = _home_path(args)
     _SEEN["home"] = home
+    if home.exists() and not home.is_dir():
+        raise UserInputError(f"home {home} is not a directory")
+    if not home.exists():
+        if _named_home(args) is None:
+            raise UserInputError(no_home_here(home))
+        if not writes:
+            return home
     return private_dir(home)
 
 
@@ -134,6 +172,8 @@ def _cycle_run_config(
     events_path: str | None = None,
     verbose: bool = False,
     allow_stale: bool = False,
+    allow_shrink: bool = False,
+    allow_future_as_of: bool = False,
     shard: Shard | None = None,
 ) -> dict:
     return {
@@ -145,6 +185,8 @@ def _cycle_run_config(
                     "as_of": as_of,
                     "dry_run": dry_run,
                     "allow_stale": allow_stale,
+                    "allow_shrink": allow_shrink,
+                    "allow_future_as_of": allow_future_as_of,
                     "events_path": events_path,
                     "shard": str(shard) if shard is not None else None,
                 }
@@ -172,12 +214,37 @@ def _warn_about(config: DunningConfig) -> None:
         say(f"dunning: warning: {warning}", file=sys.stderr)
 
 
+@contextlib.contextmanager
+def _dry_run_home(args: argparse.Namespace) -> Iterator[Path | None]:
+    """None: the run works on its home (`_home`). A dry run where there is no home and none was named works on a
+    temporary one instead, removed after it, so that looking creates no second home here (guarantee 18)."""
+    if not args.dry_run or _named_home(args) is not None or _home_path(args).exists():
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="dunning-dry-run-") as temporary:
+        say(
+            f"dunning: no home here ({_home_path(args)} does not exist): this dry run uses a temporary home, removed "
+            "after it; pass --home or set DUNNING_HOME to look at your deployment's ledger",
+            file=sys.stderr,
+        )
+        _SEEN["home"] = Path(temporary)
+        yield private_dir(temporary)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    home = _home(args)
+    with _dry_run_home(args) as temporary:
+        if temporary is None:
+            return _run(args, _home(args))
+        return _run(args, temporary, temporary=True)
+
+
+def _run(args: argparse.Namespace, home: Path, temporary: bool = False) -> int:
     config_path = _config_path(args, home)
     config = load_settings(config_path)  # fail fast, before Dagster starts, on a bad config
     _warn_about(config)
     as_of = parse_as_of(args.as_of)
+    if not args.dry_run:  # a dry run may look ahead; a live one at a future clock sends now what is due then
+        refuse_future(as_of, utc_now(), bool(args.allow_future_as_of))
     shard = _shard(args)
     if args.snapshot:
         snapshot = _existing(args.snapshot, "snapshot")
@@ -198,6 +265,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         events_path=events,
         verbose=args.verbose,
         allow_stale=bool(args.allow_stale),
+        allow_shrink=bool(args.allow_shrink),
+        allow_future_as_of=bool(args.allow_future_as_of),
         shard=shard,
     )
     with open_ledger_for(config, home) as ledger:
@@ -225,6 +294,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
     if code not in (0, 3) and not args.dry_run:  # a breaker halt is on record in the ledger itself
         report.record_failure(home, result.run_id, text, code)
+    if temporary:  # what to run next names a home that is gone once this returns
+        text = text.split("\nnext:\n", 1)[0] + "\nnext: pass --home DIR or set DUNNING_HOME=DIR to look at your home"
     if code == 0:
         say(text)
     else:
@@ -459,9 +530,12 @@ def cmd_include(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    home = _home(args)
+    from dunning.ledger.factory import open_ledger_to_read
+
+    home = _home(args, writes=False)  # a named home not made yet is read as empty, and not created
+    opened = open_ledger_for if home.is_dir() else open_ledger_to_read
     try:
-        with open_ledger_for(_ledger_settings(args, home), home) as ledger:
+        with opened(_ledger_settings(args, home), home) as ledger:
             status = report.status(ledger, home=home)
     except LedgerBusy as error:  # the ledger cannot be reached: what is known without it, then its error
         failure = report.last_failure(home, None)
@@ -472,13 +546,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"{failure['message']}")  # fmt: skip
         say(f"dunning: {error}", file=sys.stderr)
         return error.exit_code
+    if not home.is_dir():
+        say(f"dunning: no home at {home} yet: nothing has run there (a typo?)", file=sys.stderr)
     say(json.dumps(status, default=str, indent=2) if args.json else report.status_text(status))
     return 0
-
-
-def _home_path(args: argparse.Namespace) -> Path:
-    """The home as `_home` finds it, without creating it (`preview` writes nothing)."""
-    return Path(args.home or os.environ.get("DUNNING_HOME") or ".dunning").expanduser().resolve()
 
 
 def _preview_snapshot(args: argparse.Namespace, home: Path, ledger, config: DunningConfig, as_of) -> str:
@@ -509,7 +580,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
     as_of = parse_as_of(args.as_of)
     with open_ledger_to_read(config, home) as ledger:
         snapshot = _preview_snapshot(args, home, ledger, config, as_of)
-        result = preview(ledger, snapshot, config, as_of)
+        result = preview(ledger, snapshot, config, as_of, allow_shrink=bool(args.allow_shrink))
     if args.out:
         result.write_emails(Path(args.out))
     if args.json:
@@ -653,6 +724,7 @@ def main(argv: list[str] | None = None) -> int:
     _SEEN["started"] = utc_now()
     stderr = sys.stderr
     sys.stderr = quiet = _WithoutLogWriteNoise(stderr)
+    named_home = os.environ.get("DUNNING_HOME")  # `_instance` sets it for the run's resources: put back after
     umask = keep_private()  # every file the command writes under the home: 0600 (`dunning.private_files`)
     try:
         code = args.handler(args)
@@ -681,6 +753,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sys.stderr = stderr
         os.umask(umask)
+        if named_home is None:  # a later command in this process (a test's) must not take it for one it was given
+            os.environ.pop("DUNNING_HOME", None)
+        else:
+            os.environ["DUNNING_HOME"] = named_home
 
 
 def entry() -> None:

@@ -39,7 +39,11 @@ def release() -> str:
 def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dunning", description="Send each payment reminder once; never flood.")
     _one_line_errors(parser)  # unknown arguments of any command are reported here
-    parser.add_argument("--home", help="deployment directory (default: $DUNNING_HOME or ./.dunning)")
+    parser.add_argument(
+        "--home",
+        help="deployment directory (default: $DUNNING_HOME, else ./.dunning if it exists; only --home or "
+        "DUNNING_HOME creates a new one)",
+    )
     parser.add_argument("--version", action="version", version=f"dunning {release()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -57,6 +61,16 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
         "--allow-stale",
         action="store_true",
         help="apply a snapshot taken before the last applied one (it still reopens no closed cycle)",
+    )
+    run.add_argument(
+        "--allow-shrink",
+        action="store_true",
+        help="apply a snapshot with fewer than max_shrink (default 0.5) times the invoices of the last applied one",
+    )
+    run.add_argument(
+        "--allow-future-as-of",
+        action="store_true",
+        help="a live run whose --as-of is more than 15 minutes ahead of the wall clock (a dry run needs none)",
     )
     run.add_argument("--shard", metavar="K/N", help=SHARD_HELP)
     run.add_argument("-v", "--verbose", action="store_true", help="show Dagster's step logs")
@@ -79,6 +93,11 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     preview.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present, else defaults)")
     preview.add_argument("--out", metavar="DIR", help="also write each email there as an .eml file, exactly as sent")
     preview.add_argument("--json", action="store_true", help="machine-readable: emails (to, kind, keys, subject), held")
+    preview.add_argument(
+        "--allow-shrink",
+        action="store_true",
+        help="what `dunning run --allow-shrink` would send from a shrunk snapshot",
+    )
     preview.set_defaults(handler=handlers["preview"])
 
     test_send = commands.add_parser(
@@ -194,6 +213,9 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     ingest.add_argument("--as-of", help="the hour it is for, ISO 8601 (default: now)")
     ingest.add_argument("--config", help="config file (default: HOME/config.yaml): shards, store")
     ingest.add_argument("--allow-stale", action="store_true", help="accept a snapshot older than the last applied")
+    ingest.add_argument(
+        "--allow-shrink", action="store_true", help="accept fewer than max_shrink times the last applied's invoices"
+    )
     ingest.set_defaults(handler=handlers["ingest"])
     _one_line_errors(ingest)
 

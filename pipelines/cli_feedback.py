@@ -135,7 +135,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out).expanduser()
     if out.is_dir():
         raise UserInputError(f"--out {out} is a directory; name the file, e.g. {out / 'report.html'}")
-    home = cli._home(args)
+    home = cli._home(args, writes=False)  # it only reads the analysts' copy
     config = cli.load_settings(cli._config_path(args, home))
     now = dt.datetime.now(dt.UTC)
     stage_days = {stage.name: stage.days_overdue for stage in config.every_stage}

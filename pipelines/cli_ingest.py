@@ -17,15 +17,17 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     home = cli._home(args)
     config = cli.load_settings(cli._config_path(args, home))
     as_of = parse_as_of(args.as_of)
+    source = None
     if args.snapshot:
         path = cli._existing(args.snapshot, "snapshot")
     else:
         cli._source_ready(config)  # exit 2 naming what is missing, before anything is pulled
-        path = str(billing_source.pull_invoices(config.source, home, utc_now()))
+        path, source = str(billing_source.pull_invoices(config.source, home, utc_now())), config.source.kind
     run_id = f"ingest:{as_of.isoformat()}:{dt.datetime.now(dt.UTC).strftime('%H%M%S%f')}"
     with open_ledger_for(config, home) as ledger:
         result = ingest.ingest(ledger, path, config, home, as_of=as_of, wall=utc_now(), run_id=run_id,
-                               allow_stale=bool(args.allow_stale))  # fmt: skip
+                               allow_stale=bool(args.allow_stale), allow_shrink=bool(args.allow_shrink),
+                               source=source)  # fmt: skip
     m = result.manifest
     parts = ", ".join(f"{p.shard}: {p.rows}" for p in sorted(m.parts, key=lambda p: p.shard))
     cli.say(f"ingested {path} as of {m.as_of.isoformat()} (taken at {m.taken_at.isoformat()}): {m.rows} rows "

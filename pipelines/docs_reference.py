@@ -178,7 +178,9 @@ def cli_reference_markdown() -> str:
         "# CLI reference",
         "",
         "Generated from the `dunning` command's argument parser (`pipelines/cli_args.py`) when the site is built. "
-        "Every command takes `--home DIR` (default `$DUNNING_HOME`, else `./.dunning`): the deployment's directory. "
+        "Every command takes `--home DIR` (default `$DUNNING_HOME`, else `./.dunning` if it exists): the deployment's "
+        "directory. Only `--home` or `DUNNING_HOME` creates a new one (a new home starts with an empty ledger); "
+        "`preview` and a dry run may look where there is none. "
         "`dunning --version` prints the release. What each exit code means is in [exit codes](exit-codes.md).",
         "",
     ]

@@ -71,6 +71,8 @@ class CycleRequest(dg.ConfigurableResource):
     dry_run: bool = False
     events_path: str | None = None
     allow_stale: bool = False  # apply a snapshot older than the last applied one (it still reopens no cycle)
+    allow_shrink: bool = False  # apply a snapshot with fewer than `max_shrink` times the last applied one's invoices
+    allow_future_as_of: bool = False  # a live run whose `as_of` is ahead of the wall clock (`plan.clock.refuse_future`)
     shard: str | None = None  # "K/N": only the customers of shard K of N (`dunning.sharding`); None: everyone
 
     def shard_spec(self) -> Shard:

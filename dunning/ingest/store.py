@@ -30,14 +30,16 @@ from urllib.parse import urlsplit
 
 import polars as pl
 
-from dunning.errors import ConfigError, SnapshotError
-from dunning.urls import is_loopback
+from dunning.errors import ConfigError, SnapshotError, StorageError
+from dunning.storage_faults import storage_fault
+from dunning.urls import is_loopback, store_url_problem
 
 INGESTS = "ingests"
 MANIFEST = "manifest.json"
 FORMAT = 1
 INGEST_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
 TAKEN_AT_KEY = b"dunning.snapshot_taken_at"  # a part's Parquet metadata: the ingest's snapshot time, rows or none
+INVOICES_KEY = b"dunning.snapshot_invoices"  # and the whole snapshot's accepted invoices (what a shrink is judged on)
 
 
 @dataclass(frozen=True)
@@ -116,34 +118,73 @@ def _allow_http(url: str) -> bool:
     return True
 
 
+# what the operator reads of a store's refusal: the error's kind, never the server's text (its body can echo a
+# request header such as x-amz-security-token, and Dagster keeps a step's error in the run's event log)
+_REFUSALS = {"PermissionDeniedError": "permission denied", "UnauthenticatedError": "the credentials were refused"}
+_STATUS = re.compile(r"non-2xx status code: (\d{3})")
+
+
+def _refused(error: Exception) -> str | None:
+    """Why the store refused a request when its server answered with an error (permissions, credentials, a
+    signature it rejects, a failure of its own), in our words; None when it did not answer (unreachable) or the
+    object is not there. obstore files a rejected signature (403) as a generic error: its status says it."""
+    known = _REFUSALS.get(type(error).__name__)
+    if known is not None or type(error).__name__ == "NotFoundError":
+        return known
+    status = _STATUS.search(str(error))
+    if status is None or status.group(1) == "404":
+        return None
+    code = int(status.group(1))
+    return f"the credentials were refused: HTTP {code}" if code in (401, 403) else f"HTTP {code}"
+
+
 class SnapshotStore:
-    """One store: a directory or an S3 prefix (module docstring)."""
+    """One store: a directory or an S3 prefix (module docstring). Its errors name the store and what was refused,
+    never the server's answer: a refused write or a refused read is a `StorageError` (exit 8)."""
 
     def __init__(self, url: str):
         from obstore.store import LocalStore, S3Store
 
+        problem = store_url_problem(url)
+        if problem is not None:
+            raise ConfigError(f"store.url {problem}")
         self.url = url
         if url.startswith("s3://"):
             parts = urlsplit(url)
-            if not parts.netloc:
-                raise ConfigError(f"store.url {url!r}: no bucket (s3://bucket/prefix)")
             options: Any = {"allow_http": True} if _allow_http(url) else {}
             self._store: Any = S3Store(parts.netloc, prefix=parts.path.strip("/") or None, client_options=options)
-        elif "://" in url:
-            raise ConfigError(f"store.url {url!r}: a directory or s3://bucket/prefix")
         else:
             Path(url).mkdir(parents=True, exist_ok=True)
             self._store = LocalStore(url)
 
     def put(self, path: str, data: bytes) -> None:
+        """Write `path`; StorageError naming the store and the path (never the server's text) when that fails."""
         import obstore
 
-        obstore.put(self._store, path, data)
+        try:
+            obstore.put(self._store, path, data)
+        except Exception as error:  # noqa: BLE001 - obstore's permission, transport and disk errors alike
+            fault = storage_fault(str(error))  # a local store's full or read-only disk, in our words
+            why = _refused(error) or (fault.reason if fault else type(error).__name__)
+            raise StorageError(
+                f"storage error: the store {self.url} refused to write {path} ({why}); check its permissions and "
+                "the AWS_* environment: nothing of this ingest is published, the shards read the last complete one"
+            ) from None
 
     def get(self, path: str) -> bytes:
+        """Read `path`; StorageError when the store refuses (permissions, credentials), any other error as it is."""
         import obstore
 
-        return bytes(obstore.get(self._store, path).bytes())
+        try:
+            return bytes(obstore.get(self._store, path).bytes())
+        except Exception as error:  # noqa: BLE001 - obstore's permission, not-found and transport errors alike
+            why = _refused(error)
+            if why is None:
+                raise
+            raise StorageError(
+                f"storage error: the store {self.url} refused to read {path} ({why}); check its permissions and "
+                "the AWS_* environment"
+            ) from None
 
     def ingest_ids(self) -> list[str]:
         """The ingest folders in the store (one listing of folder names, not of every part ever written)."""
@@ -152,6 +193,10 @@ class SnapshotStore:
         try:
             listing = obstore.list_with_delimiter(self._store, f"{INGESTS}/")
         except Exception as error:  # noqa: BLE001 - obstore's transport and permission errors alike
+            why = _refused(error)
+            if why is not None:
+                raise StorageError(f"storage error: the store {self.url} refused to list {INGESTS}/ ({why}); check "
+                                   "its permissions and the AWS_* environment") from None  # fmt: skip
             raise SnapshotError(f"store {self.url} cannot be listed ({type(error).__name__}); check store.url and "
                                 "the AWS_* environment") from None  # fmt: skip
         names = (str(p).rstrip("/").rsplit("/", 1)[-1] for p in listing["common_prefixes"])
@@ -168,6 +213,8 @@ class SnapshotStore:
                 continue
             try:
                 found.append(Manifest.from_json(self.get(f"{INGESTS}/{ingest_id}/{MANIFEST}"), folder=ingest_id))
+            except StorageError:  # refused: said, not taken for an ingest that does not exist
+                raise
             except Exception:  # noqa: BLE001 - missing (still being written), damaged or hand-placed: not an ingest
                 continue
         epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
@@ -184,6 +231,8 @@ class SnapshotStore:
         part = manifest.part(shard)
         try:
             data = self.get(part.path)
+        except StorageError:
+            raise
         except Exception as error:  # noqa: BLE001 - obstore's not-found and transport errors alike
             raise SnapshotError(
                 f"ingest {manifest.ingest_id}: part {shard}/{manifest.shards} cannot be read from {self.url} "
@@ -205,30 +254,44 @@ def choose_manifest(
     return None
 
 
-def parquet_bytes(frame: pl.DataFrame, taken_at: dt.datetime | None = None) -> bytes:
+def parquet_bytes(frame: pl.DataFrame, taken_at: dt.datetime | None = None, invoices: int | None = None) -> bytes:
     """A part as Parquet: lz4, no column statistics (a part is read whole, once, by its shard), and the ingest's
-    snapshot time in the file's metadata, so an empty part says it too."""
+    snapshot time and whole invoice count in the file's metadata, so an empty part says them too."""
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     table = frame.to_arrow()
-    if taken_at is not None:
-        table = table.replace_schema_metadata(
-            {**(table.schema.metadata or {}), TAKEN_AT_KEY: taken_at.isoformat().encode()}
-        )
+    stamp = {TAKEN_AT_KEY: taken_at.isoformat().encode()} if taken_at is not None else {}
+    if invoices is not None:
+        stamp[INVOICES_KEY] = str(invoices).encode()
+    if stamp:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **stamp})
     out = io.BytesIO()
     pq.write_table(table, out, compression="lz4", write_statistics=False)
     return out.getvalue()
 
 
-def part_taken_at(path: str | Path) -> dt.datetime | None:
-    """The snapshot time an ingest wrote into a part's metadata, or None for any other file."""
+@dataclass(frozen=True)
+class PartStamp:
+    """What an ingest wrote into a part's metadata: the snapshot's time, and the whole snapshot's accepted invoices
+    (None in a part an earlier release wrote)."""
+
+    taken_at: dt.datetime
+    invoices: int | None
+
+
+def part_stamp(path: str | Path) -> PartStamp | None:
+    """The stamp an ingest wrote into a part's metadata, or None for any other file (not an ingest's part)."""
     if not str(path).endswith(".parquet"):
         return None
     try:
         import pyarrow.parquet as pq
 
-        value = (pq.read_schema(path).metadata or {}).get(TAKEN_AT_KEY)
+        metadata = pq.read_schema(path).metadata or {}
+        value, count = metadata.get(TAKEN_AT_KEY), metadata.get(INVOICES_KEY)
         moment = dt.datetime.fromisoformat(value.decode()) if value else None
+        invoices = int(count.decode()) if count else None
     except (OSError, ValueError):
         return None
-    return moment if moment is not None and moment.tzinfo is not None else None
+    if moment is None or moment.tzinfo is None:
+        return None
+    return PartStamp(moment, invoices if invoices is not None and invoices >= 0 else None)

@@ -40,6 +40,45 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+# how far ahead of the wall clock a live run's --as-of may be without --allow-future-as-of: room for a clock that
+# is a little ahead or a cron line written for the hour about to start, not for a day typed wrong
+FUTURE_TOLERANCE = dt.timedelta(minutes=15)
+ALLOW_FUTURE_FLAG = "--allow-future-as-of"
+
+
+def ahead_of_wall(as_of: dt.datetime, wall: dt.datetime) -> dt.timedelta | None:
+    """How far `as_of` is ahead of the wall clock `wall`, when by more than `FUTURE_TOLERANCE`; else None."""
+    ahead = as_of - wall
+    return ahead if ahead > FUTURE_TOLERANCE else None
+
+
+def refuse_future(as_of: dt.datetime, wall: dt.datetime, allowed: bool) -> None:
+    """A live run whose clock is more than `FUTURE_TOLERANCE` ahead of the wall clock is refused (UserInputError)
+    unless `allowed`: it would send now what is due only then, outside the send window it believes it is in, and
+    date its snapshot so that every ordinary run after it looks stale. A dry run and `preview` may look ahead."""
+    ahead = ahead_of_wall(as_of, wall)
+    if ahead is not None and not allowed:
+        now = wall.isoformat(timespec="seconds")
+        raise UserInputError(
+            f"--as-of {as_of.isoformat()} is {span(ahead)} ahead of the wall clock ({now}): "
+            "a live run at that clock sends now what is due only then and dates its snapshot so that later runs "
+            f"look stale; pass {ALLOW_FUTURE_FLAG} if you mean it, or look ahead with --dry-run or `dunning preview`"
+        )
+
+
+def span(delta: dt.timedelta) -> str:
+    """A duration as an operator reads it: `2 h 30 min`, `3 d 1 h`, `12 min`."""
+    minutes = int(delta.total_seconds() // 60)
+    days, minutes = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(minutes, 60)
+    parts = [
+        f"{days} d" if days else "",
+        f"{hours} h" if hours else "",
+        f"{minutes} min" if minutes or not (days or hours) else "",
+    ]
+    return " ".join(p for p in parts if p)
+
+
 class RunMode(StrEnum):
     """What a run may touch, decided once per run (`cycle_clock`)."""
 

@@ -17,7 +17,6 @@ import polars as pl
 from dunning.config import DunningConfig
 from dunning.email.locales import with_customer_locales
 from dunning.email.pay_links import with_payment_urls
-from dunning.errors import SnapshotError
 from dunning.ingest.snapshot import read_snapshot
 from dunning.ingest.snapshot_rules import summarize_rejections, validate_snapshot
 from dunning.ledger.base import Ledger
@@ -58,17 +57,6 @@ def snapshot_taken_at(valid: pl.DataFrame, as_of: dt.datetime) -> dt.datetime:
     """When the snapshot was taken: its newest `snapshot_at`, else the cycle's clock."""
     taken = valid.get_column("snapshot_at").max() if valid.height else None
     return taken if isinstance(taken, dt.datetime) else as_of
-
-
-def refuse_stale(ledger: Ledger, taken_at: dt.datetime, allow_stale: bool) -> None:
-    """A whole snapshot older than the last one a live run applied is refused unless explicitly allowed."""
-    latest = ledger.latest_applied_snapshot()
-    if latest and taken_at < latest[0] and not allow_stale:
-        raise SnapshotError(
-            f"snapshot taken at {taken_at.isoformat()} is older than the last applied one "
-            f"(taken at {latest[0].isoformat()}, run {latest[1][:8]}); pass --allow-stale to apply it "
-            "anyway (it still reopens no cycle a newer snapshot closed)"
-        )
 
 
 def cycle_snapshot(ledger: Ledger, valid: pl.DataFrame, config: DunningConfig, as_of: dt.datetime) -> pl.DataFrame:

@@ -23,7 +23,7 @@ from dunning.errors import InvalidRowsHalt, SnapshotError
 from dunning.ingest.snapshot import OPTIONAL_COLUMNS, REQUIRED_COLUMNS
 from dunning.ingest.store import Manifest, Part, SnapshotStore, choose_manifest, parquet_bytes, part_path
 from dunning.ledger.base import Ledger
-from dunning.run import cycle, steps
+from dunning.run import cycle, snapshot_guard, steps
 from dunning.sharding import shard_of
 
 
@@ -56,12 +56,17 @@ def part_frame(rows: pl.DataFrame, taken_at: dt.datetime) -> pl.DataFrame:
 
 def ingest(
     ledger: Ledger, path: str, config: DunningConfig, home: Path, *, as_of: dt.datetime, wall: dt.datetime,
-    run_id: str, allow_stale: bool = False,
+    run_id: str, allow_stale: bool = False, allow_shrink: bool = False, source: str | None = None,
 ) -> IngestResult:  # fmt: skip
-    """Validate `path` once and store it split into `config.shards` parts (module docstring)."""
+    """Validate `path` once and store it split into `config.shards` parts (module docstring). The whole snapshot's
+    size is judged here, once (`snapshot_guard`: `source` names the billing source it was pulled from)."""
     whole = cycle.load_snapshot(path, config)
     taken_at = cycle.snapshot_taken_at(whole.valid, as_of)
-    cycle.refuse_stale(ledger, taken_at, allow_stale)
+    read = whole.valid.height + whole.rejected.height
+    snapshot_guard.refuse_empty(ledger, read, path, config, source=source, live=True, run_id=run_id, as_of=as_of)
+    snapshot_guard.refuse_stale(ledger, taken_at, allow_stale)
+    snapshot_guard.refuse_shrunk(ledger, whole.valid.height, path, config, allow_shrink=allow_shrink, source=source,
+                                 live=True, run_id=run_id, as_of=as_of)  # fmt: skip
     if whole.rejected.height and config.on_invalid_rows == "halt":
         raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {whole.summary}")
     if whole.rejected.height and whole.valid.is_empty():
@@ -72,7 +77,7 @@ def ingest(
     ingest_id = f"{as_of.astimezone(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"  # its as-of, in UTC
     data, parts = {}, []
     for shard, rows in split_by_shard(whole.valid, config.shards).items():
-        blob = parquet_bytes(part_frame(rows, taken_at), taken_at)
+        blob = parquet_bytes(part_frame(rows, taken_at), taken_at, whole.valid.height)
         data[shard] = blob
         parts.append(
             Part(shard, part_path(ingest_id, shard, config.shards), rows.height, hashlib.sha256(blob).hexdigest())

@@ -122,12 +122,17 @@ def _count(counts: dict[str, int], reason: str, n: int) -> None:
         counts[reason] = counts.get(reason, 0) + n
 
 
-def preview(ledger: Ledger, snapshot: str, config: DunningConfig, as_of: dt.datetime) -> Preview:
-    """What a live run at `as_of` would send, from `snapshot`, on `ledger` as it stands (read, never written)."""
+def preview(
+    ledger: Ledger, snapshot: str, config: DunningConfig, as_of: dt.datetime, allow_shrink: bool = False
+) -> Preview:
+    """What a live run at `as_of` would send, from `snapshot`, on `ledger` as it stands (read, never written); a
+    snapshot a live run would refuse as empty or shrunk (`snapshot_guard`) is refused here too, unless
+    `allow_shrink` as `dunning run --allow-shrink` would apply it."""
     clock = CycleClock(as_of, RunMode.DRY_RUN, as_of.astimezone(config.zone).date())
     applied = steps.apply_snapshot(
-        ledger, snapshot, config, clock, run_id=PREVIEW_RUN, allow_stale=True, wall=dt.datetime.now(dt.UTC)
-    )
+        ledger, snapshot, config, clock, run_id=PREVIEW_RUN, allow_stale=True, wall=dt.datetime.now(dt.UTC),
+        allow_shrink=allow_shrink,
+    )  # fmt: skip
     plan = steps.plan_step(ledger, applied.cycled, None, config, clock)
     verdict = cycle.check_breaker(ledger, plan, as_of, config)
     held: dict[str, int] = {}

@@ -31,7 +31,7 @@ from dunning.email.render import draft_for
 from dunning.errors import InvalidRowsHalt, SnapshotError
 from dunning.ingest.events import event_keys
 from dunning.ingest.snapshot_rules import DUPLICATED
-from dunning.ingest.store import part_taken_at
+from dunning.ingest.store import part_stamp
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.operations import PauseState
 from dunning.plan import escalation, invoice_emails, payment_signals, schedule
@@ -40,7 +40,7 @@ from dunning.plan.exclusions import IN_FLIGHT, SUPPRESSED_ADDRESS, in_force, wit
 from dunning.plan.notices import notice_rows
 from dunning.plan.policies import stage_days_frame
 from dunning.plan.policy import assign_cycles, business_date
-from dunning.run import cycle
+from dunning.run import cycle, snapshot_guard
 from dunning.safe_text import for_terminal
 from dunning.send import escalating, escalation_refusals, heap
 from dunning.send import escalation as escalation_send
@@ -69,18 +69,31 @@ class AppliedSnapshot:
 
 def apply_snapshot(
     ledger: Ledger, path: str, config: DunningConfig, clock: CycleClock, *, run_id: str, allow_stale: bool,
-    wall: dt.datetime, shard: Shard = EVERYONE,
+    wall: dt.datetime, shard: Shard = EVERYONE, allow_shrink: bool = False, source: str | None = None,
 ) -> AppliedSnapshot:  # fmt: skip
-    """Step 1. Raises SnapshotError (stale, unreadable) or InvalidRowsHalt before any cycle is computed.
+    """Step 1. Raises SnapshotError (stale, unreadable, empty, shrunk) or InvalidRowsHalt before any cycle is computed
+    (`source`: the billing source the file was pulled from; empty or shrunk is then its failure, exit 7).
 
     A shard (`dunning.sharding`) keeps only its customers' rows, and quarantines only its rejected rows (a row
-    without a customer id is shard 0's); the snapshot's age and the halt are judged on the whole file, so every
-    shard agrees on them. `loaded` is the shard's part."""
+    without a customer id is shard 0's); the snapshot's age, size and the halt are judged on the whole file, so every
+    shard agrees on them, and never on a shard's part of an ingest (the ingest judged the whole). `loaded` is the
+    shard's part."""
     whole = cycle.load_snapshot(path, config)
-    # a shard's part of an ingest carries the ingest's snapshot time, also when it has no row
-    taken_at = part_taken_at(path) or cycle.snapshot_taken_at(whole.valid, clock.as_of)
-    if clock.live:  # before anything is written
-        cycle.refuse_stale(ledger, taken_at, allow_stale)
+    # a shard's part of an ingest carries the ingest's snapshot time and whole count, also when it has no row
+    stamp = part_stamp(path)
+    taken_at = stamp.taken_at if stamp else cycle.snapshot_taken_at(whole.valid, clock.as_of)
+    invoices = stamp.invoices if stamp else whole.valid.height
+    # before anything is written; a dry run and a preview say what a live run would refuse, a backfill replays
+    judged = stamp is None and clock.reads_live_state
+    if judged:
+        rows = whole.valid.height + whole.rejected.height
+        snapshot_guard.refuse_empty(ledger, rows, path, config, source=source, live=clock.live, run_id=run_id,
+                                    as_of=clock.as_of)  # fmt: skip
+    if clock.live:
+        snapshot_guard.refuse_stale(ledger, taken_at, allow_stale)
+    if judged:
+        snapshot_guard.refuse_shrunk(ledger, whole.valid.height, path, config, allow_shrink=allow_shrink,
+                                     source=source, live=clock.live, run_id=run_id, as_of=clock.as_of)  # fmt: skip
     loaded = cycle.ValidatedSnapshot(shard.keep(whole.valid), shard.keep(whole.rejected))
     if loaded.rejected.height and clock.mode is not RunMode.DRY_RUN:
         ledger.quarantine(run_id, path, loaded.rejected, wall)
@@ -104,7 +117,7 @@ def apply_snapshot(
         ledger.set_feature(invoice_emails.FEATURE, config.invoice_emails.enabled, clock.partition_date, clock.as_of,
                            run_id)  # fmt: skip
         ledger.record_cycle_changes(clock.as_of, cycled, taken_at)
-        ledger.record_applied_snapshot(run_id, taken_at, clock.as_of, path, allow_stale, wall)
+        ledger.record_applied_snapshot(run_id, taken_at, clock.as_of, path, allow_stale, wall, invoices)
     if clock.mode is not RunMode.DRY_RUN:
         history = cycled.select(
             pl.lit(clock.partition_date).alias("business_date"), pl.lit(run_id).alias("run_id"),

@@ -7,6 +7,7 @@ import contextlib
 import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -75,12 +76,15 @@ class LedgerTables(
             "SELECT invoice_id, cycle, cycle_open, last_stage_days, changed_snapshot_at FROM invoice_cycles"
         )
 
-    def latest_applied_snapshot(self) -> tuple[dt.datetime, str] | None:
-        """When the newest snapshot a live run applied was taken, and by which run."""
-        row = self.con.execute(
-            "SELECT snapshot_taken_at, run_id FROM applied_snapshots ORDER BY snapshot_taken_at DESC LIMIT 1"
-        ).fetchall()
-        return (row[0][0], row[0][1]) if row else None
+    def latest_applied_snapshot(self) -> dict[str, Any] | None:
+        """The newest snapshot a live run applied (by when it was taken): `run_id`, `snapshot_taken_at`, the run's
+        clock `as_of`, the wall clock `applied_wall_at` it was applied at, and its `invoice_count` (none before
+        migration 19 for a run without a summary)."""
+        rows = self.frame(
+            "SELECT run_id, snapshot_taken_at, as_of, applied_wall_at, invoice_count FROM applied_snapshots "
+            "ORDER BY snapshot_taken_at DESC, applied_wall_at DESC LIMIT 1"
+        ).to_dicts()
+        return rows[0] if rows else None
 
     def applied_snapshot_path(self, run_id: str) -> str | None:
         """The snapshot file the live run `run_id` applied (a pulled one when it pulled), if it recorded one."""
@@ -95,10 +99,13 @@ class LedgerTables(
         path: str | None,
         stale_allowed: bool,
         wall: dt.datetime,
+        invoices: int | None = None,
     ) -> None:
+        """`invoices`: the whole snapshot's accepted invoices (a shard's part: the ingest's whole count)."""
         self.con.execute(
-            "INSERT INTO applied_snapshots VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            [run_id, taken_at, as_of, path, stale_allowed, wall],
+            "INSERT INTO applied_snapshots (run_id, snapshot_taken_at, as_of, snapshot_path, stale_allowed, "
+            "applied_wall_at, invoice_count) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            [run_id, taken_at, as_of, path, stale_allowed, wall, invoices],
         )
 
     def record_cycle_changes(

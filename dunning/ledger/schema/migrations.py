@@ -193,6 +193,16 @@ MIGRATIONS = (
             *SCRUB_RECORDED_URLS,
         ),
     ),
+    Migration(
+        19,
+        "exports that shrank: the invoices of each applied snapshot (the whole snapshot's, also for a shard's part), "
+        "which the next snapshot is held against; an earlier run's from its summary (a shard's: its own part, less)",
+        (
+            "ALTER TABLE applied_snapshots ADD COLUMN IF NOT EXISTS invoice_count BIGINT",
+            "UPDATE applied_snapshots SET invoice_count = (SELECT d.snapshot_rows FROM dunning_runs d "
+            "WHERE d.run_id = applied_snapshots.run_id) WHERE invoice_count IS NULL",
+        ),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -260,7 +260,8 @@ DDL = (
         as_of TIMESTAMPTZ NOT NULL,
         snapshot_path VARCHAR,
         stale_allowed BOOLEAN NOT NULL,
-        applied_wall_at TIMESTAMPTZ NOT NULL
+        applied_wall_at TIMESTAMPTZ NOT NULL,
+        invoice_count BIGINT
     )
     """,
     # one row per exclusion (`dunning exclude`), kept after `dunning include` ends it; `active_target` is
