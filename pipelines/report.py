@@ -297,6 +297,9 @@ def _summary_text(header: str, summary: RunSummary, pause: PauseState, dry_run: 
     if summary.other_kinds:  # the counts above are of every key; say which were not reminders
         label = "would send also" if dry_run else "of which not reminders"
         lines.append(f"{label}: " + ", ".join(f"{kind} {n}" for kind, n in summary.other_kinds))
+    if summary.set_aside:  # stored, but nothing comes of them: expired, or another customer's payment signal
+        lines.append("billing events set aside (table event_quarantine): "
+                     + ", ".join(f"{kind} {n}" for kind, n in summary.set_aside))  # fmt: skip
     held_now = [(reason, n) for reason, n in summary.held_by_reason if reason not in EARLIER]
     if held_now:
         lines.append("held: " + ", ".join(f"{reason} {n}" for reason, n in held_now))

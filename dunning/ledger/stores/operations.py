@@ -13,7 +13,7 @@ import polars as pl
 
 from dunning.ledger.sql import SqlConnection
 from dunning.secret_env import scrub
-from dunning.vocabulary import RunOutcome
+from dunning.vocabulary import RunOutcome, SetAside
 
 PER_RUN_TABLES = ("dunning_audit", "dunning_runs")
 
@@ -41,6 +41,8 @@ class RunSummary:
     other_kinds: tuple[tuple[str, int], ...] = ()
     # `unknown` keys of earlier runs this run settled: (how, status) -> keys; how is `lookup` or `resubmission`
     settled: tuple[tuple[str, str, int], ...] = ()
+    # billing events this run stored or found that yield nothing, by kind (`SetAside`), in `event_quarantine`
+    set_aside: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -324,7 +326,18 @@ class Operations(SqlConnection):
             stopped[0][0] if stopped else None,
             tuple((str(k), int(n)) for k, n in kinds),
             tuple((str(how), str(status), int(n)) for how, status, n in settled),
+            self._set_aside_by_kind(run_id),
         )
+
+    def _set_aside_by_kind(self, run_id: str) -> tuple[tuple[str, int], ...]:
+        counts = []
+        for kind in SetAside:
+            n = self.scalar(
+                "SELECT count(*) FROM event_quarantine WHERE run_id = ? AND reason LIKE ?", [run_id, f"{kind}:%"]
+            )
+            if int(str(n)):
+                counts.append((str(kind), int(str(n))))
+        return tuple(counts)
 
     def status_counts(self) -> StatusCounts:
         """What `dunning status` shows of the ledger: keys by status, open alerts, unknown keys held for a human."""
