@@ -417,6 +417,7 @@ def status(
         "exclusions": _exclusions_in_force(ledger, live.now.astimezone(config.zone).date()),
         "suppressions": ledger.open_suppressions(live.now.astimezone(config.zone).date()).to_dicts(),
         "contacts_to_fix": ledger.contacts_to_fix(live.now.astimezone(config.zone).date()).to_dicts(),
+        "events_set_aside": ledger.set_aside_counts(),  # stored billing events that yield nothing, by kind
     }
 
 
@@ -492,6 +493,10 @@ def status_text(s: dict) -> str:
     if s["contacts_to_fix"]:
         lines.append(f"customers who need a new contact: {len(s['contacts_to_fix'])}")
         lines += [f"  {c['customer_id']}: {c['email']} ({c['reason']})" for c in s["contacts_to_fix"][:20]]
+    set_aside = {kind: n for kind, n in s.get("events_set_aside", {}).items() if n}
+    if set_aside:
+        lines.append("billing events set aside: " + ", ".join(f"{k} {n}" for k, n in set_aside.items())
+                     + " (table event_quarantine)")  # fmt: skip
     if s["config_error"]:
         lines.append(f"config: {s['config_error']} (default thresholds used above)")
     return "\n".join(lines)
