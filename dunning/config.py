@@ -355,6 +355,11 @@ class Feedback(_Strict):
     webhooks suppress their recipient either way."""
     webhook_max_bytes: Count = Field(default=1_048_576, ge=1024, le=16 * 1_048_576)
     """`dunning serve-webhooks`: a request body larger than this is refused (413)."""
+    webhook_timeout_seconds: Number = Field(default=10.0, gt=0, le=300)
+    """`dunning serve-webhooks`: a request whose line, headers and body have not all arrived this many seconds after
+    its connection opened (or after the answer before it) is disconnected, so a slow client holds no socket long."""
+    webhook_max_connections: Count = Field(default=100, ge=1, le=10_000)
+    """`dunning serve-webhooks`: connections served at once; a request past them is answered 503 (senders retry)."""
 
 
 def check_stages(stages: tuple[Stage, ...], key: str) -> None:
