@@ -39,7 +39,11 @@ def live_runs(instance: dg.DagsterInstance) -> Callable[[list[str]], set[str]]:
     """Which of some run ids this instance reports live (a run it does not know is not)."""
 
     def ask(run_ids: list[str]) -> set[str]:
-        found = instance.get_run_records(dg.RunsFilter(run_ids=run_ids, statuses=list(LIVE_RUN_STATUSES))) if run_ids else []
+        found = (
+            instance.get_run_records(dg.RunsFilter(run_ids=run_ids, statuses=list(LIVE_RUN_STATUSES)))
+            if run_ids
+            else []
+        )
         return {record.dagster_run.run_id for record in found}
 
     return ask
@@ -57,8 +61,11 @@ def prune_instance(
     """Runs (with their event logs and compute logs) that ended more than `runs_days` ago, failed and canceled ones
     `failed_runs_days`; schedule and sensor ticks likewise. Live runs are never touched."""
     removals = []
-    for statuses, days, what in ((FINISHED, retention.runs_days, "Dagster run(s)"),
-                                 (FAILED, retention.failed_runs_days, "failed or canceled Dagster run(s)")):  # fmt: skip
+    kinds = (
+        (FINISHED, retention.runs_days, "Dagster run(s)"),
+        (FAILED, retention.failed_runs_days, "failed or canceled Dagster run(s)"),
+    )
+    for statuses, days, what in kinds:
         cutoff = now - dt.timedelta(days=days)
         records = instance.get_run_records(dg.RunsFilter(statuses=list(statuses), updated_before=cutoff))
         size = 0

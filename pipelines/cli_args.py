@@ -222,8 +222,8 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     _one_line_errors(results)
 
     prune = commands.add_parser(
-        "prune", help="delete what `retention:` lets go: old Dagster runs and ticks, ingests, journals, inbox leftovers, "
-        "old delivery events (never the ledger, audit or alerts)",
+        "prune", help="delete what `retention:` lets go: old Dagster runs and ticks, ingests, journals, inbox "
+        "leftovers, old delivery events (never the ledger, audit or alerts)",
     )  # fmt: skip
     prune.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     prune.add_argument("--dry-run", action="store_true", help="print what would go and the bytes freed; delete nothing")

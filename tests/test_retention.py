@@ -97,7 +97,10 @@ def test_the_hourly_job_prunes_in_its_last_step_also_an_unchanged_hour_and_a_fai
     assert code == 0 and "nothing changed" in out, err
     instance = instance_of(deployment)
     [last] = instance.get_run_records()
-    steps = [r.dagster_event.step_key for r in instance.all_logs(last.dagster_run.run_id, of_type=dg.DagsterEventType.STEP_START)]
+    steps = [
+        r.dagster_event.step_key
+        for r in instance.all_logs(last.dagster_run.run_id, of_type=dg.DagsterEventType.STEP_START)
+    ]
     assert steps[-1] == "retention_sweep", "after every other step: it never holds up a send"
     assert last.dagster_run.status == dg.DagsterRunStatus.SUCCESS, "the earlier run is gone, this one stays"
 

@@ -202,8 +202,8 @@ class SnapshotStore:
 
         if not INGEST_ID.fullmatch(ingest_id):
             raise ValueError(f"not an ingest id: {ingest_id!r}")
-        found = [(str(m["path"]), int(m["size"])) for chunk in obstore.list(self._store, prefix=f"{INGESTS}/{ingest_id}/")
-                 for m in chunk]  # fmt: skip
+        listing = obstore.list(self._store, prefix=f"{INGESTS}/{ingest_id}/")
+        found = [(str(m["path"]), int(m["size"])) for chunk in listing for m in chunk]
         return sorted(found, key=lambda item: (not item[0].endswith("/" + MANIFEST), item[0]))
 
     def delete_ingest(self, ingest_id: str) -> int:

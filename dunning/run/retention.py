@@ -131,7 +131,10 @@ def prune_ingests(config: DunningConfig, home: Path, now: dt.datetime, dry_run: 
         size += sum(n for _, n in store.ingest_objects(ingest_id)) if dry_run else store.delete_ingest(ingest_id)
     copies = [p for p in snapshots_dir(home).glob("ingest-*-part-*.parquet")
               if p.name.removeprefix("ingest-").split("-part-")[0] not in kept]  # fmt: skip
-    return [Removal(f"ingest(s) in {store.url}", len(old), size), let_go("local copies of their parts", copies, dry_run)]
+    return [
+        Removal(f"ingest(s) in {store.url}", len(old), size),
+        let_go("local copies of their parts", copies, dry_run),
+    ]
 
 
 def prune_journals(

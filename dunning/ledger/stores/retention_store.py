@@ -68,5 +68,7 @@ class RetentionStore(SqlConnection):
     def delete_delivery_events(self, before: dt.datetime) -> int:
         """Delete the `delivery_events` rows recorded before `before` (module docstring); returns how many."""
         return len(
-            self.con.execute("DELETE FROM delivery_events WHERE recorded_at < ? RETURNING event_key", [before]).fetchall()
+            self.con.execute(
+                "DELETE FROM delivery_events WHERE recorded_at < ? RETURNING event_key", [before]
+            ).fetchall()
         )
