@@ -224,3 +224,39 @@ def test_retention_keys_are_checked_and_have_their_defaults():
         DunningConfig.model_validate({"retention": {"runs_days": 0}})
     with pytest.raises(ValueError, match="retention.keep"):
         DunningConfig.model_validate({"retention": {"keep": 3}})
+
+
+def test_ticks_older_than_runs_days_go_failed_ones_after_failed_runs_days():
+    """Against a stand-in for the instance's tick storage (ticks are the daemon's: no test here runs one; the
+    same calls were checked by hand against a real SQLite instance): the ticks' own status enum is passed back."""
+    import enum
+    import types
+
+    from assets.retention import _prune_ticks
+
+    class Status(enum.Enum):  # as Dagster's TickStatus: members by name
+        STARTED, SKIPPED, SUCCESS, FAILURE = "STARTED", "SKIPPED", "SUCCESS", "FAILURE"
+
+    now = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
+    ages = (("FAILURE", 100), ("FAILURE", 60), ("SKIPPED", 40), ("SUCCESS", 40), ("SKIPPED", 10))
+    ticks = [
+        types.SimpleNamespace(status=Status[s], timestamp=(now - dt.timedelta(days=d)).timestamp()) for s, d in ages
+    ]
+
+    class Ticks:
+        def all_instigator_state(self):
+            return [types.SimpleNamespace(instigator_origin_id="o", selector_id="s"),
+                    types.SimpleNamespace(instigator_origin_id="old", selector_id=None)]  # fmt: skip
+
+        def get_ticks(self, origin, selector, before):
+            return [t for t in ticks if t.timestamp < before]
+
+        def purge_ticks(self, origin, selector, before, statuses):
+            ticks[:] = [t for t in ticks if not (t.timestamp < before and t.status in statuses)]
+
+    from dunning.config import Retention
+
+    assert _prune_ticks(Ticks(), Retention(), now, dry_run=True).count == 3 and len(ticks) == 5
+    assert _prune_ticks(Ticks(), Retention(), now, dry_run=False).count == 3
+    assert sorted((t.status.name, round((now.timestamp() - t.timestamp) / 86400)) for t in ticks) == [
+        ("FAILURE", 60), ("SKIPPED", 10)]  # fmt: skip
