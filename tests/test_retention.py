@@ -22,6 +22,7 @@ from dunning.run import retention
 from dunning.run.inbox import inbox_dir
 from pipelines import cli_ingest
 from tests.conftest import invoice
+from tests.ledger_backends import backend_fixture  # noqa: F401 - the `backend` fixture
 
 REAL_NOW = dt.datetime.now(dt.UTC)
 
@@ -260,3 +261,29 @@ def test_ticks_older_than_runs_days_go_failed_ones_after_failed_runs_days():
     assert _prune_ticks(Ticks(), Retention(), now, dry_run=False).count == 3
     assert sorted((t.status.name, round((now.timestamp() - t.timestamp) / 86400)) for t in ticks) == [
         ("FAILURE", 60), ("SKIPPED", 10)]  # fmt: skip
+
+
+def test_set_aside_events_once_and_old_delivery_events_on_both_ledgers(backend):
+    import polars as pl
+
+    from dunning.ledger.stores.suppressions import DELIVERY_EVENT_SCHEMA
+
+    at = dt.datetime(2026, 11, 4, 9, tzinfo=dt.UTC)
+    reasons = ["payment signal of another customer: x", "expired: y"]
+    aside = pl.DataFrame({"event_id": ["e1", "e2"], "type": ["payment_intent.processing"] * 2, "reason": reasons,
+                          "payload": [None, "{}"]})  # fmt: skip
+    rows = [{"event_key": key, "kind": "hard_bounce", "source": "mbox", "email": "a@example.com", "message_id": None,
+             "idempotency_keys": None, "customer_id": None, "status_code": None, "detail": None, "reported_at": when,
+             "recorded_at": when, "matched": False, "suppressed": False}
+            for key, when in (("old", at - dt.timedelta(days=400)), ("new", at))]  # fmt: skip
+    with backend.open() as ledger:
+        assert ledger.set_aside_events(aside, "run-1", at) == 2
+        assert ledger.set_aside_events(aside, "run-2", at) == 0, "each event with its reason once"
+        assert ledger.set_aside_counts("run-1") == {"expired": 1, "payment signal of another customer": 1}
+        assert ledger.set_aside_counts("run-2") == {"expired": 0, "payment signal of another customer": 0}
+        ledger.record_delivery_events(pl.DataFrame(rows, schema=DELIVERY_EVENT_SCHEMA))
+        cutoff = at - dt.timedelta(days=365)
+        assert ledger.delivery_events_before(cutoff) == 1
+        with ledger.transaction():
+            assert ledger.delete_delivery_events(cutoff) == 1
+        assert ledger.delivery_events_before(at + dt.timedelta(days=1)) == 1

@@ -26,14 +26,16 @@ class RetentionStore(SqlConnection):
         rows = (
             frame.select("event_id", "type", "reason", "payload")
             .unique(["event_id", "reason"], keep="first", maintain_order=True)
-            .with_columns(pl.lit(run_id).alias("run_id"), pl.lit(at, dtype=pl.Datetime("us", "UTC")).alias("at"))
+            .with_columns(
+                pl.lit(run_id).alias("run_id"), pl.lit(at, dtype=pl.Datetime("us", "UTC")).alias("set_aside_at")
+            )
         )
         if rows.is_empty():
             return 0
         with self.registered("set_aside_rows", rows):
             inserted = self.con.execute(
                 "INSERT INTO event_quarantine (event_id, type, reason, run_id, received_at, payload) "
-                "SELECT s.event_id, s.type, s.reason, s.run_id, s.at, s.payload FROM set_aside_rows AS s "
+                "SELECT s.event_id, s.type, s.reason, s.run_id, s.set_aside_at, s.payload FROM set_aside_rows AS s "
                 "WHERE NOT EXISTS (SELECT 1 FROM event_quarantine AS q WHERE q.event_id = s.event_id "
                 "AND q.reason = s.reason) ORDER BY s.event_id RETURNING event_id"
             ).fetchall()
