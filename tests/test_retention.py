@@ -275,15 +275,17 @@ def test_set_aside_events_once_and_old_delivery_events_on_both_ledgers(backend):
     rows = [{"event_key": key, "kind": "hard_bounce", "source": "mbox", "email": "a@example.com", "message_id": None,
              "idempotency_keys": None, "customer_id": None, "status_code": None, "detail": None, "reported_at": when,
              "recorded_at": when, "matched": False, "suppressed": False}
-            for key, when in (("old", at - dt.timedelta(days=400)), ("new", at))]  # fmt: skip
+            for key, when in (("old", at - dt.timedelta(days=400)), ("suppressed-by", at - dt.timedelta(days=400)),
+                              ("new", at))]  # fmt: skip
     with backend.open() as ledger:
         assert ledger.set_aside_events(aside, "run-1", at) == 2
         assert ledger.set_aside_events(aside, "run-2", at) == 0, "each event with its reason once"
         assert ledger.set_aside_counts("run-1") == {"expired": 1, "payment signal of another customer": 1}
         assert ledger.set_aside_counts("run-2") == {"expired": 0, "payment signal of another customer": 0}
         ledger.record_delivery_events(pl.DataFrame(rows, schema=DELIVERY_EVENT_SCHEMA))
+        ledger.suppress("a@example.com", "hard_bounce", "mbox", at - dt.timedelta(days=400), event_key="suppressed-by")
         cutoff = at - dt.timedelta(days=365)
         assert ledger.delivery_events_before(cutoff) == 1
         with ledger.transaction():
             assert ledger.delete_delivery_events(cutoff) == 1
-        assert ledger.delivery_events_before(at + dt.timedelta(days=1)) == 1
+        assert ledger.delivery_events_before(at + dt.timedelta(days=1)) == 1, "the report a suppression names stays"

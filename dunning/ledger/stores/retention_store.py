@@ -5,8 +5,9 @@
   invoice's (`payment signal of another customer`). Each event once per reason, however many runs find it again, so
   the run that found it counts it in its summary and `dunning status` counts them all.
 - Let go (`dunning.run.retention`): `delivery_events` rows recorded more than `retention.delivery_events_days`
-  ago. The suppressions they caused stay (a suppression keeps the report's `event_key` as text). Nothing else in
-  the ledger is ever deleted: keys, outcomes, the audit, alerts and suppressions are the record.
+  ago, except a report that caused a suppression (in force or lifted): it stays with it, so importing that old
+  report again is still recognised and never restores a lifted suppression. Nothing else in the ledger is ever
+  deleted: keys, outcomes, the audit, alerts and suppressions are the record.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import polars as pl
 
 from dunning.ledger.sql import SqlConnection
 from dunning.vocabulary import SetAside
+
+# a report older than the cutoff that no suppression (in force or lifted) refers to
+_UNREFERENCED = "d.recorded_at < ? AND NOT EXISTS (SELECT 1 FROM suppressions AS s WHERE s.event_key = d.event_key)"
 
 
 class RetentionStore(SqlConnection):
@@ -64,13 +68,12 @@ class RetentionStore(SqlConnection):
         return counts
 
     def delivery_events_before(self, before: dt.datetime) -> int:
-        """How many `delivery_events` rows were recorded before `before`."""
-        return int(str(self.scalar("SELECT count(*) FROM delivery_events WHERE recorded_at < ?", [before])))
+        """How many `delivery_events` rows recorded before `before` no suppression refers to."""
+        return int(str(self.scalar(f"SELECT count(*) FROM delivery_events AS d WHERE {_UNREFERENCED}", [before])))
 
     def delete_delivery_events(self, before: dt.datetime) -> int:
-        """Delete the `delivery_events` rows recorded before `before` (module docstring); returns how many."""
-        return len(
-            self.con.execute(
-                "DELETE FROM delivery_events WHERE recorded_at < ? RETURNING event_key", [before]
-            ).fetchall()
+        """Delete the rows `delivery_events_before` counts (module docstring); returns how many."""
+        deleted = self.con.execute(
+            f"DELETE FROM delivery_events AS d WHERE {_UNREFERENCED} RETURNING event_key", [before]
         )
+        return len(deleted.fetchall())
