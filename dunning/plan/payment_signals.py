@@ -91,7 +91,11 @@ def owned(signals: pl.DataFrame, snapshot: pl.DataFrame) -> tuple[pl.DataFrame, 
     judged again when a snapshot shows the invoice."""
     if "payload" not in signals.columns:
         signals = signals.with_columns(pl.lit(None, dtype=pl.String).alias("payload"))
-    owners = snapshot.select("invoice_id", pl.col("customer_id").cast(pl.String).alias("_owner"))
+    if signals.is_empty():  # the usual hour: no need to index the whole snapshot
+        return signals, pl.DataFrame(schema=REJECTED_SCHEMA)
+    owners = snapshot.select("invoice_id", pl.col("customer_id").cast(pl.String).alias("_owner")).filter(
+        pl.col("invoice_id").is_in(signals.get_column("invoice_id").unique().implode())
+    )
     rows = signals.join(owners.unique("invoice_id", keep="first"), on="invoice_id", how="inner").with_columns(
         event_customer().alias("_customer")
     )
