@@ -26,7 +26,8 @@ def reminders_due(
     config = dunning_home.settings()
     clock = cycle_request.cycle_clock(context, config)
     with dunning_home.ledger() as ledger:
-        plan = steps.plan_step(ledger, invoice_snapshot, billing_events, config, clock, cycle_request.shard_spec())
+        plan = steps.plan_step(ledger, invoice_snapshot, billing_events, config, clock, cycle_request.shard_spec(),
+                               run_id=context.run.run_id)  # fmt: skip
     due = cycle.due_rows(plan)
     by_stage = dict(due.group_by("stage").len().iter_rows()) if due.height else {}
     waiting = cycle.waiting_by_reason(plan)

@@ -166,7 +166,7 @@ def billing_events(
         else:
             loaded = LoadedEvents(pl.DataFrame(schema=EVENTS_SCHEMA), pl.DataFrame(schema=REJECTED_SCHEMA))
         events = loaded.accepted
-        new = 0
+        new = expired = 0
         if not cycle_request.dry_run:
             received_at = utc_now()
             with dunning_home.ledger() as ledger, ledger.transaction():
@@ -180,8 +180,15 @@ def billing_events(
             since = clock.as_of - dt.timedelta(days=config.source.events_lookback_days)
             with dunning_home.ledger() as ledger:
                 waiting = ledger.pending_notice_events(since)
+                events = billing_source.with_pending(events, waiting)
+                if clock.live and first_shard:  # older ones yield nothing: set aside, counted, once (by shard 0)
+                    old = ledger.expired_notice_events(since).filter(~pl.col("event_id").is_in(events["event_id"]))
+                    expired = ledger.set_aside_events(
+                        billing_source.expired_rows(old, config.source.events_lookback_days, clock.as_of),
+                        context.run.run_id,
+                        utc_now(),
+                    )
             pending = waiting.height
-            events = billing_source.with_pending(events, waiting)
     except Exception as error:  # noqa: BLE001 - recorded as an operator's line, masked (`as_operator_failure`)
         raise as_operator_failure(error) from None
     if loaded.rejected.height:
@@ -201,6 +208,7 @@ def billing_events(
             "polled_events": polled.count if polled is not None else 0,
             "events_file": path or "",
             "pending_events_from_ledger": pending,
+            "expired_events": expired,
             "by_type": dg.MetadataValue.json(by_type),
         },
     )

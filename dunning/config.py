@@ -354,6 +354,27 @@ class Store(_Strict):
         return value
 
 
+class Retention(_Strict):
+    """What the hourly job and `dunning prune` let go, judged on the wall clock (never on `--as-of`). Decisions are
+    kept a year and more: the ledger (keys, outcomes, the audit, alerts, suppressions) is never pruned; the machinery
+    around it (Dagster's runs, ingests, journals, inbox leftovers) only weeks."""
+
+    runs_days: Count = Field(default=30, ge=1, le=3660)
+    """Dagster runs (with their event logs and compute logs) and schedule and sensor ticks older than this many days
+    are deleted, except failures (`failed_runs_days`)."""
+    failed_runs_days: Count = Field(default=90, ge=1, le=3660)
+    """Failed and canceled Dagster runs, and failed ticks, are kept this many days."""
+    ingests_keep: Count = Field(default=48, ge=1, le=100_000)
+    """The newest ingests kept in the snapshot store (`dunning ingest`); older ones are deleted, never the one a
+    shard of the current hour may read."""
+    inbox_days: Count = Field(default=30, ge=1, le=3660)
+    """Files the webhook inbox set aside as unreadable (`HOME/inbox/webhooks/unreadable/`), and temporary files a
+    receiver left, older than this many days are deleted."""
+    delivery_events_days: Count = Field(default=365, ge=1, le=36_600)
+    """`delivery_events` rows (bounce and complaint reports) recorded more than this many days ago are deleted, but
+    never one a suppression refers to (so importing it again stays a repeat); suppressions are never deleted."""
+
+
 class Feedback(_Strict):
     """Delivery feedback (`dunning feedback`, `dunning serve-webhooks`): what a bounce or complaint may suppress."""
 
@@ -363,6 +384,11 @@ class Feedback(_Strict):
     webhooks suppress their recipient either way."""
     webhook_max_bytes: Count = Field(default=1_048_576, ge=1024, le=16 * 1_048_576)
     """`dunning serve-webhooks`: a request body larger than this is refused (413)."""
+    webhook_timeout_seconds: Number = Field(default=10.0, gt=0, le=300)
+    """`dunning serve-webhooks`: a request whose line, headers and body have not all arrived this many seconds after
+    its connection opened (or after the answer before it) is disconnected, so a slow client holds no socket long."""
+    webhook_max_connections: Count = Field(default=100, ge=1, le=10_000)
+    """`dunning serve-webhooks`: connections served at once; a request past them is answered 503 (senders retry)."""
 
 
 def check_stages(stages: tuple[Stage, ...], key: str) -> None:
@@ -455,6 +481,8 @@ class DunningConfig(_Strict):
     """Bounces and complaints: what may suppress an address."""
     store: Store = Store()
     """The snapshot store of `dunning ingest` and the shard runs."""
+    retention: Retention = Retention()
+    """What the hourly job and `dunning prune` delete, and after how long (the ledger never)."""
     first_contact_tone: FirstContactTone = "gentle"
     """`gentle`: the first reminder of a cycle speaks gently whatever stage it records (an invoice first seen at day
     20 is not greeted with a final notice); `stage`: it takes its stage's tone."""

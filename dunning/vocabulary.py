@@ -189,3 +189,13 @@ class AuditNote(StrEnum):
     """`dunning_audit.reason` of a key that was not held: something its email left out."""
 
     PAYMENT_URL_DROPPED = "payment_url_dropped"  # the invoice's pay link was not https (`dunning.email.pay_links`)
+
+
+class SetAside(StrEnum):
+    """How an `event_quarantine.reason` starts for a billing event that was stored but yields nothing, so the run
+    summary and `status` can count them (the rest of the reason names the event's own details)."""
+
+    # a stored `invoice.payment_failed` event past `source.events_lookback_days` without its notice
+    EXPIRED = "expired"
+    # a payment signal (`dunning.plan.payment_signals`) whose customer is not the invoice's in the snapshot
+    OTHER_CUSTOMER = "payment signal of another customer"

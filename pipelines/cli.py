@@ -650,6 +650,7 @@ COMMANDS = {
     "serve-webhooks": cli_feedback.cmd_serve_webhooks,
     "report": cli_feedback.cmd_report,
     "ingest": cli_ingest.cmd_ingest,
+    "prune": cli_ingest.cmd_prune,
 }
 
 

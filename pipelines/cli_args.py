@@ -262,6 +262,16 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     results.set_defaults(handler=handlers["report"])
     _one_line_errors(results)
 
+    prune = commands.add_parser(
+        "prune", help="delete what `retention:` lets go: old Dagster runs and ticks, ingests, journals, inbox "
+        "leftovers, old delivery events (never the ledger, audit or alerts)",
+    )  # fmt: skip
+    prune.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
+    prune.add_argument("--dry-run", action="store_true", help="print what would go and the bytes freed; delete nothing")
+    prune.add_argument("--config", help="config file (default: HOME/config.yaml): retention:, store, shards")
+    prune.set_defaults(handler=handlers["prune"])
+    _one_line_errors(prune)
+
     status = commands.add_parser("status", help="pause state, last run, counts, open alerts")
     status.add_argument("--home", dest="home_sub", help=argparse.SUPPRESS)
     status.add_argument("--json", action="store_true", help="machine-readable output")

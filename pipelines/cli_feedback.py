@@ -119,7 +119,7 @@ def cmd_serve_webhooks(args: argparse.Namespace) -> int:
         )
     cli.say(f"receiving {', '.join(routes)} on http://{args.host}:{args.port} (put a TLS proxy in front); "
             f"events are kept in {home / 'inbox' / 'webhooks'} until the next run applies them")  # fmt: skip
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, server_header=False)
+    uvicorn.Server(webhook_server.server_config(app, args.host, args.port, config)).run()
     return 0
 
 

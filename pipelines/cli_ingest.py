@@ -1,10 +1,13 @@
-"""`dunning ingest`: the hour's snapshot validated once and stored split by shard (`dunning.run.ingest`)."""
+"""`dunning ingest`: the hour's snapshot validated once and stored split by shard (`dunning.run.ingest`); and
+`dunning prune`, which lets the old ones go with the rest of what `retention:` names (`assets.retention`)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import sys
 
+from dunning.errors import LedgerBusy
 from dunning.ledger.factory import open_ledger_for
 from dunning.plan.clock import parse_as_of, utc_now
 
@@ -35,3 +38,24 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     cli.say(f"{m.shards} parts in {result.store_url} (ingest {m.ingest_id}), rows per shard: {parts}")
     cli.say(f"next: `dunning run --shard K/{m.shards} --as-of {m.as_of.isoformat()}` for each K, or let the schedule")
     return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """What `retention:` lets go, judged on the wall clock: deleted, or with `--dry-run` only listed; both print
+    what and the bytes it frees. Exit 4 when the ledger stayed locked (its parts waited), 1 when another part
+    failed (named); the rest is pruned either way."""
+    from assets.retention import sweep
+    from pipelines import cli
+
+    home = cli._home(args)
+    config = cli.load_settings(cli._config_path(args, home))
+    instance = cli._instance(home)
+    now = utc_now()
+    pruned = sweep(instance, home, config, now, dry_run=bool(args.dry_run), ledger_wait=120.0)
+    cli.say(f"dunning prune as of {now.isoformat(timespec='seconds')} (the wall clock)"
+            + (": dry run, nothing deleted" if args.dry_run else ""))  # fmt: skip
+    for line in pruned.lines():
+        cli.say(line, file=sys.stderr if line.startswith("not pruned") else None)
+    if pruned.ledger_busy:
+        return LedgerBusy.exit_code
+    return 1 if pruned.errors else 0

@@ -13,6 +13,7 @@ from assets.audit import dunning_audit
 from assets.ingest import ingested_snapshot
 from assets.publication import analyst_history
 from assets.reminders import reminders_due
+from assets.retention import retention_sweep
 from assets.sending import send_batch
 from assets.snapshot import billing_events, invoice_snapshot
 from checks.asset_checks import circuit_breaker, no_reminders_for_unowed_invoices, reminders_due_are_sound
@@ -40,6 +41,7 @@ defs = dg.Definitions(
         send_batch,
         dunning_audit,
         analyst_history,
+        retention_sweep,
     ],
     asset_checks=[reminders_due_are_sound, circuit_breaker, no_reminders_for_unowed_invoices],
     jobs=[dunning_cycle_job, dunning_ingest_job, flood_recovery, feedback_import],

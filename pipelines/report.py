@@ -311,6 +311,9 @@ def _summary_text(header: str, summary: RunSummary, pause: PauseState, dry_run: 
             f"warning: {summary.escalations_refused} escalation(s) refused for good: one alert each, their invoices "
             "wait for a human (`dunning status`, then `dunning retry` or `dunning resolve`)"
         )
+    if summary.set_aside:  # stored, but nothing comes of them: expired, or another customer's payment signal
+        lines.append("billing events set aside (table event_quarantine): "
+                     + ", ".join(f"{kind} {n}" for kind, n in summary.set_aside))  # fmt: skip
     held_now = [(reason, n) for reason, n in summary.held_by_reason if reason not in EARLIER]
     if held_now:
         lines.append("held: " + ", ".join(f"{reason} {n}" for reason, n in held_now))
@@ -430,6 +433,7 @@ def status(
         "contacts_to_fix": ledger.contacts_to_fix(live.now.astimezone(config.zone).date()).to_dicts(),
         # escalations refused for good: the invoice is in no one's hands until a human answers
         "escalations_refused": ledger.refused_escalations().drop("refusal_alert_id").to_dicts(),
+        "events_set_aside": ledger.set_aside_counts(),  # stored billing events that yield nothing, by kind
     }
 
 
@@ -519,6 +523,10 @@ def status_text(s: dict) -> str:
             "  fix the cause, then `dunning retry KEY...`; `dunning resolve KEY --sent` if handed over another way, "
             "`--not-sent` to give the invoice back to its reminders"
         )
+    set_aside = {kind: n for kind, n in s.get("events_set_aside", {}).items() if n}
+    if set_aside:
+        lines.append("billing events set aside: " + ", ".join(f"{k} {n}" for k, n in set_aside.items())
+                     + " (table event_quarantine)")  # fmt: skip
     if s["config_error"]:
         lines.append(f"config: {s['config_error']} (default thresholds used above)")
     return "\n".join(lines)

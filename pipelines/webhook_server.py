@@ -5,6 +5,10 @@
 - `POST /webhooks/stripe`: `Stripe-Signature` is verified with the `stripe` SDK and `STRIPE_WEBHOOK_SECRET`
   (tolerance 5 minutes); otherwise 400.
 - A body over `feedback.webhook_max_bytes` (1 MB) is refused with 413 before it is read whole.
+- uvicorn bounds no read of a request's head (a client sending a header a byte a minute held its socket for good):
+  `server_config` serves h11 with a deadline, `feedback.webhook_timeout_seconds` (10 s) from the connection (or the
+  answer before) to the request's last byte, past which the connection is closed, and at most
+  `feedback.webhook_max_connections` (100) connections: a request past them is answered 503 (senders retry).
 - A verified event is stored durably in the inbox (`dunning.run.inbox`), unique on its id, before the 2xx; a
   redelivery is answered 200 and stored once. With a PostgreSQL ledger it is applied to the ledger at once (the
   ledger has no single-writer lock to wait on); with DuckDB the next run applies it.
@@ -16,15 +20,19 @@ reaches a log line unescaped; the secrets never appear in an answer or a log.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import logging
 from pathlib import Path
 
+import h11
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from dunning.config import DunningConfig
 from dunning.run import inbox
@@ -135,3 +143,38 @@ def webhook_app(home: Path, config: DunningConfig, apply_now: bool | None = None
             Route("/healthz", health, methods=["GET"]),
         ]
     )
+
+
+class _RequestDeadline(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for each request to arrive whole (its line, headers and body):
+    `timeout` seconds from the connection, or from the answer to the request before, whatever the client trickles."""
+
+    timeout: float = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._deadline = self.loop.call_later(self.timeout, self._deadline_passed)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._deadline.cancel()
+        if not self.transport.is_closing():  # kept alive: the next request has its own deadline
+            self._deadline = self.loop.call_later(self.timeout, self._deadline_passed)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _deadline_passed(self) -> None:
+        if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing():
+            self.transport.close()  # the request is still arriving (or never started): the client is too slow
+
+
+def server_config(app: Starlette, host: str, port: int, config: DunningConfig) -> uvicorn.Config:
+    """How `dunning serve-webhooks` serves `app`: h11 with each request's deadline, the connection limit, uvicorn's
+    keep-alive of 5 s, no access log, no server header (module docstring)."""
+    protocol = type("RequestDeadline", (_RequestDeadline,), {"timeout": config.feedback.webhook_timeout_seconds})
+    return uvicorn.Config(
+        app, host=host, port=port, http=protocol, limit_concurrency=config.feedback.webhook_max_connections,
+        timeout_keep_alive=5, log_level="warning", access_log=False, server_header=False,
+    )  # fmt: skip

@@ -88,7 +88,7 @@ def run_cycle(
             accepted = load_events(str(events)).accepted
             with ledger.transaction():
                 ledger.store_events(accepted, run_id, run_clock)
-        plan = steps.plan_step(ledger, applied.cycled, accepted, config, clock, shard)
+        plan = steps.plan_step(ledger, applied.cycled, accepted, config, clock, shard, run_id=run_id)
         verdict = cycle.check_breaker(ledger, plan, clock.as_of, config)
         if not verdict.passed:
             return InProcessCycle(verdict, None, None, first, run_id)

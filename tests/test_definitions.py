@@ -35,9 +35,12 @@ def test_definitions_load_with_the_expected_graph(monkeypatch, tmp_path):
         "send_batch",
         "dunning_audit",
         "analyst_history",
+        "retention_sweep",
     }
     assert all(graph.get(k).partitions_def is not None for k in graph.get_all_asset_keys())
     assert graph.get(dg.AssetKey("send_batch")).parent_keys == {dg.AssetKey("reminders_due")}
+    # the sweep follows only what every run materializes, and is run last: it never holds up a send
+    assert graph.get(dg.AssetKey("retention_sweep")).parent_keys == {dg.AssetKey("billing_events")}
     assert graph.get(dg.AssetKey("invoice_snapshot")).parent_keys == {dg.AssetKey("ingested_snapshot")}  # lineage
     assert "ingested_snapshot" not in {k.to_user_string() for k in job.asset_layer.executable_asset_keys}
     checks = {c.name: c for c in graph.asset_check_keys}

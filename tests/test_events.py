@@ -361,3 +361,29 @@ def test_an_unknown_invoices_notice_uses_the_events_address_only_when_trusted(de
     if not trusted:
         held = result.audit.filter(pl.col("idempotency_key") == "event:evt_pf_1").get_column("reason").to_list()
         assert held == ["event_address_not_trusted"]
+
+
+def test_a_stored_event_past_the_lookback_is_counted_as_expired_in_the_summary_and_status(deployment):
+    """Issue 35, item 11: an event older than `source.events_lookback_days` was stored and silently yielded nothing.
+    Now it is set aside once as `expired` (table event_quarantine), and the run summary and `status` count it."""
+    from dunning.run import inbox
+
+    rows = [invoice(), invoice(invoice_id="in_2", customer_id="cus_2", customer_email="bob@example.com")]
+    old = payment_failed_event("evt_old", customer="cus_1", invoice_id="in_1")  # created 2009: long past
+    fresh = payment_failed_event("evt_new", customer="cus_2", email="bob@example.com", invoice_id="in_2")
+    fresh["created"] = int(dt.datetime(2026, 11, 3, 12, tzinfo=dt.UTC).timestamp())
+    at = dt.datetime.now(dt.UTC)
+    for event in (old, fresh):  # as `dunning serve-webhooks` keeps them
+        inbox.store(deployment.home, "stripe", event["id"], json.dumps(event).encode(), at)
+    code, out, err = deployment.run(rows, "2026-11-04T09:00:00Z")
+    assert code == 0, err
+    assert deployment.query("SELECT idempotency_key FROM reminder_ledger WHERE kind = 'payment_failed'") == [
+        ("event:evt_new",)]  # fmt: skip
+    [(event_id, reason)] = deployment.query("SELECT event_id, reason FROM event_quarantine")
+    assert event_id == "evt_old" and reason.startswith("expired: created 2009-02-13") and "(3)" in reason
+    assert "billing events set aside (table event_quarantine): expired 1" in out
+    code, status, _ = deployment.cli("status")
+    assert "billing events set aside: expired 1" in status
+    code, out, err = deployment.run(rows, "2026-11-05T09:00:00Z")
+    assert code == 0 and "expired" not in out, "counted by the run that found it, once"
+    assert deployment.query("SELECT count(*) FROM event_quarantine") == [(1,)]

@@ -25,15 +25,16 @@ def stripe_event(event_id: str, kind: str, obj: dict, created: str) -> dict:
     return event
 
 
-def dispute(event_id: str, kind: str, created: str, invoice_id: str = "in_1") -> dict:
-    obj = {"id": "dp_1", "object": "dispute", "charge": "ch_1", "status": "needs_response",
-           "metadata": {"invoice_id": invoice_id}}  # fmt: skip
+def dispute(event_id: str, kind: str, created: str, invoice_id: str = "in_1", customer: str = "cus_1") -> dict:
+    """A dispute naming its invoice in its metadata; its charge expanded, so the event says whose charge it is."""
+    obj = {"id": "dp_1", "object": "dispute", "charge": {"id": "ch_1", "object": "charge", "customer": customer},
+           "status": "needs_response", "metadata": {"invoice_id": invoice_id}}  # fmt: skip
     return stripe_event(event_id, kind, obj, created)
 
 
-def intent(event_id: str, kind: str, created: str, invoice_id: str = "in_1") -> dict:
+def intent(event_id: str, kind: str, created: str, invoice_id: str = "in_1", customer: str | None = "cus_1") -> dict:
     return stripe_event(event_id, kind, {"id": "pi_1", "object": "payment_intent", "invoice": invoice_id,
-                                         "status": kind.rsplit(".", 1)[-1]}, created)  # fmt: skip
+                                         "customer": customer, "status": kind.rsplit(".", 1)[-1]}, created)  # fmt: skip
 
 
 def paid(event_id: str, created: str, invoice_id: str = "in_1") -> dict:
@@ -140,3 +141,63 @@ def test_a_payment_that_started_and_succeeded_in_one_second_is_not_left_in_fligh
     events = pl.DataFrame({"invoice_id": ["in_1", "in_1"], "type": kinds, "created_at": [moment, moment],
                            "event_id": ["evt_a", "evt_z"]})  # fmt: skip
     assert payment_signals.in_flight(events) == []
+
+
+def set_aside(deployment) -> list[tuple[str, str]]:
+    return deployment.query("SELECT event_id, reason FROM event_quarantine ORDER BY event_id")
+
+
+def test_a_payment_in_flight_of_another_customer_naming_an_invoice_in_its_metadata_pauses_nothing(deployment, tmp_path):
+    """Issue 35, item 9: `metadata.invoice_id` is the merchant's free text; the event's customer must be the
+    invoice's own in the snapshot, else the signal is recorded, counted and ignored."""
+    rows = [invoice(), invoice(invoice_id="in_2", customer_id="cus_2", customer_email="bob@example.com")]
+    foreign = intent("evt_p1", "payment_intent.processing", "2026-11-03T12:00:00Z", invoice_id="", customer="cus_2")
+    foreign["data"]["object"].pop("invoice")
+    foreign["data"]["object"]["metadata"] = {"invoice_id": "in_1"}
+    code, out, err = deployment.run(rows, DAY4, "--events", str(events_file(tmp_path, "p.json", [foreign])))
+    assert code == 0, err
+    sent = deployment.query("SELECT idempotency_key FROM reminder_ledger WHERE status = 'sent' ORDER BY 1")
+    assert sent == [("dunning:in_1:1:day3",), ("dunning:in_2:1:day3",)]
+    [(event_id, reason)] = set_aside(deployment)
+    assert event_id == "evt_p1" and reason.startswith("payment signal of another customer") and "cus_2" in reason
+    assert "billing events set aside (table event_quarantine): payment signal of another customer 1" in out
+    again = deployment.run_in_process(rows, "2026-11-05T09:00:00Z")
+    assert again.sent_keys == [] and len(set_aside(deployment)) == 1, "recorded once, not again by every run"
+
+
+def test_a_dispute_of_another_customer_excludes_nothing_and_is_set_aside(deployment, tmp_path):
+    rows = [invoice()]
+    opened = events_file(tmp_path, "d.json", [dispute("evt_d1", "charge.dispute.created", "2026-11-03T12:00:00Z",
+                                                      customer="cus_9")])  # fmt: skip
+    first = deployment.run_in_process(rows, DAY4, events=opened)
+    assert first.sent_keys == ["dunning:in_1:1:day3"], "another customer's dispute holds nothing"
+    assert deployment.query("SELECT count(*) FROM exclusions") == [(0,)]
+    assert [e for e, _ in set_aside(deployment)] == ["evt_d1"]
+
+
+def test_a_closing_dispute_of_another_customer_never_ends_the_invoices_own(deployment, tmp_path):
+    rows = [invoice()]
+    events = [dispute("evt_d1", "charge.dispute.created", "2026-11-03T12:00:00Z"),
+              dispute("evt_d2", "charge.dispute.closed", "2026-11-03T13:00:00Z", customer="cus_9")]  # fmt: skip
+    deployment.run_in_process(rows, DAY4, events=events_file(tmp_path, "d.json", events))
+    assert deployment.run_in_process(rows, DAY8).sent_keys == [], "the invoice's own dispute is still open"
+    assert [e for e, _ in set_aside(deployment)] == ["evt_d2"]
+
+
+def test_a_signal_naming_no_customer_is_not_taken_on_trust():
+    import polars as pl
+
+    snapshot = pl.DataFrame({"invoice_id": ["in_1", "in_2"], "customer_id": ["cus_1", "cus_2"]})
+    payloads = [{"customer": "cus_1"}, {"customer": {"id": "cus_1", "object": "customer"}}, {"customer": None},
+                {"charge": {"id": "ch_1", "customer": "cus_1"}}, {"charge": "ch_1"}, {"customer": "cus_1"}]  # fmt: skip
+    moment = dt.datetime(2026, 11, 3, 12, tzinfo=dt.UTC)
+    signals = pl.DataFrame({
+        "invoice_id": ["in_1", "in_1", "in_1", "in_1", "in_1", "in_9"],
+        "type": ["payment_intent.processing"] * 6, "created_at": [moment] * 6,
+        "event_id": [f"evt_{n}" for n in range(6)],
+        "payload": [json.dumps({"data": {"object": p}}) for p in payloads],
+    })  # fmt: skip
+    kept, foreign = payment_signals.owned(signals, snapshot)
+    assert kept.get_column("event_id").to_list() == ["evt_0", "evt_1", "evt_3"]
+    assert foreign.get_column("event_id").to_list() == ["evt_2", "evt_4"], "an invoice the snapshot lacks: neither"
+    assert "(none)" in foreign.get_column("reason")[0]

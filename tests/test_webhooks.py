@@ -21,7 +21,7 @@ from svix.webhooks import Webhook
 
 from dunning.config import DunningConfig
 from dunning.run import inbox
-from pipelines.webhook_server import webhook_app
+from pipelines.webhook_server import server_config, webhook_app
 from tests.conftest import invoice
 from tests.delivery_messages import resend_event
 from tests.test_events import payment_failed_event, write
@@ -42,7 +42,7 @@ class Receiver:
     def __init__(self, home, config: DunningConfig | None = None):
         self.app = webhook_app(home, config or DunningConfig(), apply_now=False)
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.server = uvicorn.Server(server_config(self.app, "127.0.0.1", self.port, config or DunningConfig()))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> Receiver:
@@ -148,3 +148,64 @@ def test_the_next_run_applies_the_inbox_a_bounce_suppresses_and_a_stripe_event_g
     assert notices == [("payment_failed", "bob@example.com")], "one notice, the event deduplicated on its id"
     day7 = deployment.ledger("stage = 'day7'")
     assert [r["customer_id"] for r in day7] == ["cus_2"], "the bounced address gets no reminder"
+
+
+def _closed_by(sock: socket.socket, deadline: float) -> bool:
+    """Whether the server closed `sock` before `deadline` (monotonic): reads until EOF, or gives up then."""
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            if sock.recv(4096) == b"":
+                return True
+        except TimeoutError:
+            return False
+        except OSError:  # reset by the server: closed too
+            return True
+    return False
+
+
+@pytest.mark.slow
+def test_slow_clients_are_disconnected_within_the_timeout_and_the_receiver_keeps_answering(tmp_path, secrets):
+    """Issue 35, item 11: uvicorn bounds no header read; 2,000 slow sockets stayed open for 75 s. A request whose
+    head and body have not all arrived `webhook_timeout_seconds` after its connection opened is cut off, whether
+    the client sends nothing more or keeps trickling bytes."""
+    config = DunningConfig.model_validate({"feedback": {"webhook_timeout_seconds": 0.5, "webhook_max_connections": 50}})
+    with Receiver(tmp_path, config) as receiver:
+        started = time.monotonic()
+        silent, trickling = [], []
+        for n in range(30):
+            sock = socket.create_connection(("127.0.0.1", receiver.port), timeout=5)
+            sock.sendall(b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\n")
+            (silent if n % 2 else trickling).append(sock)
+        body_late = socket.create_connection(("127.0.0.1", receiver.port), timeout=5)
+        body_late.sendall(b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        for _ in range(3):  # a header line a byte at a time, each well inside any idle timeout
+            time.sleep(0.1)
+            for sock in trickling:
+                sock.sendall(b"X")
+        deadline = started + 0.5 + 1.5
+        assert all(_closed_by(s, deadline) for s in [*silent, *trickling, body_late])
+        assert time.monotonic() - started < 2.5
+        assert requests.get(receiver.url("/healthz"), timeout=5).status_code == 200
+        body = json.dumps({"id": "evt_after", "object": "event", "type": "invoice.paid"}).encode()
+        answer = requests.post(receiver.url("/webhooks/stripe"), data=body, headers=stripe_headers(body), timeout=5)
+        assert answer.status_code == 200, "a sound request after them is served"
+        for sock in [*silent, *trickling, body_late]:
+            sock.close()
+
+
+@pytest.mark.slow
+def test_past_the_connection_limit_a_request_is_answered_503(tmp_path, secrets):
+    config = DunningConfig.model_validate({"feedback": {"webhook_timeout_seconds": 5, "webhook_max_connections": 3}})
+    with Receiver(tmp_path, config) as receiver:
+        held = [socket.create_connection(("127.0.0.1", receiver.port), timeout=5) for _ in range(3)]
+        for sock in held:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # heads not finished: each holds its connection
+        time.sleep(0.2)  # the server has accepted them (no timeout in the test waits longer than this)
+        assert requests.get(receiver.url("/healthz"), timeout=5).status_code == 503
+        for sock in held:
+            sock.close()
+        deadline = time.monotonic() + 5
+        while requests.get(receiver.url("/healthz"), timeout=5).status_code != 200:
+            assert time.monotonic() < deadline, "the limit frees as connections close"
+            time.sleep(0.05)

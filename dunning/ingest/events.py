@@ -189,7 +189,8 @@ def _payload(event: Any) -> str | None:
         return None
 
 
-# payment signals (`dunning.run.payment_signals`): events about an invoice whose object is not the invoice
+# payment signals (`dunning.plan.payment_signals`): events about an invoice whose object is not the invoice; whose
+# they are is judged there (`owned`): the event's customer against the invoice's in the snapshot
 LINKED_TYPES = ("charge.dispute.", "payment_intent.")
 
 

@@ -17,6 +17,7 @@ whose as-of is at or before its own and within one cron interval (`choose_manife
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import io
@@ -242,6 +243,30 @@ class SnapshotStore:
             raise SnapshotError(f"ingest {manifest.ingest_id}: part {shard}/{manifest.shards} does not match its "
                                 "manifest (sha256); run `dunning ingest` again")  # fmt: skip
         return data
+
+    # retention (`dunning.run.retention`): an ingest is listed and deleted whole, its manifest first
+    def ingest_objects(self, ingest_id: str) -> list[tuple[str, int]]:
+        """The objects of one ingest folder (path, bytes), its manifest first."""
+        import obstore
+
+        if not INGEST_ID.fullmatch(ingest_id):
+            raise ValueError(f"not an ingest id: {ingest_id!r}")
+        listing = obstore.list(self._store, prefix=f"{INGESTS}/{ingest_id}/")
+        found = [(str(m["path"]), int(m["size"])) for chunk in listing for m in chunk]
+        return sorted(found, key=lambda item: (not item[0].endswith("/" + MANIFEST), item[0]))
+
+    def delete_ingest(self, ingest_id: str) -> int:
+        """Delete one ingest folder, its manifest first (without it the ingest no longer exists for a reader, which
+        never meets a missing part); returns its bytes."""
+        import obstore
+
+        objects = self.ingest_objects(ingest_id)
+        for path, _ in objects:
+            obstore.delete(self._store, path)
+        if "://" not in self.url:  # a directory store keeps the emptied folder: it would still be listed
+            with contextlib.suppress(OSError):
+                (Path(self.url) / INGESTS / ingest_id).rmdir()
+        return sum(size for _, size in objects)
 
 
 def choose_manifest(

@@ -13,6 +13,12 @@ From the stored billing events (`billing_events`: polled from Stripe, given with
   excluded (reason `disputed`, by `stripe`) until the dispute closes (`dunning.run.steps` keeps the `exclusions`
   table in step).
 
+An event names its invoice by the object's `invoice`, or by `metadata.invoice_id`: free text that the merchant's
+integration (and so sometimes a customer) writes. So a signal applies only when the event's customer is the
+invoice's customer in the snapshot (`owned`: Stripe ids compared; a dispute's customer is its charge's); another
+customer's, or one naming no customer, is set aside in `event_quarantine` (reason `payment signal of another
+customer`), counted in the run summary, and changes nothing.
+
 Everything here is a polars frame operation over the events; nothing loops per invoice.
 """
 
@@ -22,8 +28,10 @@ import datetime as dt
 
 import polars as pl
 
+from dunning.ingest.events import REJECTED_SCHEMA
 from dunning.ingest.snapshot_rules import MAX_LENGTH
 from dunning.safe_text import has_control
+from dunning.vocabulary import SetAside
 
 DISPUTE_OPENED, DISPUTE_CLOSED = "charge.dispute.created", "charge.dispute.closed"
 DISPUTES = (DISPUTE_OPENED, DISPUTE_CLOSED)
@@ -62,6 +70,48 @@ def _latest(events: pl.DataFrame, types: tuple[str, ...]) -> pl.DataFrame:
 def _valid_ids(ids: pl.Series) -> list[str]:
     """Invoice ids an event named that may stand for an invoice (the snapshot's rules for an id)."""
     return [i for i in ids.to_list() if i and len(i) <= MAX_LENGTH["invoice_id"] and not has_control(i)]
+
+
+# where an event says whose it is: the object's customer (an id, or the expanded customer), else, for a dispute,
+# its charge's (Stripe's dispute object has no customer of its own: only an expanded charge tells)
+_CUSTOMER_PATHS = (
+    "$.data.object.customer.id", "$.data.object.customer", "$.data.object.charge.customer.id",
+    "$.data.object.charge.customer",
+)  # fmt: skip
+
+
+def event_customer() -> pl.Expr:
+    """The customer a stored event's payload names (null when it names none)."""
+    return pl.coalesce(*(pl.col("payload").str.json_path_match(path) for path in _CUSTOMER_PATHS))
+
+
+def owned(signals: pl.DataFrame, snapshot: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(the signals about the snapshot's invoices whose event's customer is the invoice's, the others about them as
+    `event_quarantine` rows: REJECTED_SCHEMA). A signal about an invoice the snapshot lacks is in neither: it is
+    judged again when a snapshot shows the invoice."""
+    if "payload" not in signals.columns:
+        signals = signals.with_columns(pl.lit(None, dtype=pl.String).alias("payload"))
+    if signals.is_empty():  # the usual hour: no need to index the whole snapshot
+        return signals, pl.DataFrame(schema=REJECTED_SCHEMA)
+    owners = snapshot.select("invoice_id", pl.col("customer_id").cast(pl.String).alias("_owner")).filter(
+        pl.col("invoice_id").is_in(signals.get_column("invoice_id").unique().implode())
+    )
+    rows = signals.join(owners.unique("invoice_id", keep="first"), on="invoice_id", how="inner").with_columns(
+        event_customer().alias("_customer")
+    )
+    same = (pl.col("_customer") == pl.col("_owner")).fill_null(False)
+    foreign = rows.filter(~same).select(
+        "event_id",
+        "type",
+        pl.format(
+            f"{SetAside.OTHER_CUSTOMER}: the event names customer {{}}, the snapshot's invoice {{}} is another's; "
+            "ignored",
+            pl.col("_customer").fill_null("(none)").str.slice(0, 200),
+            pl.col("invoice_id"),
+        ).alias("reason"),
+        "payload",
+    )
+    return rows.filter(same).drop("_owner", "_customer"), foreign.cast(REJECTED_SCHEMA)
 
 
 def paid_since(events: pl.DataFrame, taken_at: dt.datetime) -> pl.DataFrame:

@@ -108,6 +108,7 @@ def apply_snapshot(
     else:
         state = ledger.state_as_of(clock.as_of, stage_days_frame(config))
     signals = ledger.signal_events(payment_signals.SIGNAL_TYPES, clock.as_of - payment_signals.LOOKBACK, clock.as_of)
+    signals = payment_signals.owned(signals, loaded.valid)[0]  # another customer's: set aside by `plan_step`
     if clock.live:
         reconcile_disputes(ledger, signals, wall)
     # an invoice paid after the snapshot was taken (a stored `invoice.paid`) is read as paid: its cycle closes now
@@ -173,7 +174,7 @@ def alert_duplicates(
 
 
 def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None, config: DunningConfig,
-              clock: CycleClock, shard: Shard = EVERYONE) -> pl.DataFrame:  # fmt: skip
+              clock: CycleClock, shard: Shard = EVERYONE, *, run_id: str | None = None) -> pl.DataFrame:  # fmt: skip
     """Step 2. Retries and notices belong to live and dry runs; a backfill asks what the policy would have sent.
 
     `cycled` is already the shard's; retries follow it (they join on its invoices), notices only for its customers.
@@ -183,6 +184,12 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
     suppressed = ledger.suppressed_emails(day).get_column("email").to_list()
     exclusions = with_held(in_force(ledger.open_exclusions(), day), SUPPRESSED_ADDRESS, suppressed)
     signals = ledger.signal_events(payment_signals.SIGNAL_TYPES, clock.as_of - payment_signals.LOOKBACK, clock.as_of)
+    # a signal counts only when its event's customer is the invoice's own in the snapshot; another's is set aside
+    # (once, however many runs find it again), here, where this run's own events are stored
+    signals, foreign = payment_signals.owned(signals, cycled)
+    recorded_as = run_id or f"plan:{clock.as_of.isoformat()}"
+    if foreign.height and clock.live:
+        ledger.set_aside_events(foreign, recorded_as, dt.datetime.now(dt.UTC))
     exclusions = with_held(exclusions, IN_FLIGHT, payment_signals.in_flight(signals))
     # a dispute told of by this run's own events holds its invoice now; the table learns of it at the next snapshot
     exclusions = with_held(exclusions, str(ExclusionScope.INVOICE), payment_signals.disputes(signals)[0])
@@ -195,7 +202,7 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
                 events, cycled, recorded, config.provider.message_domain, config.events.trust_event_email
             )
             if refused.height and clock.live:  # an event that named another customer's invoice: kept, never sent
-                ledger.quarantine_events(refused, f"plan:{clock.as_of.isoformat()}", clock.as_of)
+                ledger.quarantine_events(refused, recorded_as, clock.as_of)
         # this run's unknown keys (its shard's customers), each with why the present forbids resubmitting it; and the
         # claimed ones, which a dead run's may become in the send step
         settle = settle_rows(shard.keep(ledger.unknown_sends(include_claimed=True)), cycled, exclusions, config)

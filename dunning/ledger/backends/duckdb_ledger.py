@@ -21,6 +21,7 @@ from dunning.ledger.stores.history import HistoryStore
 from dunning.ledger.stores.invoice_email_store import InvoiceEmailStore
 from dunning.ledger.stores.operations import Operations
 from dunning.ledger.stores.payloads import PayloadStore
+from dunning.ledger.stores.retention_store import RetentionStore
 from dunning.ledger.stores.run_inputs import RunInputStore
 from dunning.ledger.stores.schedule_store import ScheduleStore
 from dunning.ledger.stores.suppressions import SuppressionStore
@@ -67,6 +68,7 @@ class LedgerTables(
     ScheduleStore,
     SuppressionStore,
     EscalationStore,
+    RetentionStore,
 ):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""

@@ -13,7 +13,7 @@ import polars as pl
 
 from dunning.ledger.sql import SqlConnection
 from dunning.secret_env import scrub
-from dunning.vocabulary import RunOutcome
+from dunning.vocabulary import RunOutcome, SetAside
 
 PER_RUN_TABLES = ("dunning_audit", "dunning_runs")
 
@@ -47,6 +47,8 @@ class RunSummary:
     escalations: tuple[tuple[str, int], ...] = ()
     escalations_audited: tuple[tuple[str, int], ...] = ()
     escalations_refused: int = 0  # refused for good in this run: one alert each
+    # billing events this run stored or found that yield nothing, by kind (`SetAside`), in `event_quarantine`
+    set_aside: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -349,7 +351,18 @@ class Operations(SqlConnection):
             tuple((str(k), int(n)) for k, n in escalations),
             tuple((str(k), int(n)) for k, n in audited),
             int(refused or 0),  # type: ignore[call-overload]
+            self._set_aside_by_kind(run_id),
         )
+
+    def _set_aside_by_kind(self, run_id: str) -> tuple[tuple[str, int], ...]:
+        counts = []
+        for kind in SetAside:
+            n = self.scalar(
+                "SELECT count(*) FROM event_quarantine WHERE run_id = ? AND reason LIKE ?", [run_id, f"{kind}:%"]
+            )
+            if int(str(n)):
+                counts.append((str(kind), int(str(n))))
+        return tuple(counts)
 
     def status_counts(self) -> StatusCounts:
         """What `dunning status` shows of the ledger: keys by status, open alerts, unknown keys held for a human."""
