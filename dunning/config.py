@@ -355,6 +355,11 @@ class Feedback(_Strict):
     webhooks suppress their recipient either way."""
     webhook_max_bytes: Count = Field(default=1_048_576, ge=1024, le=16 * 1_048_576)
     """`dunning serve-webhooks`: a request body larger than this is refused (413)."""
+    trust_legacy_message_ids: Flag = False
+    """A mailbox report quoting a Message-ID minted before Message-IDs were signed (32 hex digits: anyone can compute
+    one from an invoice number, a stage and the sender's domain) is recorded as unmatched, and listed in `dunning
+    status` for a human to confirm, unless true: then it suppresses like a signed one when its recipient was that
+    email's."""
 
 
 def check_stages(stages: tuple[Stage, ...], key: str) -> None:
@@ -496,6 +501,10 @@ class DunningConfig(_Strict):
     renders in the run's own process."""
     shards: Count = Field(default=1, ge=1, le=MAX_SHARDS)
     """How many shards split a day's cycle by customer: the schedule starts one run per shard."""
+    message_secret_env: EnvName | None = None
+    """The name of an environment variable holding the secret our Message-IDs are signed with (at least 16
+    characters, e.g. `openssl rand -hex 32`); unset, the ledger keeps one, made by the first live send, which every
+    worker of that ledger shares. Set it (to the same value everywhere) to keep the secret outside the ledger."""
     min_remaining_minor: dict[str, MinorAmount] = Field(default_factory=dict)
     """Per currency (ISO 4217, e.g. `{EUR: 500}`): an invoice whose remaining balance in minor units is below this is
     not dunned (`below_minimum`)."""
@@ -617,6 +626,7 @@ class DunningConfig(_Strict):
         names = [
             self.provider.password_env, self.provider.api_key_env,
             self.alerts.pagerduty_routing_key_env, self.ledger.dsn_env, self.source.api_key_env,
+            self.message_secret_env,
         ]  # fmt: skip
         names += [p.escalation.secret_env for p in self.resolved_policies() if p.escalation is not None]
         return [n for n in names if n]

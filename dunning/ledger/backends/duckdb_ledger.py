@@ -17,6 +17,7 @@ from dunning.ledger.stores.cursors import CursorStore
 from dunning.ledger.stores.exclusions import ExclusionStore
 from dunning.ledger.stores.history import HistoryStore
 from dunning.ledger.stores.invoice_email_store import InvoiceEmailStore
+from dunning.ledger.stores.message_secret import MessageSecretStore
 from dunning.ledger.stores.operations import Operations
 from dunning.ledger.stores.payloads import PayloadStore
 from dunning.ledger.stores.run_inputs import RunInputStore
@@ -64,6 +65,7 @@ class LedgerTables(
     HistoryStore,
     ScheduleStore,
     SuppressionStore,
+    MessageSecretStore,
 ):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""

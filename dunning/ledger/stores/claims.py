@@ -26,6 +26,7 @@ import polars as pl
 
 from dunning.ledger.schema.tables import LEDGER_COLUMNS
 from dunning.ledger.sql import Executes, SqlConnection
+from dunning.ledger.stores.suppressions import HOLDS
 from dunning.secret_env import holding_any, scrub
 from dunning.vocabulary import PROVIDER_STATUSES, EmailKind, LedgerStatus, PlanRole, plain
 
@@ -216,9 +217,9 @@ class ClaimStore(SqlConnection):
             return set()
         with self.registered("claim_addresses", emails.drop_nulls("email")):
             found = con.execute(
-                """
+                f"""
                 SELECT c.idempotency_key FROM claim_addresses c JOIN suppressions s ON s.active_email = c.email
-                WHERE s.until IS NULL OR s.until >= ?
+                WHERE {HOLDS}
                 """,
                 [claimed_at.date()],
             ).fetchall()
