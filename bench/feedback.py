@@ -6,10 +6,12 @@ suppression check adds to the newly-due step at 1M invoices (≤ 5%); and what o
 
 The mbox: `--messages` RFC 3464 DSNs as Postfix writes them (a tenth soft bounces, a twentieth ARF complaints, a
 fiftieth not reports), each about one email on record in a ledger of as many sent reminders, so every report is
-matched by its signed Message-ID (verified) and recorded; the whole `dunning feedback --mbox` process is timed (wall, CPU, peak RSS), then
-the same file again (everything already recorded). The check: the tier's home (`bench.run.template_for`), the
-assets' plan step (`cycle.cycle_snapshot` then `steps.plan_step`) with no suppression and with `--suppressed`
-addresses in force (half of them the snapshot's), alternated, medians kept; the suppressions are removed after.
+matched by its signed Message-ID (verified) and recorded; the whole `dunning feedback --mbox` process is timed
+(wall, CPU, peak RSS), then the same file again (everything already recorded). The check: the tier's home
+(`bench.run.template_for`), the assets' plan step (`cycle.cycle_snapshot` then `steps.plan_step`) with no
+suppression and with `--suppressed` addresses in force (half of them the snapshot's), alternated, medians kept; the
+suppressions are removed after. The hostile messages: each read once by `read_message` (`--bare-parse`: the 350 KB
+bomb given to the standard parser alone too, what importing it cost before the raw-bytes bounds).
 """
 
 from __future__ import annotations

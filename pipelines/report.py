@@ -421,7 +421,10 @@ def status(
 
 
 CONFIRM_DAYS = 30  # how far back `status` lists the bounces and complaints a human should confirm
-CONFIRM_WHY = {"no_message_id": "quoting no Message-ID", "legacy": "quoting a Message-ID minted before they were signed"}
+CONFIRM_WHY = {
+    "no_message_id": "quoting no Message-ID",
+    "legacy": "quoting a Message-ID minted before they were signed",
+}
 
 
 def _finished(run: dict, now: dt.datetime) -> str:

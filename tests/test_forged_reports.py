@@ -20,7 +20,7 @@ from dunning.ledger.backends.duckdb_ledger import open_ledger
 from tests.conftest import invoice
 from tests.delivery_messages import arf, dsn, write_mbox
 from tests.smtp_server import ScriptedHandler, SmtpServer, smtp_config
-from tests.test_postgres_ledger import postgres_home, rows_of, shared_dsn  # noqa: F401 - the fixture
+from tests.test_postgres_ledger import ENV, postgres_home, rows_of
 from tests.test_security_round3 import grep_tree
 
 DAY4 = "2026-11-04T09:00:00Z"  # due 2026-11-01: day3 reached
@@ -134,7 +134,7 @@ def test_a_report_quoting_no_message_id_is_listed_in_status_for_a_human_to_confi
     assert "ada@example.com: hard_bounce from mbox, quoting no Message-ID" in text
     code, raw, _ = deployment.cli("status", "--json")
     [listed] = json.loads(raw)["reports_to_confirm"]
-    assert listed["email"] == "ada@example.com" and listed["verdict"] == "no_message_id" and listed["kind"] == "hard_bounce"
+    assert (listed["email"], listed["verdict"], listed["kind"]) == ("ada@example.com", "no_message_id", "hard_bounce")
     assert deployment.cli("suppress", "--email", "ada@example.com", "--reason", "bounce confirmed")[0] == 0
     assert json.loads(deployment.cli("status", "--json")[1])["reports_to_confirm"] == [], "confirmed: off the list"
 
@@ -199,7 +199,7 @@ def test_the_secret_is_in_the_ledger_alone_never_in_the_analysts_copy_dagster_st
     outputs += [deployment.cli("status"), deployment.cli("status", "--json")]
     assert (deployment.home / "analytics.duckdb").is_file() and (deployment.home / "dagster").is_dir()
     assert grep_tree(deployment.home, secret) == ["dunning.duckdb"], "kept in the ledger, and only there"
-    for code, out, err in outputs:
+    for _, out, err in outputs:
         assert secret not in out + err
 
 
@@ -245,14 +245,17 @@ def test_message_ids_verify_only_under_their_secret_and_never_show_it():
 
 
 @pytest.mark.slow
-def test_two_homes_on_one_postgres_ledger_mint_and_verify_with_the_ledgers_one_secret(tmp_path, shared_dsn):
+def test_two_homes_on_one_postgres_ledger_mint_and_verify_with_the_ledgers_one_secret(
+    tmp_path, postgres_dsn, monkeypatch
+):
+    monkeypatch.setenv(ENV, postgres_dsn)
     first, second = postgres_home(tmp_path / "first"), postgres_home(tmp_path / "second")
     assert first.run([ROWS[0]], DAY4)[0] == 0
     code, out, err = second.run(ROWS, DAY4)
     assert code == 0, err
-    [(secret,)] = rows_of(shared_dsn, "SELECT secret FROM message_secret")
+    [(secret,)] = rows_of(postgres_dsn, "SELECT secret FROM message_secret")
     ids = MessageIds("example.com", (bytes.fromhex(secret),))
-    stored = dict(rows_of(shared_dsn, "SELECT invoice_id, message_id FROM reminder_ledger"))
+    stored = dict(rows_of(postgres_dsn, "SELECT invoice_id, message_id FROM reminder_ledger"))
     assert stored == {"in_1": ids.message_id(["dunning:in_1:1:day3"]), "in_2": ids.message_id(["dunning:in_2:1:day3"])}
     assert sent_to(second) == {"bob@example.com": stored["in_2"]}, "the other home's email, with the same scheme"
     out = feedback(first, tmp_path, "b.mbox", [dsn("bob@example.com", stored["in_2"])])
@@ -261,12 +264,13 @@ def test_two_homes_on_one_postgres_ledger_mint_and_verify_with_the_ledgers_one_s
 
 
 @pytest.mark.slow
-def test_two_homes_with_message_secret_env_mint_identical_ids_and_store_no_secret(tmp_path, shared_dsn, monkeypatch):
+def test_two_homes_with_message_secret_env_mint_identical_ids_and_store_no_secret(tmp_path, postgres_dsn, monkeypatch):
+    monkeypatch.setenv(ENV, postgres_dsn)
     monkeypatch.setenv("DUNNING_MESSAGE_SECRET", "the-shared-secret-of-both-homes-1234")
     config = "ledger: {kind: postgres}\nmessage_secret_env: DUNNING_MESSAGE_SECRET\n"
     first, second = postgres_home(tmp_path / "first", config), postgres_home(tmp_path / "second", config)
     assert first.run([ROWS[0]], DAY4)[0] == 0 and second.run(ROWS, DAY4)[0] == 0
     ids = MessageIds("example.com", (b"the-shared-secret-of-both-homes-1234",))
-    stored = dict(rows_of(shared_dsn, "SELECT invoice_id, message_id FROM reminder_ledger"))
+    stored = dict(rows_of(postgres_dsn, "SELECT invoice_id, message_id FROM reminder_ledger"))
     assert stored == {"in_1": ids.message_id(["dunning:in_1:1:day3"]), "in_2": ids.message_id(["dunning:in_2:1:day3"])}
-    assert rows_of(shared_dsn, "SELECT count(*) FROM message_secret") == [(0,)]
+    assert rows_of(postgres_dsn, "SELECT count(*) FROM message_secret") == [(0,)]

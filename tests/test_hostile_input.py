@@ -20,7 +20,7 @@ from dunning.send.alerts import Alert, deliver
 from dunning.send.providers.file_outbox import FileOutbox
 from dunning.send.sending import send_due, with_email_ids
 from tests.conftest import invoice
-from tests.helpers import parsed_html_elements, reminder_row, minted_ids
+from tests.helpers import minted_ids, parsed_html_elements, reminder_row
 
 AS_OF = dt.datetime(2026, 11, 8, tzinfo=dt.UTC)
 MARKUP = '<script>alert(1)</script><a href="https://evil.test/pay">Pay here</a>'

@@ -132,9 +132,7 @@ def test_more_parts_than_the_limit_are_refused_before_the_parser_runs(monkeypatc
             "a delivery-status block with a Content-Type of its own",
             id="typed-status-block",
         ),
-        pytest.param(
-            b"Subject: x\r\n" * 20_001 + b"\r\nbody", "more than 20000 header lines", id="header-flood"
-        ),
+        pytest.param(b"Subject: x\r\n" * 20_001 + b"\r\nbody", "more than 20000 header lines", id="header-flood"),
     ],
 )
 def test_shapes_the_walk_cannot_follow_faithfully_are_refused(raw, why):

@@ -20,10 +20,10 @@ from typing import Any, Generic, TypeVar
 import polars as pl
 
 from dunning.config import DunningConfig
+from dunning.email.message_ids import message_ids
 from dunning.email.render import RENDER_FIELDS, Sender
 from dunning.email.wire import WireEmail
 from dunning.errors import DunningError, LedgerLost
-from dunning.email.message_ids import message_ids
 from dunning.keys import PLACEHOLDER, MessageIds, idempotency_key_for
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.claims import ClaimCap
