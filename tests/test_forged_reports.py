@@ -94,20 +94,34 @@ def test_a_bounce_of_an_email_sent_over_smtp_suppresses_its_recipient_and_no_oth
     assert ("ada@example.com", "hard_bounce", "verified", True, True) in verdicts(deployment)
 
 
-def _as_sent_before_signing(deployment, invoice_id: str) -> str:
-    """Rewrite a sent row's ids as a release before signed Message-IDs wrote them; the legacy Message-ID."""
-    legacy = computed_by_an_attacker(invoice_id)
-    with open_ledger(deployment.home / "dunning.duckdb") as ledger:
-        ledger.con.execute(
-            "UPDATE reminder_ledger SET message_id = ?, email_id = ? WHERE invoice_id = ?",
-            [legacy, legacy.strip("<>").partition("@")[0], invoice_id],
-        )
-    return legacy
+def test_a_report_on_a_legacy_message_id_of_a_release_0_1_ledger_is_unmatched_unless_legacy_ids_are_trusted(
+    deployment, tmp_path
+):
+    """The emails a release before signed Message-IDs sent (its ledger, migrated): their bounces may be genuine, and
+    anyone can compute their ids."""
+    from tests.test_migrations import unpack
+
+    unpack(deployment.home / "dunning.duckdb")
+    legacy = computed_by_an_attacker("in_1")
+    out = feedback(deployment, tmp_path, "old.mbox", [dsn("ada@example.com", legacy)])
+    assert deployment.query("SELECT message_id FROM reminder_ledger WHERE idempotency_key = 'dunning:in_1:1:day3'") == [
+        (legacy,)
+    ], "the id that release sent, the one an attacker computes"
+    assert suppressions(deployment) == [] and "1 quote a Message-ID minted before they were signed" in out
+    trusting = tmp_path / "trusting.yaml"
+    trusting.write_text("feedback: {trust_legacy_message_ids: true}\n")
+    out = feedback(deployment, tmp_path, "again.mbox", [arf("ada@example.com", legacy)], "--config", str(trusting))
+    assert suppressions(deployment) == [("ada@example.com", "complaint")]
 
 
 def test_a_report_on_a_legacy_message_id_is_unmatched_and_listed_unless_legacy_ids_are_trusted(deployment, tmp_path):
     deployment.run_in_process(ROWS, DAY4)
-    legacy = _as_sent_before_signing(deployment, "in_1")
+    legacy = computed_by_an_attacker("in_1")
+    with open_ledger(deployment.home / "dunning.duckdb") as ledger:  # as a release before signing wrote the row
+        ledger.con.execute(
+            "UPDATE reminder_ledger SET message_id = ?, email_id = ? WHERE invoice_id = 'in_1'",
+            [legacy, legacy.strip("<>").partition("@")[0]],
+        )
     out = feedback(deployment, tmp_path, "old.mbox", [dsn("ada@example.com", legacy)])
     assert suppressions(deployment) == [] and "1 quote a Message-ID minted before they were signed" in out
     assert "to confirm: 1" in out

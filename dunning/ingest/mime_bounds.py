@@ -111,24 +111,17 @@ class _Walk:
 
     def body_kind(self, content_type: list[str], depth: int, default_type: str) -> str:
         """What follows the headers, by the parser's own reading of the `Content-Type` header."""
-        part = Message()
-        part.set_default_type(default_type)
-        if content_type:
-            part.set_raw(*compat32.header_source_parse(content_type))
-        kind = part.get_content_type()
-        if part.get_content_maintype() == "multipart":
-            boundary = part.get_boundary()
+        kind, boundary, digest = _read_type(tuple(content_type), default_type)
+        if kind == "multipart":
             if boundary is None:
                 return "text"  # the parser reads such a body as text, to the end
             key = boundary.encode("ascii", "surrogateescape")
             if key in self.where:
                 raise Refused("a multipart boundary reused inside itself")
             self.where[key] = len(self.open)
-            self.open.append(_Open(key, depth, kind == "multipart/digest"))
+            self.open.append(_Open(key, depth, digest))
             return "multipart"
-        if kind == "message/delivery-status":
-            return "delivery-status"
-        return "message" if part.get_content_maintype() == "message" else "text"
+        return kind
 
     def close_to(self, index: int) -> None:
         """Every multipart from `index` inward ends."""
@@ -190,6 +183,22 @@ class _Walk:
                 hit = self.next_boundary(pos) if self.open else None
             else:
                 return
+
+
+@functools.lru_cache(maxsize=1024)
+def _read_type(content_type: tuple[str, ...], default_type: str) -> tuple[str, str | None, bool]:
+    """(`multipart`, `delivery-status`, `message` or `text`; a multipart's boundary; whether it is a digest) as the
+    parser reads the header lines `content_type` (most are alike from message to message: the answers are kept)."""
+    part = Message()
+    part.set_default_type(default_type)
+    if content_type:
+        part.set_raw(*compat32.header_source_parse(list(content_type)))
+    kind = part.get_content_type()
+    if part.get_content_maintype() == "multipart":
+        return "multipart", part.get_boundary(), kind == "multipart/digest"
+    if kind == "message/delivery-status":
+        return "delivery-status", None, False
+    return ("message" if part.get_content_maintype() == "message" else "text"), None, False
 
 
 def _ends_with_an_empty_line(text: bytes) -> bool:
