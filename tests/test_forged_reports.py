@@ -12,6 +12,7 @@ import datetime as dt
 import hashlib
 import json
 import secrets
+import threading
 
 import pytest
 
@@ -19,6 +20,7 @@ from dunning.keys import PLACEHOLDER, MessageIds, message_id_form
 from dunning.ledger.backends.duckdb_ledger import open_ledger
 from tests.conftest import invoice
 from tests.delivery_messages import arf, dsn, write_mbox
+from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture: both databases
 from tests.smtp_server import ScriptedHandler, SmtpServer, smtp_config
 from tests.test_postgres_ledger import ENV, postgres_home, rows_of
 from tests.test_security_round3 import grep_tree
@@ -288,3 +290,23 @@ def test_two_homes_with_message_secret_env_mint_identical_ids_and_store_no_secre
     stored = dict(rows_of(postgres_dsn, "SELECT invoice_id, message_id FROM reminder_ledger"))
     assert stored == {"in_1": ids.message_id(["dunning:in_1:1:day3"]), "in_2": ids.message_id(["dunning:in_2:1:day3"])}
     assert rows_of(postgres_dsn, "SELECT count(*) FROM message_secret") == [(0,)]
+
+
+def test_two_workers_making_the_secret_at_once_both_end_with_the_first(backend):
+    at = dt.datetime(2026, 11, 4, 9, tzinfo=dt.UTC)
+    with backend.open() as ledger, backend.twin(ledger) as other:
+        assert ledger.message_secret() is None, "reading never makes one"
+        if backend.kind == "postgres":  # several workers on one database: the second waits for the first's commit
+            theirs: list[str | None] = []
+            with ledger.transaction():
+                mine = ledger.message_secret(create_at=at)
+                worker = threading.Thread(target=lambda: theirs.append(other.message_secret(create_at=at)))
+                worker.start()
+                worker.join(0.5)
+                assert worker.is_alive(), "the other worker waits for this one's insert to commit"
+            worker.join(10)
+            assert theirs == [mine]
+        else:
+            mine = ledger.message_secret(create_at=at)
+            assert other.message_secret(create_at=at) == mine
+        assert mine is not None and len(mine) == 64 and other.message_secret() == mine
