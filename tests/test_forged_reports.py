@@ -310,3 +310,17 @@ def test_two_workers_making_the_secret_at_once_both_end_with_the_first(backend):
             mine = ledger.message_secret(create_at=at)
             assert other.message_secret(create_at=at) == mine
         assert mine is not None and len(mine) == 64 and other.message_secret() == mine
+
+
+def test_a_bounce_of_an_email_one_of_whose_keys_failed_for_good_still_verifies(deployment, tmp_path):
+    """A retry sends the keys still owed under the email's first Message-ID, signed over all the keys it was minted
+    for: verifying it reads them all, whatever became of each."""
+    deployment.run_in_process([*ROWS, invoice(invoice_id="in_3")], DAY4)
+    [(message_id, keys)] = deployment.query(
+        "SELECT message_id, count(*) FROM reminder_ledger WHERE customer_id = 'cus_1' GROUP BY 1"
+    )
+    assert keys == 2, "one email for both of the customer's invoices"
+    with open_ledger(deployment.home / "dunning.duckdb") as ledger:  # as if in_3 was paid before its retry
+        ledger.con.execute("UPDATE reminder_ledger SET status = 'failed' WHERE invoice_id = 'in_3'")
+    feedback(deployment, tmp_path, "b.mbox", [dsn("ada@example.com", message_id)])
+    assert suppressions(deployment) == [("ada@example.com", "hard_bounce")]

@@ -127,8 +127,12 @@ def read_file(path: Path, kind: str) -> Reading:
     return reading
 
 
+WENT = ("sent", "unknown", "claimed")  # a key in one of these may have reached its recipient
+
+
 def _emails(ledger: Ledger, ids: set[str], column: str) -> dict[str, OurEmail]:
-    """Our emails on record under each of `ids` in `column` (`message_id`, `provider_message_id`)."""
+    """Our emails on record under each of `ids` in `column` (`message_id`, `provider_message_id`) that may have gone:
+    every key each was minted for (one that failed for good included: the Message-ID is signed over all of them)."""
     if not ids:
         return {}
     found: dict[str, list[dict[str, Any]]] = {}
@@ -141,6 +145,7 @@ def _emails(ledger: Ledger, ids: set[str], column: str) -> dict[str, OurEmail]:
             frozenset(str(r["customer_email"]).lower() for r in rows if r["customer_email"]),
         )
         for value, rows in found.items()
+        if any(r["status"] in WENT for r in rows)
     }
 
 

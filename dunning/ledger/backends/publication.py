@@ -162,7 +162,12 @@ ANALYST_VIEWS = {
         FROM reminder_ledger WHERE kind = 'escalation'""",
     # delivery feedback: the customers a run held because their address is suppressed, and who must find a new one
     "contacts_to_fix": """
-        SELECT a.customer_id, a.email, s.reason, s.source, s.created_at AS suppressed_since, a.alerted_at
+        SELECT a.customer_id, a.email,
+               CASE WHEN s.pending_reason IS NOT NULL AND s.until < current_date THEN s.pending_reason
+                    ELSE s.reason END AS reason,
+               CASE WHEN s.pending_reason IS NOT NULL AND s.until < current_date THEN s.pending_source
+                    ELSE s.source END AS source,
+               s.created_at AS suppressed_since, a.alerted_at
         FROM suppression_alerts a JOIN suppressions s ON s.active_email = a.email
         WHERE s.until IS NULL OR s.until >= current_date OR s.pending_reason IS NOT NULL""",
     # every exclusion ever made, in force or not: `in_force` judges `until` by the analyst's current date

@@ -226,17 +226,17 @@ class SuppressionStore(SqlConnection):
 
     def emails_by_id(self, ids: list[str], column: str) -> pl.DataFrame:
         """The keys on record under each id in `ids`, looked up in `column`: `message_id` (the Message-ID as sent,
-        angle brackets included) or `provider_message_id` (Resend's id). One row per key of an email that may have
-        gone (`sent`, `unknown`, `claimed`): `id`, `idempotency_key`, `customer_id`, `customer_email`."""
+        angle brackets included) or `provider_message_id` (Resend's id). One row per key the email was minted for
+        (a key that failed for good keeps its row and its Message-ID, which is signed over all of them): `id`,
+        `idempotency_key`, `status`, `customer_id`, `customer_email`."""
         if column not in ("message_id", "provider_message_id"):
             raise ValueError(f"not an id column of reminder_ledger: {column}")
         asked = pl.DataFrame({"id": sorted(set(ids))}, schema={"id": pl.String})
         with self.registered("asked_ids", asked):
             return self.frame(
                 f"""
-                SELECT a.id, l.idempotency_key, l.customer_id, l.customer_email
+                SELECT a.id, l.idempotency_key, l.status, l.customer_id, l.customer_email
                 FROM reminder_ledger l JOIN asked_ids a ON l.{column} = a.id
-                WHERE l.status IN ('sent', 'unknown', 'claimed')
                 ORDER BY a.id, l.idempotency_key
                 """
             )
