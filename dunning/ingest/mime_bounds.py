@@ -9,6 +9,8 @@ as header blocks), keeping a dictionary of open boundaries so each line costs on
 says why the message is refused when it is deeper than `max_depth`, has more than `max_parts` parts, more header
 lines than `MAX_HEADER_LINES`, or a shape the walk cannot follow faithfully (a boundary reused inside itself, a
 delivery-status block with a type of its own): what passes has at most the depth and parts the parser will build.
+A message under 64 KB whose counts alone prove it within the limits (`_surely_within`: its `Content-Type` headers,
+lines starting with `--`, line ends) is not walked: that is most bounces, at a few microseconds each.
 """
 
 from __future__ import annotations
@@ -219,9 +221,28 @@ def _lines_of(boundaries: tuple[bytes, ...]) -> re.Pattern[bytes]:
     return re.compile(rb"--((?:" + names + rb")(?:--)?[ \t]*)(?:\r\n|\r|\n|\Z)")
 
 
+QUICK_BYTES = 64 * 1024  # a message this small is first bounded by counting (`_surely_within`)
+
+
+def _surely_within(raw: bytes, max_depth: int, max_parts: int) -> bool:
+    """Whether counts alone prove `raw` within the limits, so the walk may be skipped (most bounces: a few
+    microseconds instead of the walk's tens). Every container on the way down to the deepest part declares its type,
+    or is a digest's untyped part, whose digest does: depth <= 2 x the `Content-Type` headers. A part follows a line
+    starting with `--`, is a message/* body (typed, or a digest's untyped part) or a delivery-status block (one more
+    per empty line): parts <= 1 + 2 x those lines + 2 x the headers + the empty lines (at most the line ends)."""
+    types = raw.lower().count(b"content-type:")
+    if 2 * types > max_depth:
+        return False
+    dashes = raw.count(b"\n--") + raw.count(b"\r--") + int(raw.startswith(b"--"))
+    line_ends = raw.count(b"\n") + raw.count(b"\r") - raw.count(b"\r\n")
+    return 1 + 2 * dashes + 2 * types + line_ends <= max_parts
+
+
 def structure_problem(raw: bytes, *, max_depth: int, max_parts: int, deadline: float) -> str | None:
     """Why `raw` must not be parsed (deeper than `max_depth`, more than `max_parts` parts, ...), or None. `deadline`
     is a `time.monotonic()` past which the walk gives up (its cost is linear: a few milliseconds a megabyte)."""
+    if len(raw) <= QUICK_BYTES and _surely_within(raw, max_depth, max_parts):
+        return None
     try:
         _Walk(raw, max_depth, max_parts, deadline).run()
     except Refused as refused:
