@@ -7,8 +7,9 @@ any day; the ledger's primary key on it is what stops a second send.
 A Message-ID is an HMAC of the keys an email covers under the deployment's secret (`MessageIds`): the same keys
 give the same Message-ID in every worker of one deployment (a receiving system can dedupe on it), and no one
 without the secret can compute one, so a bounce or complaint that quotes it proves it is about an email we sent
-(`verifies`; guarantee 15). Message-IDs minted before (`LEGACY`: sha256 of the keys, which anyone can compute from
-an invoice number, a stage and the sender's domain) are recognized as such and trusted only by configuration.
+(`verifies`; guarantee 15). Message-IDs minted before (`legacy_email_id`: sha256 of the keys, which anyone can
+compute from an invoice number, a stage and the sender's domain) are recognized as such and trusted only by
+configuration.
 Where no secret may be read or created (`dunning preview`, a dry run on a ledger that has none yet) the ids are
 `PLACEHOLDER`s, which no email ever carries.
 """
@@ -144,7 +145,8 @@ def message_id_form(message_id: str) -> str:
 
 def legacy_verifies(message_id: str, keys: Iterable[str]) -> bool:
     """Whether `message_id` is the legacy (sha256) Message-ID of the email covering `keys`."""
-    return hmac.compare_digest(local_part(message_id), legacy_email_id(joined(keys)))
+    left = local_part(message_id)
+    return _LEGACY_ID.fullmatch(left) is not None and hmac.compare_digest(left, legacy_email_id(joined(keys)))
 
 
 def idempotency_key_for(keys: Sequence[str], email_id: str) -> str:
