@@ -324,3 +324,12 @@ def test_a_bounce_of_an_email_one_of_whose_keys_failed_for_good_still_verifies(d
         ledger.con.execute("UPDATE reminder_ledger SET status = 'failed' WHERE invoice_id = 'in_3'")
     feedback(deployment, tmp_path, "b.mbox", [dsn("ada@example.com", message_id)])
     assert suppressions(deployment) == [("ada@example.com", "hard_bounce")]
+
+
+def test_the_resume_guards_simulated_sends_leave_no_secret(deployment):
+    """The guard's double pass claims and 'sends' inside a transaction it rolls back: the secret it made goes too."""
+    assert deployment.cli("pause", "--reason", "check")[0] == 0
+    code, out, err = deployment.cli("resume", "--snapshot", str(deployment.snapshot(ROWS)), "--as-of", DAY4)
+    assert code == 0, out + err
+    assert deployment.query("SELECT count(*) FROM message_secret") == [(0,)]
+    assert deployment.query("SELECT count(*) FROM reminder_ledger") == [(0,)]
