@@ -1,14 +1,17 @@
 """Delivery feedback's two targets: importing a 100,000-message bounce mbox (≤ 60 s on 2 cores), and what the
-suppression check adds to the newly-due step at 1M invoices (≤ 5%).
+suppression check adds to the newly-due step at 1M invoices (≤ 5%); and what one hostile message costs to read.
 
-`python -m bench.feedback [--messages 100000] [--tier 1m] [--suppressed 10000] [--repeat 5] [--out bench/RESULTS.md]`
+`python -m bench.feedback [--messages 100000] [--tier 1m] [--suppressed 10000] [--repeat 5] [--bare-parse]
+[--out bench/RESULTS.md]`
 
 The mbox: `--messages` RFC 3464 DSNs as Postfix writes them (a tenth soft bounces, a twentieth ARF complaints, a
 fiftieth not reports), each about one email on record in a ledger of as many sent reminders, so every report is
-matched by Message-ID and recorded; the whole `dunning feedback --mbox` process is timed (wall, CPU, peak RSS), then
-the same file again (everything already recorded). The check: the tier's home (`bench.run.template_for`), the
-assets' plan step (`cycle.cycle_snapshot` then `steps.plan_step`) with no suppression and with `--suppressed`
-addresses in force (half of them the snapshot's), alternated, medians kept; the suppressions are removed after.
+matched by its signed Message-ID (verified) and recorded; the whole `dunning feedback --mbox` process is timed
+(wall, CPU, peak RSS), then the same file again (everything already recorded). The check: the tier's home
+(`bench.run.template_for`), the assets' plan step (`cycle.cycle_snapshot` then `steps.plan_step`) with no
+suppression and with `--suppressed` addresses in force (half of them the snapshot's), alternated, medians kept; the
+suppressions are removed after. The hostile messages: each read once by `read_message` (`--bare-parse`: the 350 KB
+bomb given to the standard parser alone too, what importing it cost before the raw-bytes bounds).
 """
 
 from __future__ import annotations
@@ -28,31 +31,39 @@ from tests.delivery_messages import arf, dsn, plain_reply
 
 
 def mbox_home(messages: int) -> tuple[Path, Path]:
-    """A home whose ledger holds `messages` sent reminders, and an mbox with one report about each."""
+    """A home whose ledger holds `messages` sent reminders (with signed Message-IDs, under the ledger's own secret),
+    and an mbox with one report about each."""
+    import polars as pl
+
+    from dunning.keys import MessageIds
     from dunning.ledger.backends.duckdb_ledger import open_ledger
 
-    home = DATA / f"feedback-{messages}"
+    home = DATA / f"feedback-signed-{messages}"
     box = home / "bounces.mbox"
     if box.exists():
         return home, box
     discard(home)
     home.mkdir(parents=True)
     with open_ledger(home / "dunning.duckdb") as ledger:
-        ledger.con.execute(
-            """
-            INSERT INTO reminder_ledger (idempotency_key, kind, invoice_id, customer_id, customer_email, cycle, stage,
-                                         status, amount_minor, currency, email_id, message_id, run_id, claimed_at,
-                                         sent_at, attempts, policy)
-            SELECT 'dunning:in_' || i || ':1:day3', 'reminder', 'in_' || i, 'cus_' || i, 'c' || i || '@example.com',
-                   1, 'day3', 'sent', 10000, 'USD', 'e' || i, '<m' || i || '@bench.example>', 'bench',
-                   TIMESTAMPTZ '2026-11-04 09:00:00+00', TIMESTAMPTZ '2026-11-04 09:00:01+00', 1, 'default'
-            FROM range(?) t(i)
-            """,
-            [messages],
-        )
+        secret = ledger.message_secret(create_at=AS_OF)
+        assert secret is not None
+        ids = MessageIds("bench.example", (bytes.fromhex(secret),))
+        message_ids = [ids.message_id([f"dunning:in_{i}:1:day3"]) for i in range(messages)]
+        with ledger.registered("bench_ids", pl.DataFrame({"i": range(messages), "message_id": message_ids})):
+            ledger.con.execute(
+                """
+                INSERT INTO reminder_ledger (idempotency_key, kind, invoice_id, customer_id, customer_email, cycle,
+                                             stage, status, amount_minor, currency, email_id, message_id, run_id,
+                                             claimed_at, sent_at, attempts, policy)
+                SELECT 'dunning:in_' || i || ':1:day3', 'reminder', 'in_' || i, 'cus_' || i, 'c' || i || '@example.com',
+                       1, 'day3', 'sent', 10000, 'USD', 'e' || i, message_id, 'bench',
+                       TIMESTAMPTZ '2026-11-04 09:00:00+00', TIMESTAMPTZ '2026-11-04 09:00:01+00', 1, 'default'
+                FROM bench_ids
+                """
+            )
     with box.open("wb") as out:
-        for i in range(messages):
-            address, message_id = f"c{i}@example.com", f"<m{i}@bench.example>"
+        for i, message_id in enumerate(message_ids):
+            address = f"c{i}@example.com"
             if i % 50 == 0:
                 raw = plain_reply()
             elif i % 20 == 0:
@@ -65,6 +76,41 @@ def mbox_home(messages: int) -> tuple[Path, Path]:
             out.write(raw.replace(b"\r\n", b"\n").replace(b"\nFrom ", b"\n>From "))
             out.write(b"\n")
     return home, box
+
+
+def hostile_messages(bare_parse: bool) -> list[dict]:
+    """How long one hostile message takes to read (`delivery_reports.read_message`), and, with `bare_parse`, what
+    the standard parser alone took on the smallest (the cost this round removes: lines times depth)."""
+    import email.parser
+    import email.policy
+
+    from dunning.ingest.delivery_reports import read_message
+    from tests.delivery_messages import nested_raw
+
+    def flat(depth: int, size: int, line: bytes) -> bytes:
+        raw = nested_raw(depth)
+        at = raw.rfind(b"\r\n\r\nx\r\n") + 4
+        return raw[:at] + line * ((size - len(raw)) // len(line)) + raw[at:]
+
+    cases = [
+        ("900 nested levels, 350 KB", nested_raw(900, 350_000)),
+        ("900 nested levels, 4 MB", nested_raw(900, 4_000_000)),
+        ("7 levels, 5 MB of 3-byte lines (within the limits)", flat(7, 5_000_000, b"x\r\n")),
+        ("2 levels, 5 MB of base64 lines (an attachment)", flat(2, 5_000_000, b"QUJD" * 19 + b"\r\n")),
+    ]
+    rows = []
+    for label, raw in cases:
+        started = time.perf_counter()
+        reading = read_message(raw, "mbox")
+        took = time.perf_counter() - started
+        why = reading.unreadable[0].why if reading.unreadable else "read"
+        row = {"message": label, "bytes": len(raw), "read_s": round(took, 3), "outcome": why}
+        if bare_parse and label.startswith("900 nested levels, 350"):
+            started = time.perf_counter()
+            email.parser.BytesParser(policy=email.policy.compat32).parsebytes(raw)
+            row["bare_parse_s"] = round(time.perf_counter() - started, 2)
+        rows.append(row)
+    return rows
 
 
 def mbox_import(messages: int) -> dict:
@@ -133,7 +179,7 @@ def suppression_check(tier: str, suppressed: int, repeat: int) -> dict:
 
 
 def markdown(report: dict) -> str:
-    m, s = report["mbox"], report["check"]
+    m, s, hostile = report["mbox"], report["check"], report["hostile"]
     first, again = m["runs"]
     ok = "met" if first["wall_s"] <= 60 else "**missed**"
     overhead_ok = "met" if s["overhead"] <= 0.05 else "**missed**"
@@ -150,6 +196,11 @@ def markdown(report: dict) -> str:
         f"| {s['tier']} | newly-due step without / with {s['suppressed']:,} suppressed addresses | "
         f"{s['medians_s']['without']:.3f} s / {s['medians_s']['with']:.3f} s ({s['held']['with']:,} keys held) | |",
         f"| {s['tier']} | the suppression check's cost | {s['overhead'] * 100:+.1f}% | {overhead_ok} (≤ 5%) |", "",
+        "One hostile message, read (`read_message`: raw-bytes bounds, then the parser under its time budget):", "",
+        "| message | read | outcome |", "|---|---|---|",
+        *(f"| {h['message']} | {h['read_s']} s" + (f" (the parser alone: {h['bare_parse_s']} s)"
+                                                   if "bare_parse_s" in h else "") + f" | {h['outcome']} |"
+          for h in hostile), "",
     ])  # fmt: skip
 
 
@@ -160,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suppressed", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
+    parser.add_argument("--bare-parse", action="store_true", help="also time the standard parser alone on the bomb")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     report = {"at": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(), "machine": machine(),
-              "repeat": args.repeat, "mbox": mbox_import(args.messages),
+              "repeat": args.repeat, "hostile": hostile_messages(args.bare_parse), "mbox": mbox_import(args.messages),
               "check": suppression_check(args.tier, args.suppressed, args.repeat)}  # fmt: skip
     finish(report, started, markdown, args.out)
     return 0

@@ -32,6 +32,7 @@ from dunning import demo
 from dunning.config import DunningConfig
 from dunning.email.render import render_for
 from dunning.email.wire import WireEmail
+from dunning.keys import MessageIds
 from dunning.plan.policy import STATE_SCHEMA, assign_cycles
 from dunning.run import cycle
 from dunning.send.sending import render_settings, with_email_ids
@@ -49,7 +50,8 @@ def reminder_groups(emails: int) -> list[Group]:
         snapshot = demo.generate_snapshot(emails * INVOICES_PER_EMAIL, as_of=AS_OF.date())
         loaded = cycle.load_snapshot(demo.write_snapshot(snapshot, Path(directory) / "snapshot.parquet"), config)
     cycled = assign_cycles(loaded.valid, pl.DataFrame(schema=STATE_SCHEMA), AS_OF, config)
-    due = with_email_ids(cycle.sendable_due(cycle.plan_cycle(cycled, config)), config)
+    ids = MessageIds(config.provider.message_domain, (b"the benchmark's Message-ID secret",))
+    due = with_email_ids(cycle.sendable_due(cycle.plan_cycle(cycled, config)), config, ids)
     groups: dict[str, Group] = {}
     for record in due.to_dicts():
         groups.setdefault(record["email_group"], []).append(record)

@@ -389,6 +389,11 @@ class Feedback(_Strict):
     its connection opened (or after the answer before it) is disconnected, so a slow client holds no socket long."""
     webhook_max_connections: Count = Field(default=100, ge=1, le=10_000)
     """`dunning serve-webhooks`: connections served at once; a request past them is answered 503 (senders retry)."""
+    trust_legacy_message_ids: Flag = False
+    """A mailbox report quoting a Message-ID minted before Message-IDs were signed (32 hex digits: anyone can compute
+    one from an invoice number, a stage and the sender's domain) is recorded as unmatched, and listed in `dunning
+    status` for a human to confirm, unless true: then it suppresses like a signed one when its recipient was that
+    email's."""
 
 
 def check_stages(stages: tuple[Stage, ...], key: str) -> None:
@@ -536,6 +541,10 @@ class DunningConfig(_Strict):
     """A whole snapshot with fewer than this many times the invoices of the last applied one is refused (exit 2; a
     pull from the billing source: exit 7 and an alert) unless `dunning run --allow-shrink`: a truncated export. 0:
     off. A snapshot with no invoice rows is refused whatever this says."""
+    message_secret_env: EnvName | None = None
+    """The name of an environment variable holding the secret our Message-IDs are signed with (at least 16
+    characters, e.g. `openssl rand -hex 32`); unset, the ledger keeps one, made by the first live send, which every
+    worker of that ledger shares. Set it (to the same value everywhere) to keep the secret outside the ledger."""
     min_remaining_minor: dict[str, MinorAmount] = Field(default_factory=dict)
     """Per currency (ISO 4217, e.g. `{EUR: 500}`): an invoice whose remaining balance in minor units is below this is
     not dunned (`below_minimum`)."""
@@ -657,6 +666,7 @@ class DunningConfig(_Strict):
         names = [
             self.provider.password_env, self.provider.api_key_env,
             self.alerts.pagerduty_routing_key_env, self.ledger.dsn_env, self.source.api_key_env,
+            self.message_secret_env,
         ]  # fmt: skip
         names += [p.escalation.secret_env for p in self.resolved_policies() if p.escalation is not None]
         return [n for n in names if n]

@@ -59,6 +59,15 @@ def cmd_unsuppress(args: argparse.Namespace) -> int:
     return 0
 
 
+UNMATCHED_WORDS = {
+    "no_message_id": "quote no Message-ID",
+    "legacy": "quote a Message-ID minted before they were signed",
+    "not_ours": "quote a Message-ID we did not mint",
+    "other_recipient": "name an address our email did not go to",
+    "no_recipient": "name no valid address",
+}
+
+
 def feedback_text(result, path: str) -> str:
     """`dunning feedback`'s summary for a person."""
     kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(result.by_kind.items())) or "none"
@@ -69,10 +78,20 @@ def feedback_text(result, path: str) -> str:
         f"suppressed: {len(result.suppressed)} address(es)"
         + (f": {', '.join(result.suppressed[:10])}" if result.suppressed else ""),  # fmt: skip
     ]
-    if result.not_trusted:
+    if result.after_operator:
         lines.append(
-            f"not suppressing: {result.not_trusted} hard bounce(s) or complaint(s) about no email of ours "
-            "(feedback.trust_unmatched is false)"
+            f"suppressed by an operator until a date, and for good after it: {', '.join(result.after_operator[:10])}"
+        )
+    if result.not_trusted:
+        why = ", ".join(f"{n} {UNMATCHED_WORDS.get(v, v)}" for v, n in sorted(result.unmatched.items()))
+        lines.append(
+            f"not suppressing: {result.not_trusted} hard bounce(s) or complaint(s) unmatched to an email of ours "
+            f"({why}; feedback.trust_unmatched is false)"
+        )
+    if result.to_confirm:
+        lines.append(
+            f"to confirm: {result.to_confirm} of them may be genuine and are listed in `dunning status`; "
+            "`dunning suppress --email ADDR` confirms one"
         )
     if result.unreadable:
         where = f", kept in {result.kept_in}" if result.kept_in else ""

@@ -1,9 +1,15 @@
-"""The feedback import job: one file of bounce or complaint reports, recorded and applied (`dunning.run.feedback`).
+"""The feedback import job: one file of bounce or complaint reports, read, then recorded and applied
+(`dunning.run.feedback`).
 
 Launched by the `feedback_files` sensor for each new file dropped in `HOME/landing/feedback/` (`*.mbox`, `*.eml`
 as a one-message mbox, `*.json` and `*.jsonl` of Resend events, or a Maildir directory), and by the
 webhook receiver's inbox being applied at the start of each cycle. Importing is idempotent: the same file twice
 records nothing new.
+
+Two steps, so a slow file never holds the ledger: `read_feedback` parses the file (each message bounded in size,
+structure and time, `dunning.ingest.delivery_reports`) without the `dunning_ledger` pool slot, and only
+`record_feedback`, which writes, takes it. The reports pass between them through the job's default IO manager
+(the run's storage under the private home, like every run's outputs; no secret is in them).
 """
 
 import hashlib
@@ -11,7 +17,9 @@ from pathlib import Path
 
 import dagster as dg
 
+from assets.common import LEDGER_POOL, as_operator_failure
 from dunning.errors import DunningError
+from dunning.ingest.delivery_reports import Reading
 from dunning.ingest.landing import content_hash
 from dunning.plan.clock import utc_now
 from dunning.run import feedback
@@ -50,18 +58,27 @@ class FeedbackRequest(dg.Config):
     kind: str
 
 
-@dg.op(tags={"dunning/kind": "feedback"}, pool="dunning_ledger")
-def import_feedback(context: dg.OpExecutionContext, config: FeedbackRequest, dunning_home: DunningHome) -> dict:
-    """Reads the file's reports, records each once, and suppresses what a matched hard bounce or complaint allows."""
+@dg.op(tags={"dunning/kind": "feedback"})
+def read_feedback(config: FeedbackRequest) -> Reading:
+    """Reads the file's reports (outside the ledger's pool slot: reading a large mailbox holds no writer back)."""
+    try:
+        return feedback.read_file(Path(config.path), config.kind)
+    except DunningError as error:
+        raise dg.Failure(description=str(error), allow_retries=False) from None
+
+
+@dg.op(tags={"dunning/kind": "feedback"}, pool=LEDGER_POOL)
+def record_feedback(context: dg.OpExecutionContext, reading: Reading, dunning_home: DunningHome) -> dict:
+    """Records each report once, and suppresses what a verified hard bounce or complaint allows."""
     try:
         settings = dunning_home.settings()
-        reading = feedback.read_file(Path(config.path), config.kind)
         with dunning_home.ledger() as ledger:
             result = feedback.apply_reports(ledger, reading, settings, dunning_home.root, utc_now())
     except DunningError as error:
-        raise dg.Failure(description=str(error), allow_retries=False) from None
+        raise as_operator_failure(error) from None
     summary = {"read": result.read, "new": result.recorded, "matched": result.matched,
-               "suppressed": len(result.suppressed), "unreadable": result.unreadable, **result.by_kind}  # fmt: skip
+               "suppressed": len(result.suppressed), "unmatched": result.not_trusted,
+               "unreadable": result.unreadable, **result.by_kind}  # fmt: skip
     context.add_output_metadata(summary)
     return summary
 
@@ -69,7 +86,8 @@ def import_feedback(context: dg.OpExecutionContext, config: FeedbackRequest, dun
 @dg.job(
     executor_def=dg.in_process_executor,
     tags={"dunning/kind": "feedback"},
-    description="Imports one file of delivery reports (bounces, complaints): recorded once, suppressing what they may.",
+    description="Imports one file of delivery reports (bounces, complaints): read outside the ledger's pool slot, "
+    "recorded once inside it, suppressing what they may.",
 )
 def feedback_import():
-    import_feedback()
+    record_feedback(read_feedback())

@@ -434,7 +434,17 @@ def status(
         # escalations refused for good: the invoice is in no one's hands until a human answers
         "escalations_refused": ledger.refused_escalations().drop("refusal_alert_id").to_dicts(),
         "events_set_aside": ledger.set_aside_counts(),  # stored billing events that yield nothing, by kind
+        "reports_to_confirm": ledger.reports_to_confirm(
+            live.now - dt.timedelta(days=CONFIRM_DAYS), live.now.astimezone(config.zone).date()
+        ).to_dicts(),
     }
+
+
+CONFIRM_DAYS = 30  # how far back `status` lists the bounces and complaints a human should confirm
+CONFIRM_WHY = {
+    "no_message_id": "quoting no Message-ID",
+    "legacy": "quoting a Message-ID minted before they were signed",
+}
 
 
 def _finished(run: dict, now: dt.datetime) -> str:
@@ -501,6 +511,7 @@ def status_text(s: dict) -> str:
     lines += [
         f"  {x['email']} ({x['reason']}, {x['source']}) since {liveness.wall(x['created_at'])}"
         + (f" through {x['until']}" if x["until"] else "")
+        + (f", then {x['pending_reason']} ({x['pending_source']}) for good" if x.get("pending_reason") else "")
         + (f": {x['note']}" if x["note"] else "")
         for x in s["suppressions"][:20]
     ]
@@ -527,6 +538,16 @@ def status_text(s: dict) -> str:
     if set_aside:
         lines.append("billing events set aside: " + ", ".join(f"{k} {n}" for k, n in set_aside.items())
                      + " (table event_quarantine)")  # fmt: skip
+    if s["reports_to_confirm"]:
+        lines.append(
+            f"bounces and complaints to confirm: {len(s['reports_to_confirm'])} (nothing proves they are about our "
+            f"email; `dunning suppress --email ADDR` confirms one)"
+        )
+        lines += [
+            f"  {r['email']}: {r['kind']} from {r['source']}, {CONFIRM_WHY.get(r['verdict'], r['verdict'])}, "
+            f"recorded {liveness.wall(r['recorded_at'])}"
+            for r in s["reports_to_confirm"][:20]
+        ]
     if s["config_error"]:
         lines.append(f"config: {s['config_error']} (default thresholds used above)")
     return "\n".join(lines)

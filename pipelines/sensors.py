@@ -186,7 +186,7 @@ def feedback_files_landed(context: dg.SensorEvaluationContext, dunning_home: Dun
         requests.append(
             dg.RunRequest(
                 run_key=f"feedback-{digest}",
-                run_config={"ops": {"import_feedback": {"config": {"path": str(path), "kind": kind}}}},
+                run_config={"ops": {"read_feedback": {"config": {"path": str(path), "kind": kind}}}},
                 tags={"dunning/trigger": "feedback", "dunning/file": path.name[:200]},
             )
         )

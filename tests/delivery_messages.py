@@ -79,6 +79,22 @@ def nested(depth: int) -> bytes:
     return top.as_bytes()
 
 
+def nested_raw(depth: int, size: int = 0) -> bytes:
+    """A multipart/report with `depth` levels of multipart/mixed inside, written as bytes (the `email` package cannot
+    write one that deep), padded with text lines to at least `size` bytes: the bounce that stalled an import."""
+    head = [
+        "From: MAILER-DAEMON@evil.example\r\nTo: bounces@example.com\r\nSubject: Undelivered Mail\r\n"
+        'MIME-Version: 1.0\r\nContent-Type: multipart/report; report-type=delivery-status; boundary="b0"\r\n\r\n'
+    ]
+    for level in range(1, depth + 1):
+        head.append(f'--b{level - 1}\r\nContent-Type: multipart/mixed; boundary="b{level}"\r\n\r\n')
+    inner = f"--b{depth}\r\nContent-Type: text/plain\r\n\r\nx\r\n"
+    tail = "".join(f"--b{level}--\r\n" for level in range(depth, -1, -1))
+    padding = max(0, size - len("".join(head)) - len(inner) - len(tail))
+    filler = ("filler text line\r\n" * (padding // 18 + 1)) if padding else ""
+    return ("".join(head) + inner + filler + tail).encode()
+
+
 def write_mbox(path: Path, messages: list[bytes]) -> Path:
     box = mailbox.mbox(path)
     try:

@@ -12,6 +12,7 @@ import dagster as dg
 import polars as pl
 
 from dunning.config import DunningConfig
+from dunning.keys import MessageIds
 from dunning.plan.policy import STATE_SCHEMA, assign_cycles
 from dunning.run import cycle
 from dunning.send.sending import with_email_ids
@@ -21,6 +22,14 @@ from tests.conftest import invoice
 
 # the installed console script of this virtual environment (what `pip install -e .` puts on the PATH)
 DUNNING = shutil.which("dunning", path=str(Path(sys.executable).parent))
+
+
+TEST_SECRET = b"the tests' Message-ID secret, 32+ bytes"
+
+
+def minted_ids(config: DunningConfig | None = None) -> MessageIds:
+    """Message-IDs minted as a deployment with the secret TEST_SECRET would mint them."""
+    return MessageIds((config or DunningConfig()).provider.message_domain, (TEST_SECRET,))
 
 
 # the hour the schedule tests evaluate `hourly_dunning` at
@@ -64,13 +73,14 @@ def due_frame(
             "currency": ["USD"] * n,
         }
     )
-    return with_email_ids(frame, config or DunningConfig(group_by="invoice"))
+    config = config or DunningConfig(group_by="invoice")
+    return with_email_ids(frame, config, minted_ids(config))
 
 
 def send_groups(due: pl.DataFrame, config: DunningConfig) -> list[list[dict]]:
     """The emails of `due` rows as the send step renders them: the rows, with email ids, grouped in order."""
     grouped: dict[str, list[dict]] = {}
-    for record in with_email_ids(due, config).to_dicts():
+    for record in with_email_ids(due, config, minted_ids(config)).to_dicts():
         grouped.setdefault(record["email_group"], []).append(record)
     return list(grouped.values())
 

@@ -23,6 +23,7 @@ from dunning.ledger.schema.migrations import LATEST
 from dunning.ledger.schema.tables import DDL
 from dunning.ledger.stores.claims import ClaimCap
 from dunning.send.sending import with_email_ids
+from tests.helpers import minted_ids
 from tests.ledger_backends import Backend, backend_fixture  # noqa: F401 - the fixture: both databases
 from tests.test_ledger import AS_OF, NO_SKIPS, due_rows
 
@@ -35,7 +36,7 @@ def rows_for(customer: str, invoices: list[str]) -> pl.DataFrame:
     frame = base.with_columns(
         pl.Series("invoice_id", invoices), pl.Series("idempotency_key", [f"dunning:{i}:1:day3" for i in invoices])
     )
-    return with_email_ids(frame, DunningConfig(group_by="invoice"))
+    return with_email_ids(frame, DunningConfig(group_by="invoice"), minted_ids())
 
 
 @contextlib.contextmanager

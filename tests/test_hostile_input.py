@@ -20,7 +20,7 @@ from dunning.send.alerts import Alert, deliver
 from dunning.send.providers.file_outbox import FileOutbox
 from dunning.send.sending import send_due, with_email_ids
 from tests.conftest import invoice
-from tests.helpers import parsed_html_elements, reminder_row
+from tests.helpers import minted_ids, parsed_html_elements, reminder_row
 
 AS_OF = dt.datetime(2026, 11, 8, tzinfo=dt.UTC)
 MARKUP = '<script>alert(1)</script><a href="https://evil.test/pay">Pay here</a>'
@@ -223,7 +223,7 @@ def test_a_build_error_after_the_claim_fails_only_that_email(tmp_path):
         pl.lit("day7").alias("stage"),
         pl.lit(7, dtype=pl.Int32).alias("stage_days"),
     )
-    due = with_email_ids(rows, config)
+    due = with_email_ids(rows, config, minted_ids(config))
 
     def render(records):
         if records[0]["invoice_id"] == "b":

@@ -66,8 +66,12 @@ def _state(deployment: Deployment) -> dict:
 
 
 @pytest.mark.slow
-def test_the_in_process_cycle_leaves_what_the_cli_leaves(tmp_path):
+def test_the_in_process_cycle_leaves_what_the_cli_leaves(tmp_path, monkeypatch):
     cli, in_process = Deployment(tmp_path / "cli"), Deployment(tmp_path / "in_process")
+    monkeypatch.setenv("DUNNING_MESSAGE_SECRET", "one secret for both homes, 32 chars")  # the same Message-IDs
+    for home in (cli.home, in_process.home):
+        home.mkdir(parents=True)
+        (home / "config.yaml").write_text("message_secret_env: DUNNING_MESSAGE_SECRET\n")
     for as_of, rows in SEQUENCE:
         code, _, err = cli.run(rows, as_of)
         assert code == 0, err

@@ -14,6 +14,7 @@ from dunning.ledger.backends.duckdb_ledger import open_ledger
 from dunning.send.providers.file_outbox import FileOutbox
 from dunning.send.resubmission import resolve_unknown
 from dunning.send.sending import send_due, with_email_ids
+from tests.helpers import minted_ids
 from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture: each test below runs on both databases
 
 AS_OF = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
@@ -41,7 +42,7 @@ def due_rows(n: int, customer: str = "c1") -> pl.DataFrame:
             "billing_period": [None] * n,
         }
     )
-    return with_email_ids(frame, DunningConfig(group_by="invoice"))
+    return with_email_ids(frame, DunningConfig(group_by="invoice"), minted_ids())
 
 
 NO_SKIPS = due_rows(1).head(0)
@@ -140,23 +141,23 @@ def test_a_held_lock_ends_in_a_clear_busy_error(tmp_path):
 
 
 def test_vectorized_email_ids_equal_the_key_function():
-    from dunning.keys import email_id
-
     frame = (
         due_rows(5)
         .drop("email_group", "email_id", "message_id")
         .with_columns(pl.Series("customer_id", ["a", "a", "b", "c", "c"]), pl.Series("customer_email", ["x@e.com"] * 5))
     )
-    grouped = with_email_ids(frame, DunningConfig(group_by="customer"))
+    ids = minted_ids()
+    grouped = with_email_ids(frame, DunningConfig(group_by="customer"), ids)
     for _group, members in grouped.group_by("email_group"):
         keys = members.get_column("idempotency_key").to_list()
-        assert set(members.get_column("email_id")) == {email_id(keys)}
-        assert members.get_column("message_id")[0] == f"<{email_id(keys)}@example.com>"
+        assert set(members.get_column("email_id")) == {ids.email_id(keys)}
+        assert members.get_column("message_id")[0] == f"<{ids.email_id(keys)}@example.com>" == ids.message_id(keys)
 
 
 def test_send_due_gives_unnumbered_keys_their_message_ids_and_keeps_existing_ones(tmp_path, backend):
-    """The plan carries no Message-IDs for new keys; each chunk gets them at claim time, a retry keeps its own."""
-    from dunning.keys import email_id
+    """The plan carries no Message-IDs for new keys; each chunk gets them at claim time (signed with the secret the
+    send made in the ledger), a retry keeps its own."""
+    from dunning.keys import MessageIds
 
     fresh = (
         due_rows(3)
@@ -193,6 +194,7 @@ def test_send_due_gives_unnumbered_keys_their_message_ids_and_keeps_existing_one
             now=lambda: AS_OF,
         )
         stored = dict(ledger.con.execute("SELECT idempotency_key, message_id FROM reminder_ledger").fetchall())
+        email_id = MessageIds("example.com", (bytes.fromhex(ledger.message_secret()),)).email_id
     assert report.emails == 3 and report.sent == 4
     a_keys = ["dunning:in_0:1:day3", "dunning:in_1:1:day3"]
     assert stored["dunning:in_0:1:day3"] == stored["dunning:in_1:1:day3"] == f"<{email_id(a_keys)}@example.com>"

@@ -26,6 +26,7 @@ from dunning.run import cycle
 from dunning.send.sending import held_outcomes, with_email_ids
 from dunning.vocabulary import SendStatus
 from tests.conftest import write_snapshot
+from tests.helpers import minted_ids
 
 AS_OF = dt.datetime(2026, 11, 12, 10, tzinfo=dt.UTC)
 SIZES = [1, 2, 1_000, 20_000, 100_000]
@@ -112,7 +113,7 @@ def whole_plan(tmp_path, n: int, shape: str, state_kind: str, config: DunningCon
         schema=IN_FORCE_SCHEMA,
     )
     plan = cycle.plan_cycle(cycled, config, failed, exclusions=exclusions if state_kind == "same" else None)
-    sendable = with_email_ids(cycle.sendable_due(plan), config)
+    sendable = with_email_ids(cycle.sendable_due(plan), config, minted_ids(config))
     verdict = evaluate_breaker(
         sendable, pl.DataFrame(schema={"customer_id": pl.String, "emails": pl.Int64}), config.breaker
     )

@@ -25,7 +25,7 @@ from dunning.send.render_pool import RenderPool, RenderSettings, build, pool_siz
 from dunning.send.resubmission import resolve_unknown
 from dunning.send.sending import RenderFailed, send_due
 from tests.conftest import invoice, write_snapshot
-from tests.helpers import reminder_row, send_groups
+from tests.helpers import minted_ids, reminder_row, send_groups
 from tests.render_hooks import DIE_ON, render_or_die
 
 AS_OF = dt.datetime(2026, 11, 20, 9, tzinfo=dt.UTC)
@@ -321,7 +321,7 @@ def test_a_slim_row_renders_the_same_bytes_as_the_whole_plan_row(tmp_path):
     from dunning.email.render import RENDER_FIELDS
 
     config = DunningConfig(group_by="customer")
-    due = sending.with_email_ids(_due(tmp_path, _rows(40), config), config)
+    due = sending.with_email_ids(_due(tmp_path, _rows(40), config), config, minted_ids(config))
     settings = sending.render_settings(config, AS_OF)
     for _, group in due.group_by("email_group", maintain_order=True):
         records = group.to_dicts()

@@ -1,8 +1,11 @@
 """Reading what came back after a send: bounce and complaint reports from a mailbox, and Resend's webhook events.
 
 Every report is hostile input: anyone can mail the bounce address. A message is read with the standard `email`
-package (`compat32`: it keeps a malformed header as text instead of raising), bounded before parsing (size) and
-while walking (parts, depth); whatever fails is one `Unreadable` with the reason, never an exception out of here.
+package (`compat32`: it keeps a malformed header as text instead of raising), bounded before parsing: its size
+(`MAX_MESSAGE_BYTES`), and its depth and parts on the raw bytes (`mime_bounds`: the parser's cost is lines times
+depth, so a limit checked on the finished tree came after 200 s), then fed to the parser in chunks under a time
+budget per message (`MESSAGE_SECONDS`), and bounded again while walking the tree; whatever fails is one
+`Unreadable` with the reason, never an exception out of here.
 Addresses pass the recipient rule (`safe_text.is_address`) or are dropped; free text (a diagnostic) loses its
 control characters and is cut. Nothing here decides what to suppress: `dunning.run.feedback` does, knowing which
 reports match our own emails.
@@ -23,21 +26,26 @@ matches a report to our email.
 from __future__ import annotations
 
 import datetime as dt
+import email.feedparser
 import email.parser
 import email.policy
 import hashlib
 import json
 import re
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from email.message import Message
 from typing import Any
 
-from dunning.safe_text import CONTROL_CLASS, is_address
+from dunning.ingest.mime_bounds import structure_problem
+from dunning.safe_text import CONTROL_CLASS, has_control, is_address
 
 MAX_MESSAGE_BYTES = 5 * 1024 * 1024  # a bounce is a few kilobytes; a larger message is not read
 MAX_PARTS = 64
 MAX_DEPTH = 8
+MESSAGE_SECONDS = 2.0  # the time one message may take to read (a 5 MB bounce of long lines takes about 0.1 s)
+FEED_BYTES = 64 * 1024  # the parser is fed this much at a time, the budget checked between
 MAX_DETAIL = 500
 MAX_MESSAGE_ID = 998
 MAX_EVENT_BYTES = 1024 * 1024  # one Resend event
@@ -113,7 +121,8 @@ def clean_message_id(value: object) -> str | None:
     if not isinstance(value, str):
         return None
     text = value.strip()
-    return text if len(text) <= MAX_MESSAGE_ID and _MESSAGE_ID.fullmatch(text) else None
+    fits = len(text) <= MAX_MESSAGE_ID and _MESSAGE_ID.fullmatch(text) and not has_control(text)
+    return text if fits else None
 
 
 def _key(*parts: object) -> str:
@@ -238,6 +247,20 @@ def _arf_report(message: Message, part: Message, raw_key: str, source: str) -> R
     )
 
 
+class OverBudget(Exception):
+    """A message that took longer than `MESSAGE_SECONDS` to read."""
+
+
+def _parse(raw: bytes, deadline: float) -> Message:
+    """`raw` parsed as the standard parser does, fed in chunks, giving up (OverBudget) once `deadline` has passed."""
+    parser = email.feedparser.BytesFeedParser(policy=email.policy.compat32)
+    for start in range(0, len(raw), FEED_BYTES):
+        parser.feed(raw[start : start + FEED_BYTES])
+        if time.monotonic() > deadline:
+            raise OverBudget(f"took longer than {MESSAGE_SECONDS:g} s to read")
+    return parser.close()
+
+
 def read_message(raw: bytes, source: str) -> Reading:
     """One mailbox message: its reports, or why it could not be read, or nothing when it is not a report."""
     raw_key = hashlib.sha256(raw).hexdigest()[:40]
@@ -246,8 +269,13 @@ def read_message(raw: bytes, source: str) -> Reading:
         reading.unreadable.append(Unreadable(f"{source}:{raw_key}", source, f"larger than {MAX_MESSAGE_BYTES} bytes",
                                              raw[:4096]))  # fmt: skip
         return reading
+    deadline = time.monotonic() + MESSAGE_SECONDS
+    problem = structure_problem(raw, max_depth=MAX_DEPTH, max_parts=MAX_PARTS, deadline=deadline)
+    if problem is not None:  # never given to the parser
+        reading.unreadable.append(Unreadable(f"{source}:{raw_key}", source, problem, raw))
+        return reading
     try:
-        message = _PARSER.parsebytes(raw)
+        message = _parse(raw, deadline)
         if message.get_content_type() != "multipart/report":
             reading.not_reports += 1
             return reading
@@ -263,8 +291,8 @@ def read_message(raw: bytes, source: str) -> Reading:
         reading.not_reports += 1
     except Exception as error:  # noqa: BLE001 - hostile MIME: whatever the parser trips on is this message's problem
         reading = Reading()
-        why = clean_text(f"{type(error).__name__}: {error}", 200) or type(error).__name__
-        reading.unreadable.append(Unreadable(f"{source}:{raw_key}", source, why, raw))
+        why = str(error) if isinstance(error, OverBudget) else f"{type(error).__name__}: {error}"
+        reading.unreadable.append(Unreadable(f"{source}:{raw_key}", source, clean_text(why, 200) or "unreadable", raw))
     return reading
 
 

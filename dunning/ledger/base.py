@@ -19,7 +19,7 @@ from dunning.ledger.stores.claims import ClaimCap, ClaimResult
 from dunning.ledger.stores.exclusions import Excluded
 from dunning.ledger.stores.operations import PauseState, RunSummary, StatusCounts
 from dunning.ledger.stores.run_inputs import StateScope, UnknownSettling
-from dunning.ledger.stores.suppressions import Suppressed
+from dunning.ledger.stores.suppressions import Condemned, Suppressed
 from dunning.sharding import EVERYONE, Shard
 from dunning.vocabulary import EmailKind, ExclusionScope, LedgerStatus, RunOutcome
 
@@ -224,7 +224,7 @@ class Ledger(AlertStore, Protocol):
         event_key: str | None = None,
     ) -> Suppressed: ...
 
-    def suppress_many(self, rows: pl.DataFrame, at: dt.datetime) -> list[str]: ...
+    def suppress_many(self, rows: pl.DataFrame, at: dt.datetime) -> Condemned: ...
 
     def unsuppress(self, email: str, by: str, at: dt.datetime) -> bool: ...
 
@@ -241,6 +241,11 @@ class Ledger(AlertStore, Protocol):
     def emails_by_id(self, ids: list[str], column: str) -> pl.DataFrame: ...
 
     def ever_emailed(self, emails: list[str]) -> set[str]: ...
+
+    def reports_to_confirm(self, since: dt.datetime, on: dt.date) -> pl.DataFrame: ...
+
+    # the Message-ID secret (`ledger.stores.message_secret`)
+    def message_secret(self, create_at: dt.datetime | None = None) -> str | None: ...
 
     # where polling a billing source stands (`ledger.cursors`)
     def source_cursor(self, source: str) -> str | None: ...

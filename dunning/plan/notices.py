@@ -10,7 +10,6 @@ from __future__ import annotations
 import polars as pl
 
 from dunning.ingest.events import PAYMENT_FAILED, REJECTED_SCHEMA
-from dunning.keys import email_id, message_id
 from dunning.plan.policy import sendable_expr
 from dunning.vocabulary import PLAN_ROLE_DTYPE, EmailKind, HoldReason, PlanRole
 
@@ -22,7 +21,6 @@ def notice_rows(
     events: pl.DataFrame,
     snapshot: pl.DataFrame,
     already_recorded: set[str],
-    domain: str,
     trust_event_email: bool = False,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The payment-failed notices to send (new event ids only), and the events refused (`event_id`, `type`,
@@ -65,8 +63,6 @@ def notice_rows(
         pl.col("owner_name").alias("customer_name"),
         pl.when(~known & ~trusted).then(pl.lit(UNTRUSTED_ADDRESS)).alias("hold"),
     )
-    keys = notices.get_column("idempotency_key").to_list()
-    ids = [email_id([k]) for k in keys]
     rows = notices.with_columns(
         pl.lit(EmailKind.PAYMENT_FAILED).alias("kind"),
         pl.lit(PlanRole.DUE, dtype=PLAN_ROLE_DTYPE).alias("role"),
@@ -75,7 +71,8 @@ def notice_rows(
         (pl.col("amount_remaining").fill_null(0) > 0).alias("owed"),
         sendable_expr().alias("sendable"),
         pl.col("idempotency_key").alias("email_group"),
-        pl.Series("email_id", ids, dtype=pl.String),
-        pl.Series("message_id", [message_id([k], domain) for k in keys], dtype=pl.String),
+        # minted when claimed (`sending.with_email_ids`), under the deployment's secret, which a plan never reads
+        pl.lit(None, dtype=pl.String).alias("email_id"),
+        pl.lit(None, dtype=pl.String).alias("message_id"),
     ).drop("owner_id", "owner_email", "owner_name", "amount_remaining", "payload", "type", "created_at")
     return rows, refused.cast(REJECTED_SCHEMA)

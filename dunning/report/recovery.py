@@ -21,7 +21,7 @@ import polars as pl
 from dunning.config import DunningConfig
 from dunning.email.render import apology_email
 from dunning.errors import SnapshotError
-from dunning.keys import apology_key, email_id, message_id
+from dunning.keys import apology_key
 from dunning.ledger.base import Ledger
 from dunning.plan.policy import sendable_expr
 from dunning.send.providers.base import EmailProvider
@@ -131,7 +131,7 @@ def flooded_customers(sends: pl.DataFrame, config: DunningConfig) -> pl.DataFram
     return extent.join(over, on="customer_id", how="inner").sort("customer_id")
 
 
-def apology_rows(flooded: pl.DataFrame, snapshot: pl.DataFrame, incident_id: str, domain: str) -> pl.DataFrame:
+def apology_rows(flooded: pl.DataFrame, snapshot: pl.DataFrame, incident_id: str) -> pl.DataFrame:
     """One ledger row per flooded customer we can reach, addressed to their current email."""
     current = (
         snapshot.filter(sendable_expr())
@@ -147,7 +147,6 @@ def apology_rows(flooded: pl.DataFrame, snapshot: pl.DataFrame, incident_id: str
         pl.coalesce("snapshot_email", "address").alias("customer_email")
     )
     keys = [apology_key(incident_id, c) for c in rows.get_column("customer_id")]
-    ids = [email_id([k]) for k in keys]
     return rows.with_columns(
         pl.Series("idempotency_key", keys, dtype=pl.String),
         pl.lit(EmailKind.APOLOGY).alias("kind"),
@@ -158,8 +157,9 @@ def apology_rows(flooded: pl.DataFrame, snapshot: pl.DataFrame, incident_id: str
         pl.lit(None, dtype=pl.Int64).alias("amount_minor"),
         pl.lit(None, dtype=pl.String).alias("currency"),
         pl.Series("email_group", keys, dtype=pl.String),
-        pl.Series("email_id", ids, dtype=pl.String),
-        pl.Series("message_id", [message_id([k], domain) for k in keys], dtype=pl.String),
+        # minted when claimed (`sending.with_email_ids`), under the deployment's secret
+        pl.lit(None, dtype=pl.String).alias("email_id"),
+        pl.lit(None, dtype=pl.String).alias("message_id"),
     )
 
 
@@ -182,7 +182,7 @@ def recover(
         logged, unmapped = read_sent_log(sent_log, snapshot)
         sends = pl.concat([sends, logged.filter((pl.col("sent_at") > since) & (pl.col("sent_at") <= as_of))])
     flooded = flooded_customers(sends, config)
-    rows = apology_rows(flooded, snapshot, incident_id, config.provider.message_domain)
+    rows = apology_rows(flooded, snapshot, incident_id)
     reachable = rows.filter(sendable_expr())  # the one address rule of every email; the rest is unreachable
     owed = snapshot.filter(pl.col("owed")).sort("due_date", "invoice_id")
 

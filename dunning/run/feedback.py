@@ -3,25 +3,36 @@ suppressed (guarantee 15).
 
 `dunning feedback` reads a mailbox (mbox or Maildir, the standard `mailbox` package) or a file of Resend events;
 `dunning serve-webhooks` stores signed events in an inbox that the next run applies through the same function
-(`apply_reports`). Each report becomes one `delivery_events` row, unique on its `event_key`, so importing the same
-file twice changes nothing, and only a report recorded for the first time may suppress: an address an operator
-lifted is not suppressed again by an old file imported once more.
+(`apply_reports`). Reading (`read_file`, bounded per message: `dunning.ingest.delivery_reports`) needs no ledger;
+only `apply_reports` writes, so the Dagster job parses outside the ledger's pool slot. Each report becomes one
+`delivery_events` row, unique on its `event_key`, so importing the same file twice changes nothing, and only a
+report recorded for the first time may suppress: an address an operator lifted is not suppressed again by an old
+file imported once more.
 
-Who may suppress:
-- a hard bounce or a complaint that matches our email: its Message-ID (or Resend's email id) is one we sent, to the
-  address the report names;
-- any hard bounce or complaint from Resend itself (its event export, a signed webhook);
-- an unmatched mailbox report only with `feedback.trust_unmatched: true`: anyone can mail the bounce address, and a
-  forged DSN must not silence a customer.
-Soft bounces and deliveries are recorded, never suppressing. Unreadable messages are recorded as such and kept
-under `HOME/feedback/unreadable/` for a human.
+Who may suppress (each row's `verdict` says which case it was):
+- `verified`: a mailbox report (DSN, ARF) whose Message-ID is a signed one of ours (`keys.MessageIds.verifies`,
+  an HMAC of the email's keys under the deployment's secret, so no outsider can compute one), naming an address
+  that email went to;
+- `provider`: a hard bounce or complaint from Resend itself (its event export, a signed webhook);
+- `legacy_trusted`: a report quoting a Message-ID minted before they were signed, with its recipient, only with
+  `feedback.trust_legacy_message_ids: true` (anyone can compute those);
+- anything else only with `feedback.trust_unmatched: true`: anyone can mail the bounce address, and a forged DSN
+  must not silence a customer. Without it the report is recorded and counted as unmatched: `legacy`,
+  `not_ours` (a Message-ID we did not mint or cannot verify), `other_recipient` (ours, about an address it did
+  not go to), `no_message_id`, `no_recipient`. `dunning status` lists the `no_message_id` and `legacy` ones about
+  an address not suppressed, for a human to confirm with `dunning suppress`.
+
+A report never lengthens an operator's suppression: about an address an operator suppressed until a date, it is
+kept behind that date and holds the address for good after it (`ledger.stores.suppressions`). Soft bounces and
+deliveries are recorded, never suppressing. Unreadable messages are recorded as such and kept under
+`HOME/feedback/unreadable/` for a human.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import mailbox
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +40,7 @@ from typing import Any
 import polars as pl
 
 from dunning.config import DunningConfig
+from dunning.email.message_ids import message_ids
 from dunning.errors import UserInputError
 from dunning.ingest.delivery_reports import (
     MAX_MESSAGE_BYTES,
@@ -38,11 +50,20 @@ from dunning.ingest.delivery_reports import (
     read_message,
     read_resend_events,
 )
+from dunning.keys import LEGACY_FORM, SIGNED_FORM, MessageIds, legacy_verifies, message_id_form
 from dunning.ledger.base import Ledger
-from dunning.ledger.stores.suppressions import DELIVERY_EVENT_SCHEMA
+from dunning.ledger.stores.suppressions import DELIVERY_EVENT_SCHEMA, Condemned
 
 UNREADABLE_DIR = Path("feedback") / "unreadable"
 MAX_FILE_BYTES = 2 * 1024**3  # a file of Resend events is read whole; a mailbox is read message by message
+
+
+VERIFIED, PROVIDER, LEGACY_TRUSTED = "verified", "provider", "legacy_trusted"
+LEGACY, NOT_OURS, OTHER_RECIPIENT, NO_MESSAGE_ID, NO_RECIPIENT = (
+    "legacy", "not_ours", "other_recipient", "no_message_id", "no_recipient"
+)  # fmt: skip
+PROVEN = (VERIFIED, PROVIDER, LEGACY_TRUSTED)  # verdicts that let a hard bounce or complaint suppress
+TO_CONFIRM = (NO_MESSAGE_ID, LEGACY)  # unmatched reports that may be genuine: `dunning status` lists them
 
 
 @dataclass
@@ -50,13 +71,25 @@ class FeedbackResult:
     read: int = 0  # reports in the file
     recorded: int = 0  # of them, new (not recorded by an earlier import)
     by_kind: dict[str, int] = field(default_factory=dict)  # new reports by kind
-    matched: int = 0  # new reports matched to one of our emails
+    matched: int = 0  # new reports proven to be about one of our emails
     suppressed: list[str] = field(default_factory=list)  # addresses newly suppressed
+    after_operator: list[str] = field(default_factory=list)  # suppressed by an operator until a date: held after it
     not_trusted: int = 0  # new hard bounces and complaints that suppressed nothing: unmatched mailbox reports
+    unmatched: dict[str, int] = field(default_factory=dict)  # of those, by verdict
+    to_confirm: int = 0  # of those, listed in `dunning status` for a human (TO_CONFIRM)
     unreadable: int = 0
     unreadable_new: int = 0
     not_reports: int = 0
     kept_in: str | None = None
+
+
+@dataclass(frozen=True)
+class OurEmail:
+    """An email of ours a report names: the keys it covered, its customer, every address it went to."""
+
+    keys: tuple[str, ...]
+    customer_id: str | None
+    recipients: frozenset[str]
 
 
 def mailbox_messages(path: Path, kind: str) -> Iterator[bytes]:
@@ -94,29 +127,60 @@ def read_file(path: Path, kind: str) -> Reading:
     return reading
 
 
-def _matches(ledger: Ledger, reports: list[Report]) -> dict[str, dict[str, Any]]:
-    """Report event key -> our email it is about (`idempotency_keys`, `customer_id`, `customer_email`)."""
-    found: dict[str, dict[str, Any]] = {}
-    for column, ids in (
-        ("message_id", {r.message_id for r in reports if r.message_id}),
-        ("provider_message_id", {r.provider_email_id for r in reports if r.provider_email_id}),
-    ):
-        if not ids:
-            continue
-        ours = {row["id"]: row for row in ledger.emails_by_id(sorted(ids), column).to_dicts()}
-        for report in reports:
-            value = report.message_id if column == "message_id" else report.provider_email_id
-            if value in ours and report.event_key not in found:
-                found[report.event_key] = ours[value]
-    return found
+WENT = ("sent", "unknown", "claimed")  # a key in one of these may have reached its recipient
 
 
-def _may_suppress(report: Report, ours: dict[str, Any] | None, config: DunningConfig) -> bool:
+def _emails(ledger: Ledger, ids: set[str], column: str) -> dict[str, OurEmail]:
+    """Our emails on record under each of `ids` in `column` (`message_id`, `provider_message_id`) that may have gone:
+    every key each was minted for (one that failed for good included: the Message-ID is signed over all of them)."""
+    if not ids:
+        return {}
+    found: dict[str, list[dict[str, Any]]] = {}
+    for row in ledger.emails_by_id(sorted(ids), column).to_dicts():
+        found.setdefault(row["id"], []).append(row)
+    return {
+        value: OurEmail(
+            tuple(r["idempotency_key"] for r in rows),
+            min((r["customer_id"] for r in rows if r["customer_id"]), default=None),
+            frozenset(str(r["customer_email"]).lower() for r in rows if r["customer_email"]),
+        )
+        for value, rows in found.items()
+        if any(r["status"] in WENT for r in rows)
+    }
+
+
+def _verdict(
+    report: Report, by_message_id: dict[str, OurEmail], by_provider_id: dict[str, OurEmail],
+    ids: Callable[[], MessageIds], config: DunningConfig,
+) -> tuple[str, OurEmail | None]:  # fmt: skip
+    """Why `report` may or may not suppress (module docstring), and the email of ours it names, if it is proven to
+    name one. The address is the report's own, never filled in from the email: a report suppresses only an address
+    it states and that email went to."""
+    if report.trusted:  # the provider's own word, signed or exported by it
+        return PROVIDER, by_provider_id.get(report.provider_email_id or "")
+    if report.message_id is None:
+        return NO_MESSAGE_ID, None
+    ours = by_message_id.get(report.message_id)
+    form = message_id_form(report.message_id)
+    if ours is None:
+        return NOT_OURS, None
+    if form == SIGNED_FORM and ids().verifies(report.message_id, ours.keys):
+        verdict = VERIFIED
+    elif form == LEGACY_FORM and legacy_verifies(report.message_id, ours.keys):
+        verdict = LEGACY_TRUSTED if config.feedback.trust_legacy_message_ids else LEGACY
+    else:  # on record, yet not a Message-ID we can prove we minted (a placeholder, a secret no longer configured)
+        return NOT_OURS, None
+    if report.email is None:
+        return NO_RECIPIENT, ours
+    if report.email not in ours.recipients:
+        return OTHER_RECIPIENT, ours
+    return verdict, ours
+
+
+def _may_suppress(report: Report, verdict: str, config: DunningConfig) -> bool:
     if report.kind not in SUPPRESSING or report.email is None:
         return False
-    if report.trusted or config.feedback.trust_unmatched:
-        return True
-    return ours is not None and str(ours.get("customer_email") or "").lower() == report.email
+    return verdict in PROVEN or config.feedback.trust_unmatched
 
 
 def apply_reports(
@@ -125,42 +189,52 @@ def apply_reports(
     """Record `reading`'s reports and unreadable messages once, and suppress what they allow (module docstring)."""
     result = FeedbackResult(read=len(reading.reports), unreadable=len(reading.unreadable),
                             not_reports=reading.not_reports)  # fmt: skip
-    ours = _matches(ledger, reading.reports)
+    by_message_id = _emails(ledger, {r.message_id for r in reading.reports if r.message_id and not r.trusted},
+                            "message_id")  # fmt: skip
+    by_provider_id = _emails(ledger, {r.provider_email_id for r in reading.reports
+                                      if r.provider_email_id and r.trusted}, "provider_message_id")  # fmt: skip
+    minted: list[MessageIds] = []
+
+    def ids() -> MessageIds:  # read once, and only when a signed Message-ID needs verifying
+        if not minted:
+            minted.append(message_ids(ledger, config))
+        return minted[0]
+
     rows: list[dict[str, Any]] = []
-    suppress: dict[str, tuple[str, str, str, dict[str, Any] | None]] = {}
+    suppress: dict[str, tuple[str, str, str, str | None]] = {}
     for report in reading.reports:
-        match = ours.get(report.event_key)
-        # the address is the report's own, never filled in from the email it names: a Message-ID can be guessed,
-        # so a report suppresses only an address it states and that email went to
-        email = report.email
-        allowed = _may_suppress(report, match, config)
+        verdict, ours = _verdict(report, by_message_id, by_provider_id, ids, config)
+        allowed = _may_suppress(report, verdict, config)
         rows.append({
-            "event_key": report.event_key, "kind": report.kind, "source": report.source, "email": email,
+            "event_key": report.event_key, "kind": report.kind, "source": report.source, "email": report.email,
             "message_id": report.message_id or report.provider_email_id,
-            "idempotency_keys": match["idempotency_keys"] if match else None,
-            "customer_id": match["customer_id"] if match else None, "status_code": report.status_code,
+            "idempotency_keys": ",".join(sorted(ours.keys)) if ours else None,
+            "customer_id": ours.customer_id if ours else None, "status_code": report.status_code,
             "detail": report.detail, "reported_at": report.reported_at, "recorded_at": at,
-            "matched": match is not None, "suppressed": allowed,
+            "matched": ours is not None and verdict in PROVEN, "suppressed": allowed, "verdict": verdict,
         })  # fmt: skip
-        if allowed and email:
-            suppress[report.event_key] = (email, SUPPRESSING[report.kind], report.source, match)
+        if allowed and report.email:
+            customer = ours.customer_id if ours and verdict in PROVEN else None
+            suppress[report.event_key] = (report.email, SUPPRESSING[report.kind], report.source, customer)
     for item in reading.unreadable:
         rows.append({
             "event_key": item.event_key, "kind": "unreadable", "source": item.source, "email": None,
             "message_id": None, "idempotency_keys": None, "customer_id": None, "status_code": None,
             "detail": item.why, "reported_at": None, "recorded_at": at, "matched": False, "suppressed": False,
+            "verdict": None,
         })  # fmt: skip
     with ledger.transaction():  # recorded and suppressed together: a report is never on record without its effect
         new = ledger.record_delivery_events(pl.DataFrame(rows, schema=DELIVERY_EVENT_SCHEMA, orient="row"))
-        result.suppressed = _suppress_new(ledger, rows, new, suppress, result, at)
+        condemned = _suppress_new(ledger, rows, new, suppress, result, at)
+    result.suppressed, result.after_operator = condemned.suppressed, condemned.after_operator
     _keep_unreadable(reading, new, home, result)
     return result
 
 
 def _suppress_new(
     ledger: Ledger, rows: list[dict[str, Any]], new: set[str],
-    suppress: dict[str, tuple[str, str, str, dict[str, Any] | None]], result: FeedbackResult, at: dt.datetime,
-) -> list[str]:  # fmt: skip
+    suppress: dict[str, tuple[str, str, str, str | None]], result: FeedbackResult, at: dt.datetime,
+) -> Condemned:  # fmt: skip
     """Count the reports recorded for the first time, and suppress the addresses those may condemn."""
     by_key = {row["event_key"]: row for row in rows}
     condemned: list[dict[str, Any]] = []
@@ -174,10 +248,12 @@ def _suppress_new(
         result.matched += int(row["matched"])
         if row["kind"] in SUPPRESSING and not row["suppressed"]:
             result.not_trusted += 1
+            result.unmatched[row["verdict"]] = result.unmatched.get(row["verdict"], 0) + 1
+            result.to_confirm += int(row["verdict"] in TO_CONFIRM and row["email"] is not None)
         if key in suppress:
-            email, reason, source, match = suppress[key]
+            email, reason, source, customer_id = suppress[key]
             condemned.append({"email": email, "reason": reason, "source": source, "event_key": key,
-                              "customer_id": match["customer_id"] if match else None})  # fmt: skip
+                              "customer_id": customer_id})  # fmt: skip
     schema = {"email": pl.String, "reason": pl.String, "source": pl.String, "event_key": pl.String,
               "customer_id": pl.String}  # fmt: skip
     return ledger.suppress_many(pl.DataFrame(condemned, schema=schema, orient="row"), at)

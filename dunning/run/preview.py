@@ -28,6 +28,7 @@ import polars as pl
 
 from dunning.config import DunningConfig
 from dunning.email.compose import wire_for
+from dunning.email.message_ids import message_ids
 from dunning.email.wire import WireEmail
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.claims import within_cap
@@ -140,7 +141,8 @@ def preview(
     for reason, n in due.filter(pl.col("hold").is_not_null()).group_by("hold").len().iter_rows():
         _count(held, str(reason), n)
     _count(held, str(HoldReason.NO_EMAIL_ADDRESS), due.filter(pl.col("hold").is_null() & ~pl.col("sendable")).height)
-    sendable = with_email_ids(cycle.sendable_due(plan), config)
+    # the Message-IDs a live run would mint, read from the ledger; where it has no secret yet, placeholders
+    sendable = with_email_ids(cycle.sendable_due(plan), config, message_ids(ledger, config, required=False))
     recent = cycle.recent_emails(ledger, as_of, config)
     emails: list[PreviewEmail] = []
     not_built: list[tuple[list[str], str]] = []

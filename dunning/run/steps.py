@@ -27,11 +27,13 @@ from email.message import Message
 import polars as pl
 
 from dunning.config import DunningConfig
+from dunning.email.message_ids import message_ids
 from dunning.email.render import draft_for
 from dunning.errors import InvalidRowsHalt, SnapshotError
 from dunning.ingest.events import event_keys
 from dunning.ingest.snapshot_rules import DUPLICATED
 from dunning.ingest.store import part_stamp
+from dunning.keys import MessageIds
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.operations import PauseState
 from dunning.plan import escalation, invoice_emails, payment_signals, schedule
@@ -198,9 +200,7 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
         events = shard.keep(events) if events is not None else None
         if events is not None and events.height:
             recorded = ledger.recorded_keys(event_keys(events))
-            notices, refused = notice_rows(
-                events, cycled, recorded, config.provider.message_domain, config.events.trust_event_email
-            )
+            notices, refused = notice_rows(events, cycled, recorded, config.events.trust_event_email)
             if refused.height and clock.live:  # an event that named another customer's invoice: kept, never sent
                 ledger.quarantine_events(refused, recorded_as, clock.as_of)
         # this run's unknown keys (its shard's customers), each with why the present forbids resubmitting it; and the
@@ -322,7 +322,7 @@ def send_step(
     if not simulate_escalations:
         handed.refused = escalation_refusals.page_refusals(ledger, config, run_id=run_id, as_of=clock.as_of)
     outcomes = pl.concat([outcomes, handed_outcomes.select(outcomes.columns).cast(outcomes.schema)])
-    first = first_sent(due, outcomes, config, clock)
+    first = first_sent(due, outcomes, config, clock, message_ids(ledger, config))
     alert_suppressed_contacts(ledger, plan, outcomes, config, run_id, now())
     return SendStepResult(report, outcomes, pause, stale, resolved, first, handed)
 
@@ -365,14 +365,15 @@ FIRST_SHOWN = 10
 
 
 def first_sent(
-    due: pl.DataFrame, outcomes: pl.DataFrame, config: DunningConfig, clock: CycleClock, limit: int = FIRST_SHOWN
-) -> list[tuple[str, str]]:
+    due: pl.DataFrame, outcomes: pl.DataFrame, config: DunningConfig, clock: CycleClock, ids: MessageIds,
+    limit: int = FIRST_SHOWN,
+) -> list[tuple[str, str]]:  # fmt: skip
     """The recipient and subject of the first `limit` emails this run sent, for the summary a person reads:
     rendered again from their rows (a few milliseconds), not carried through the send loop."""
     sent = outcomes.filter(pl.col("status") == "sent").get_column("idempotency_key")
     if sent.is_empty():
         return []
-    rows = with_email_ids(due.filter(pl.col("idempotency_key").is_in(sent.implode())), config)
+    rows = with_email_ids(due.filter(pl.col("idempotency_key").is_in(sent.implode())), config, ids)
     settings = render_settings(config, clock.as_of)
     shown: list[tuple[str, str]] = []
     for _, group in rows.group_by("email_group", maintain_order=True):

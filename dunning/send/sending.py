@@ -20,10 +20,11 @@ from typing import Any, Generic, TypeVar
 import polars as pl
 
 from dunning.config import DunningConfig
+from dunning.email.message_ids import message_ids
 from dunning.email.render import RENDER_FIELDS, Sender
 from dunning.email.wire import WireEmail
 from dunning.errors import DunningError, LedgerLost
-from dunning.keys import email_id_of_joined, idempotency_key_for
+from dunning.keys import PLACEHOLDER, MessageIds, idempotency_key_for
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.claims import ClaimCap
 from dunning.ledger.stores.payloads import PAYLOAD_SCHEMA
@@ -103,34 +104,41 @@ def with_email_groups(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     return due.with_columns(email_groups(due, config).alias("email_group"))
 
 
-def with_email_ids(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
+def with_email_ids(due: pl.DataFrame, config: DunningConfig, ids: MessageIds) -> pl.DataFrame:
     """Attach `email_group`, `email_id` and `message_id` where they are missing.
 
-    `email_id` is `keys.email_id` (sha256 of the group's sorted keys,
-    comma-joined). Rows that
-    already carry an id (a retry keeps its Message-ID) keep it. `send_due`
-    calls this per chunk, so ids cost nothing for keys that are never claimed.
+    `email_id` is `ids.email_id` of the group's keys (an HMAC of them, sorted and comma-joined, under the
+    deployment's secret: `dunning.keys`), `message_id` is `<email_id@domain>`. Rows that already carry an id (a
+    retry keeps its Message-ID) keep it, unless it is a placeholder (minted where no secret could be read) and `ids`
+    can mint real ones. `send_due` calls this per chunk, so ids cost nothing for keys that are never claimed.
     """
     grouped = due if "email_group" in due.columns else with_email_groups(due, config)
     if "email_id" not in grouped.columns:
         grouped = grouped.with_columns(
             pl.lit(None, dtype=pl.String).alias("email_id"), pl.lit(None, dtype=pl.String).alias("message_id")
         )
+    if not ids.placeholders:  # a placeholder never leaves: such rows are minted again
+        stale = pl.col("email_id").str.starts_with(PLACEHOLDER).fill_null(False)
+        grouped = grouped.with_columns(
+            pl.when(stale).then(None).otherwise(pl.col("message_id")).alias("message_id"),
+            pl.when(stale).then(None).otherwise(pl.col("email_id")).alias("email_id"),
+        )
     missing = grouped.filter(pl.col("email_id").is_null())
     if missing.is_empty():
         return grouped
-    # the keys sorted by code point (as `sorted` and UTF-8 byte order sort them), comma-joined, hashed per group
+    # the keys sorted by code point (as `sorted` and UTF-8 byte order sort them), comma-joined, signed per group
     joined = missing.group_by("email_group").agg(pl.col("idempotency_key").sort().str.join(",").alias("keys"))
-    ids = joined.select(
+    new_ids = joined.select(
         "email_group",
-        pl.Series("new_email_id", [email_id_of_joined(k) for k in joined.get_column("keys")], dtype=pl.String),
+        pl.Series("new_email_id", [ids.email_id_of_joined(k) for k in joined.get_column("keys")], dtype=pl.String),
     )
-    domain = config.provider.message_domain
     return (
-        grouped.join(ids, on="email_group", how="left")
+        grouped.join(new_ids, on="email_group", how="left")
         .with_columns(
             pl.coalesce("email_id", "new_email_id").alias("email_id"),
-            pl.coalesce("message_id", pl.format("<{}@{}>", pl.col("new_email_id"), pl.lit(domain))).alias("message_id"),
+            pl.coalesce("message_id", pl.format("<{}@{}>", pl.col("new_email_id"), pl.lit(ids.domain))).alias(
+                "message_id"
+            ),
         )
         .drop("new_email_id")
     )
@@ -298,6 +306,8 @@ def send_due(
     """
     settings = render_settings(config, as_of)
     total_emails = due.select(pl.col("email_group").n_unique()).item() if due.height else 0
+    # the secret the Message-IDs are signed with, made (and committed) before the first key is claimed with it
+    ids = message_ids(ledger, config, create_at=now() if due.height else None)
     deadline = Deadline()
     journal = str(open_journal(journal_dir, run_id)) if journal_dir is not None and due.height else None
     provider.gate = HandOverGate(deadline, journal)
@@ -318,7 +328,7 @@ def send_due(
         result = _claim_and_send(
             ledger, provider, due, skipped, config=config, run_id=run_id, as_of=as_of, now=now, cap=cap,
             progress=progress, local=local, pool=pool, total_emails=total_emails, deadline=deadline,
-            outstanding=outstanding,
+            outstanding=outstanding, ids=ids,
         )  # fmt: skip
     except BaseException as error:
         deadline.stop()  # nothing more leaves, from this process or a render worker
@@ -378,6 +388,7 @@ def _claim_and_send(
     total_emails: int,
     deadline: Deadline,
     outstanding: dict[str, int],
+    ids: MessageIds,
 ) -> tuple[SendReport, pl.DataFrame]:
     """Chunk by chunk: claim (one transaction), hand over, record (one UPDATE).
 
@@ -407,7 +418,7 @@ def _claim_and_send(
                 deadline.stop()
 
     def claim(chunk: pl.DataFrame) -> _Claimed:
-        chunk = with_email_ids(chunk, config)
+        chunk = with_email_ids(chunk, config, ids)
         chunk_skipped = skipped.filter(pl.col("invoice_id").is_in(chunk.select("invoice_id").to_series().implode()))
         renewed_at[0] = now()
         claim = ledger.claim(chunk, chunk_skipped, run_id, as_of, cap, lease_until=renewed_at[0] + lease)

@@ -19,6 +19,7 @@ from dunning.ledger.stores.escalation_store import EscalationStore
 from dunning.ledger.stores.exclusions import ExclusionStore
 from dunning.ledger.stores.history import HistoryStore
 from dunning.ledger.stores.invoice_email_store import InvoiceEmailStore
+from dunning.ledger.stores.message_secret import MessageSecretStore
 from dunning.ledger.stores.operations import Operations
 from dunning.ledger.stores.payloads import PayloadStore
 from dunning.ledger.stores.retention_store import RetentionStore
@@ -69,6 +70,7 @@ class LedgerTables(
     SuppressionStore,
     EscalationStore,
     RetentionStore,
+    MessageSecretStore,
 ):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""

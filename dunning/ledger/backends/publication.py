@@ -55,6 +55,8 @@ PARTITIONED_TABLES = {
 }
 UNDATED = "undated"
 WHOLE_TABLES_MANIFEST = "published.json"  # under analytics/: the fingerprint of each table published whole
+# what the analysts' copy holds, by name: never `message_secret` (the key that makes our Message-IDs unforgeable,
+# `ledger.stores.message_secret`), nor any table not listed here
 PUBLISHED_TABLES = (
     "reminder_ledger",
     "invoice_history_daily",
@@ -160,9 +162,14 @@ ANALYST_VIEWS = {
         FROM reminder_ledger WHERE kind = 'escalation'""",
     # delivery feedback: the customers a run held because their address is suppressed, and who must find a new one
     "contacts_to_fix": """
-        SELECT a.customer_id, a.email, s.reason, s.source, s.created_at AS suppressed_since, a.alerted_at
+        SELECT a.customer_id, a.email,
+               CASE WHEN s.pending_reason IS NOT NULL AND s.until < current_date THEN s.pending_reason
+                    ELSE s.reason END AS reason,
+               CASE WHEN s.pending_reason IS NOT NULL AND s.until < current_date THEN s.pending_source
+                    ELSE s.source END AS source,
+               s.created_at AS suppressed_since, a.alerted_at
         FROM suppression_alerts a JOIN suppressions s ON s.active_email = a.email
-        WHERE s.until IS NULL OR s.until >= current_date""",
+        WHERE s.until IS NULL OR s.until >= current_date OR s.pending_reason IS NOT NULL""",
     # every exclusion ever made, in force or not: `in_force` judges `until` by the analyst's current date
     "exclusions_overview": """
         SELECT scope, target_id, excluded_by AS who, reason AS why, excluded_at AS since, until_date AS until,

@@ -184,6 +184,19 @@ MIGRATIONS = (
         ("ALTER TABLE dunning_runs ADD COLUMN IF NOT EXISTS rows_read BIGINT",),
     ),
     Migration(
+        17,
+        "forged reports: the Message-ID secret, why each delivery report did or did not suppress, and a bounce that "
+        "waits behind an operator's temporary suppression instead of lengthening it",
+        (
+            next(s for s in DDL if "CREATE TABLE IF NOT EXISTS message_secret (" in s),
+            "ALTER TABLE delivery_events ADD COLUMN IF NOT EXISTS verdict VARCHAR",
+            "ALTER TABLE suppressions ADD COLUMN IF NOT EXISTS pending_reason VARCHAR",
+            "ALTER TABLE suppressions ADD COLUMN IF NOT EXISTS pending_source VARCHAR",
+            "ALTER TABLE suppressions ADD COLUMN IF NOT EXISTS pending_event_key VARCHAR",
+            "ALTER TABLE suppressions ADD COLUMN IF NOT EXISTS pending_at TIMESTAMPTZ",
+        ),
+    ),
+    Migration(
         18,
         "escalations refused for good wait for a human (when, and the one alert raised for it); the error texts "
         "recorded before URLs were cut to their host are scrubbed of every URL's path, query and user info",

@@ -321,7 +321,8 @@ DDL = (
     """,
     # who is not to be emailed (`dunning.ledger.stores.suppressions`): a hard bounce, a complaint or an operator's
     # word; rows are kept after `dunning unsuppress` lifts them. `active_email` is the address while in force and NULL
-    # once lifted: at most one suppression in force per address
+    # once lifted: at most one suppression in force per address. `pending_*`: a hard bounce or complaint that came
+    # during an operator's temporary suppression, holding the address for good once its `until` has passed
     """
     CREATE TABLE IF NOT EXISTS suppressions (
         suppression_id VARCHAR PRIMARY KEY,
@@ -335,7 +336,11 @@ DDL = (
         created_at TIMESTAMPTZ NOT NULL,
         until DATE,
         lifted_at TIMESTAMPTZ,
-        lifted_by VARCHAR
+        lifted_by VARCHAR,
+        pending_reason VARCHAR,
+        pending_source VARCHAR,
+        pending_event_key VARCHAR,
+        pending_at TIMESTAMPTZ
     )
     """,
     # one `contact_suppressed` alert per customer and suppressed address: the row is the alert's dedup
@@ -348,7 +353,8 @@ DDL = (
     )
     """,
     # what came back after a send (`dunning.feedback`): bounces, complaints and other delivery reports, one row per
-    # report (`event_key`), matched to our email and keys where the report names our Message-ID
+    # report (`event_key`), matched to our email and keys where the report names our Message-ID; `verdict` says why it
+    # did or did not suppress (`dunning.run.feedback`)
     """
     CREATE TABLE IF NOT EXISTS delivery_events (
         event_key VARCHAR PRIMARY KEY,
@@ -363,7 +369,17 @@ DDL = (
         reported_at TIMESTAMPTZ,
         recorded_at TIMESTAMPTZ NOT NULL,
         matched BOOLEAN NOT NULL,
-        suppressed BOOLEAN NOT NULL
+        suppressed BOOLEAN NOT NULL,
+        verdict VARCHAR
+    )
+    """,
+    # the deployment's Message-ID secret (`dunning.ledger.stores.message_secret`): one row, made by the first live
+    # send, read by every worker of this ledger; never published to the analysts' copy
+    """
+    CREATE TABLE IF NOT EXISTS message_secret (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        secret VARCHAR NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL
     )
     """,
 )

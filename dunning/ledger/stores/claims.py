@@ -28,6 +28,7 @@ from dunning.ledger.schema.tables import LEDGER_COLUMNS
 from dunning.ledger.sql import Executes, SqlConnection
 from dunning.ledger.stores.payloads import PAYLOAD_SCHEMA
 from dunning.safe_text import redact
+from dunning.ledger.stores.suppressions import HOLDS
 from dunning.secret_env import holding_any, scrub
 from dunning.vocabulary import PROVIDER_STATUSES, EmailKind, LedgerStatus, PlanRole, plain
 
@@ -234,9 +235,9 @@ class ClaimStore(SqlConnection):
             return set()
         with self.registered("claim_addresses", emails.drop_nulls("email")):
             found = con.execute(
-                """
+                f"""
                 SELECT c.idempotency_key FROM claim_addresses c JOIN suppressions s ON s.active_email = c.email
-                WHERE s.until IS NULL OR s.until >= ?
+                WHERE {HOLDS}
                 """,
                 [claimed_at.date()],
             ).fetchall()
