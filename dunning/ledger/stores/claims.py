@@ -27,8 +27,8 @@ import polars as pl
 from dunning.ledger.schema.tables import LEDGER_COLUMNS
 from dunning.ledger.sql import Executes, SqlConnection
 from dunning.ledger.stores.payloads import PAYLOAD_SCHEMA
-from dunning.safe_text import redact
 from dunning.ledger.stores.suppressions import HOLDS
+from dunning.safe_text import redact
 from dunning.secret_env import holding_any, scrub
 from dunning.vocabulary import PROVIDER_STATUSES, EmailKind, LedgerStatus, PlanRole, plain
 
