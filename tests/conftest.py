@@ -99,7 +99,11 @@ class Deployment:
 
     def outbox(self) -> list[email.message.EmailMessage]:
         directory = self.home / "outbox"
-        files = sorted(directory.glob("*.eml")) if directory.exists() else []
+        # in the order written (a Message-ID, hence a file name, is an HMAC under the home's own secret: its order
+        # says nothing), then by name for files of one instant
+        files = (
+            sorted(directory.glob("*.eml"), key=lambda f: (f.stat().st_mtime_ns, f.name)) if directory.exists() else []
+        )
         return [email.message_from_bytes(f.read_bytes(), policy=policy.default) for f in files]
 
 
