@@ -118,6 +118,17 @@ def _secrets_of_this_test_only():
     secret_env._KNOWN.intersection_update(before)
 
 
+SHARED_SECRET_ENV = "DUNNING_TEST_MESSAGE_SECRET"
+
+
+@pytest.fixture
+def shared_message_secret(monkeypatch) -> str:
+    """Homes that must mint the same Message-IDs (shards against one run, a pool against none): one secret for all,
+    as `message_secret_env` gives a deployment of several homes; the config line that names it."""
+    monkeypatch.setenv(SHARED_SECRET_ENV, "one-secret-for-every-home-of-this-test")
+    return f"message_secret_env: {SHARED_SECRET_ENV}\n"
+
+
 @pytest.fixture
 def deployment(tmp_path: Path) -> Deployment:
     return Deployment(tmp_path)

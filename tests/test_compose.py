@@ -29,7 +29,7 @@ from dunning.send import sending
 from dunning.send.providers.file_outbox import FileOutbox
 from dunning.vocabulary import EmailKind
 from tests import helpers
-from tests.conftest import invoice, write_snapshot
+from tests.conftest import SHARED_SECRET_ENV, invoice, write_snapshot
 from tests.helpers import reminder_row, text_snapshot_groups
 from tests.test_hostile_property import HOSTILE, snapshots
 
@@ -196,7 +196,7 @@ def _send(home, due, config: DunningConfig, render=None):
 
 
 @pytest.mark.slow
-def test_the_send_step_hands_a_provider_of_bytes_the_message_paths_bytes(tmp_path, monkeypatch):
+def test_the_send_step_hands_a_provider_of_bytes_the_message_paths_bytes(tmp_path, monkeypatch, shared_message_secret):
     """The file outbox takes bytes: the run's own process composes them, building no message; rendering messages
     instead (as a custom `render` does) writes the same outbox, file for file, and the same ledger."""
     names = ["Ada", "Zoë Ünïcode", "李小龍", None, 'Quote "me", please']
@@ -214,7 +214,7 @@ def test_the_send_step_hands_a_provider_of_bytes_the_message_paths_bytes(tmp_pat
         )
         for i in range(60)
     ]
-    config = DunningConfig(claim_chunk_size=7)
+    config = DunningConfig(claim_chunk_size=7, message_secret_env=SHARED_SECRET_ENV)  # both outboxes: the same ids
     due = helpers.sendable_due(write_snapshot(tmp_path / "snapshot.csv", rows), AS_OF, config)
     two = pl.col("customer_id") == "c5"  # data the snapshot's rules cannot refuse, but an email can: not built
     bad = pl.when(two).then(pl.lit("a@example.com, b@example.com")).otherwise("customer_email")

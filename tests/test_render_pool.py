@@ -24,7 +24,7 @@ from dunning.send.providers.file_outbox import FileOutbox
 from dunning.send.render_pool import RenderPool, RenderSettings, build, pool_size
 from dunning.send.resubmission import resolve_unknown
 from dunning.send.sending import RenderFailed, send_due
-from tests.conftest import invoice, write_snapshot
+from tests.conftest import SHARED_SECRET_ENV, invoice, write_snapshot
 from tests.helpers import minted_ids, reminder_row, send_groups
 from tests.render_hooks import DIE_ON, render_or_die
 
@@ -152,9 +152,11 @@ def test_an_email_that_cannot_be_built_fails_alone_in_a_worker_too(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_send_step_writes_the_same_outbox_with_a_pool(tmp_path, monkeypatch):
+def test_the_send_step_writes_the_same_outbox_with_a_pool(tmp_path, monkeypatch, shared_message_secret):
     monkeypatch.setattr(sending, "MIN_POOL_EMAILS", 1)
-    config = DunningConfig(claim_chunk_size=25)  # several chunks: the next is claimed while one is handed over
+    config = DunningConfig(
+        claim_chunk_size=25, message_secret_env=SHARED_SECRET_ENV
+    )  # several chunks: the next is claimed while one is handed over
     due = _due(tmp_path, _rows(150), config)
     alone, _, alone_ledger, alone_outbox = _send(tmp_path, "alone", due, config, processes=1)
     pooled, error, pooled_ledger, pooled_outbox = _send(tmp_path, "pooled", due, config, processes=2)
@@ -246,14 +248,16 @@ def test_pool_size_follows_the_setting_and_shares_the_cores():
 
 
 @pytest.mark.slow
-def test_a_cycle_through_the_cli_renders_in_the_pool_with_the_same_bytes(tmp_path, monkeypatch, deployment):
+def test_a_cycle_through_the_cli_renders_in_the_pool_with_the_same_bytes(
+    tmp_path, monkeypatch, deployment, shared_message_secret
+):
     monkeypatch.setattr(sending, "MIN_POOL_EMAILS", 1)
     rows = _rows(60)
     outboxes = []
     for processes in (1, 2):
         home = tmp_path / f"p{processes}"
         config = tmp_path / f"p{processes}.yaml"
-        config.write_text(f"render_processes: {processes}\nclaim_chunk_size: 10\n")
+        config.write_text(f"render_processes: {processes}\nclaim_chunk_size: 10\n{shared_message_secret}")
         snapshot = write_snapshot(tmp_path / "s.csv", rows)
         code, _, err = deployment.cli(
             "--home", str(home), "run", "--snapshot", str(snapshot), "--as-of", AS_OF.isoformat(),

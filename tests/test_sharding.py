@@ -115,10 +115,12 @@ def _emails(deployment: Deployment) -> list[tuple]:
 
 
 @pytest.mark.slow
-def test_three_shards_send_what_one_run_sends_and_a_rerun_sends_nothing(tmp_path):
+def test_three_shards_send_what_one_run_sends_and_a_rerun_sends_nothing(tmp_path, shared_message_secret):
     sharded, whole = Deployment(tmp_path / "sharded"), Deployment(tmp_path / "whole")
     sharded.home.mkdir(parents=True)
-    (sharded.home / "config.yaml").write_text("shards: 3\n")
+    whole.home.mkdir(parents=True)
+    (sharded.home / "config.yaml").write_text("shards: 3\n" + shared_message_secret)  # the same ids in both homes
+    (whole.home / "config.yaml").write_text(shared_message_secret)
     owners = {f"c{i}": shard_of(f"c{i}", 3) for i in range(12)}
     assert set(owners.values()) == {0, 1, 2}  # every shard has customers to send to
     events = write(  # each about the customer's own invoice: a notice goes to the invoice's owner in the snapshot

@@ -83,12 +83,14 @@ def test_the_ui_shows_the_graph_checks_schedule_sensors_and_cli_runs(webserver):
         "send_batch",
         "dunning_audit",
         "analyst_history",
+        "retention_sweep",
     }
     deps = {k: {"/".join(d["path"]) for d in n["dependencyKeys"]} for k, n in nodes.items()}
     assert deps["reminders_due"] == {"invoice_snapshot", "billing_events"}
     assert deps["send_batch"] == {"reminders_due"}
     assert deps["dunning_audit"] == {"invoice_snapshot", "reminders_due", "send_batch"}
     assert deps["analyst_history"] == {"dunning_audit"}
+    assert deps["retention_sweep"] == {"billing_events"}, "pruning waits on nothing that sends"
     assert deps["invoice_snapshot"] == {"ingested_snapshot"}, "the lineage shows ingest -> shards"
     assert all(n["isPartitioned"] for n in nodes.values())
     checks = {c["name"]: c["blocking"] for c in nodes["reminders_due"]["assetChecksOrError"]["checks"]}
