@@ -223,8 +223,9 @@ def plan_escalation_step(
         return None, None
     rows, stopped = escalation.plan_escalations(due, ledger.escalation_states)
     failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts, EmailKind.ESCALATION)
-    if failed.height:
-        rows = pl.concat([rows, escalation.plan_escalation_retries(failed, cycled)], how="diagonal_relaxed")
+    if failed.height:  # retried only for an invoice its policy still escalates now (one moved to another has no hook)
+        escalating = cycled.join(due.select("invoice_id", "cycle"), on=["invoice_id", "cycle"], how="semi")
+        rows = pl.concat([rows, escalation.plan_escalation_retries(failed, escalating)], how="diagonal_relaxed")
     return rows, stopped
 
 
