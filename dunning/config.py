@@ -372,7 +372,7 @@ class Retention(_Strict):
     receiver left, older than this many days are deleted."""
     delivery_events_days: Count = Field(default=365, ge=1, le=36_600)
     """`delivery_events` rows (bounce and complaint reports) recorded more than this many days ago are deleted, but
-    never one a suppression refers to (so importing it again stays a repeat); suppressions are never deleted."""
+    never one that was allowed to suppress (so importing it again stays a repeat); suppressions are never deleted."""
 
 
 class Feedback(_Strict):

@@ -201,8 +201,9 @@ def test_inbox_leftovers_and_old_delivery_events_go_pending_events_and_suppressi
 
     rows = [{"event_key": key, "kind": "hard_bounce", "source": "mbox", "email": "ada@example.com",
              "message_id": None, "idempotency_keys": None, "customer_id": "cus_1", "status_code": "5.1.1",
-             "detail": None, "reported_at": at, "recorded_at": at, "matched": True, "suppressed": True}
+             "detail": None, "reported_at": at, "recorded_at": at, "matched": True, "suppressed": False}
             for key, at in (("old-report", old), ("new-report", new))]  # fmt: skip
+    # (a report that was allowed to suppress stays whatever its age: `tests/test_review35.py`)
     with open_ledger(deployment.home / "dunning.duckdb") as ledger:
         ledger.record_delivery_events(pl.DataFrame(rows, schema=DELIVERY_EVENT_SCHEMA))
     suppressions = deployment.query("SELECT count(*) FROM suppressions")

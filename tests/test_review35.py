@@ -7,6 +7,7 @@ import pytest
 
 from tests.conftest import invoice
 from tests.escalation_receiver import EscalationServer, Receiver
+from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture: both databases
 from tests.test_escalations_round4 import ENV, SECRET, at, config
 
 QUIET = "policies:\n  - {name: quiet, match: {segment: [quiet]}, escalation: null}\n"
@@ -31,3 +32,44 @@ def test_a_failed_escalation_whose_invoice_no_longer_escalates_stops_nothing_els
     assert "escalation:in_2:1" in result.sent_keys
     states = {r["idempotency_key"]: r["status"] for r in deployment.ledger("kind = 'escalation'")}
     assert states == {"escalation:in_1:1": "failed", "escalation:in_2:1": "sent"}
+
+
+# --- retention: a report that suppressed stays, so importing it again never restores a lifted suppression ---------
+
+
+def _bounce(event: str, email: str):
+    from dunning.ingest.delivery_reports import HARD_BOUNCE, Report
+
+    return Report(event_key=event, kind=HARD_BOUNCE, source="resend_file", email=email, provider_email_id=event,
+                  trusted=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("operator_until", [False, True])
+def test_every_report_that_suppressed_outlives_delivery_events_days(backend, tmp_path, operator_until):
+    """Two reminders to one address both bounced (one import, or a bounce behind an operator's date): only one report
+    is the suppression's `event_key`; the other was deleted after a year, and importing the old file again once the
+    address was lifted suppressed it again."""
+    import datetime as dt
+
+    from dunning.config import DunningConfig
+    from dunning.ingest.delivery_reports import Reading
+    from dunning.run import retention
+    from dunning.run.feedback import apply_reports
+
+    config = DunningConfig()
+    at = dt.datetime(2025, 1, 5, 9, tzinfo=dt.UTC)
+    email = "ada@example.com"
+    reading = Reading(reports=[_bounce("resend:one", email), _bounce("resend:two", email)])
+    with backend.open() as ledger:
+        if operator_until:  # the operator's date: both bounces wait behind it (one is the pending report)
+            ledger.suppress(email, "manual", "operator", at, until=dt.date(2025, 1, 20))
+            reading = Reading(reports=[_bounce("resend:one", email)])
+            apply_reports(ledger, reading, config, tmp_path, at)
+        else:
+            assert apply_reports(ledger, reading, config, tmp_path, at).suppressed == [email]
+        assert ledger.unsuppress(email, "ops", at + dt.timedelta(days=30))
+        later = at + dt.timedelta(days=400)
+        retention.prune_delivery_events(ledger, config, later, dry_run=False)
+        again = apply_reports(ledger, reading, config, tmp_path, later)
+        assert again.suppressed == [] and again.recorded == 0, "an old report imported again is still a repeat"
+        assert ledger.suppressed_emails(later.date()).is_empty()

@@ -5,8 +5,9 @@
   invoice's (`payment signal of another customer`). Each event once per reason, however many runs find it again, so
   the run that found it counts it in its summary and `dunning status` counts them all.
 - Let go (`dunning.run.retention`): `delivery_events` rows recorded more than `retention.delivery_events_days`
-  ago, except a report that caused a suppression (in force or lifted): it stays with it, so importing that old
-  report again is still recognised and never restores a lifted suppression. Nothing else in the ledger is ever
+  ago, except a report that was allowed to suppress (`suppressed`: the one a suppression names, in force or lifted,
+  one waiting behind an operator's date, and a second report about an address suppressed already): it stays, so
+  importing that old report again is still recognised and never restores a lifted suppression. Nothing else in the ledger is ever
   deleted: keys, outcomes, the audit, alerts and suppressions are the record.
 """
 
@@ -19,8 +20,13 @@ import polars as pl
 from dunning.ledger.sql import SqlConnection
 from dunning.vocabulary import SetAside
 
-# a report older than the cutoff that no suppression (in force or lifted) refers to
-_UNREFERENCED = "d.recorded_at < ? AND NOT EXISTS (SELECT 1 FROM suppressions AS s WHERE s.event_key = d.event_key)"
+# a report older than the cutoff that suppressed nothing: one that was allowed to (`suppressed`) stays, also when no
+# suppression names it (a second bounce of an address, or one kept behind an operator's date as `pending_event_key`):
+# imported again after a human lifted the suppression, it must still be a repeat
+_UNREFERENCED = (
+    "d.recorded_at < ? AND NOT coalesce(d.suppressed, false) AND NOT EXISTS (SELECT 1 FROM suppressions AS s "
+    "WHERE s.event_key = d.event_key OR s.pending_event_key = d.event_key)"
+)
 
 
 class RetentionStore(SqlConnection):
