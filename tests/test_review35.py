@@ -73,3 +73,35 @@ def test_every_report_that_suppressed_outlives_delivery_events_days(backend, tmp
         again = apply_reports(ledger, reading, config, tmp_path, later)
         assert again.suppressed == [] and again.recorded == 0, "an old report imported again is still a repeat"
         assert ledger.suppressed_emails(later.date()).is_empty()
+
+
+# --- bounded work per report: a boundary no line can match ---------------------------------------------------------
+
+_RFC2231 = b"From: a@b\r\nContent-Type: multipart/report; boundary*=utf-8''b%C3%A91\r\n"
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        pytest.param(_RFC2231 + b"\r\n--b\xc3\xa91\r\nContent-Type: text/plain\r\n\r\nx\r\n" + b"x" * 70_000,
+                     id="large"),
+        pytest.param(_RFC2231 + b"Content-Type: text/plain\r\n" * 40 + b"\r\nx\r\n", id="many-types"),
+    ],
+)  # fmt: skip
+def test_a_boundary_decoded_from_rfc2231_costs_its_message_never_the_mailbox(hostile):
+    """The raw walk took a boundary spelled `boundary*=utf-8''b%C3%A91` (decoded: `bé1`) and raised
+    UnicodeEncodeError out of the reader: one mailed message stopped the import of every report in the mailbox, at
+    every try. The parser reads such a body as text (no line read as ASCII matches it); so does the walk now."""
+    import email.parser
+    import email.policy
+
+    from dunning.ingest.delivery_reports import read_messages
+    from dunning.ingest.mime_bounds import structure_problem
+    from tests.delivery_messages import dsn
+
+    parsed = email.parser.BytesParser(policy=email.policy.compat32).parsebytes(hostile)
+    assert not parsed.is_multipart(), "the parser's own reading: no part, the body is text"
+    assert structure_problem(hostile, max_depth=0, max_parts=1, deadline=10**9) is None
+    reading = read_messages([hostile, dsn("ada@example.com", "<d1.x@example.com>")], "mbox")
+    assert [r.email for r in reading.reports] == ["ada@example.com"], "the genuine bounce after it is read"
+    assert reading.not_reports == 1

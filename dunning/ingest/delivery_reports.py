@@ -270,11 +270,11 @@ def read_message(raw: bytes, source: str) -> Reading:
                                              raw[:4096]))  # fmt: skip
         return reading
     deadline = time.monotonic() + MESSAGE_SECONDS
-    problem = structure_problem(raw, max_depth=MAX_DEPTH, max_parts=MAX_PARTS, deadline=deadline)
-    if problem is not None:  # never given to the parser
-        reading.unreadable.append(Unreadable(f"{source}:{raw_key}", source, problem, raw))
-        return reading
-    try:
+    try:  # the walk too: whatever a hostile message trips in it is that message's problem, never the import's
+        problem = structure_problem(raw, max_depth=MAX_DEPTH, max_parts=MAX_PARTS, deadline=deadline)
+        if problem is not None:  # never given to the parser
+            reading.unreadable.append(Unreadable(f"{source}:{raw_key}", source, problem, raw))
+            return reading
         message = _parse(raw, deadline)
         if message.get_content_type() != "multipart/report":
             reading.not_reports += 1

@@ -117,7 +117,10 @@ class _Walk:
         if kind == "multipart":
             if boundary is None:
                 return "text"  # the parser reads such a body as text, to the end
-            key = boundary.encode("ascii", "surrogateescape")
+            try:
+                key = boundary.encode("ascii", "surrogateescape")
+            except UnicodeEncodeError:  # decoded from RFC 2231 (`boundary*=utf-8''%C3%A9`): no line, read as ASCII,
+                return "text"  # can ever match it, so the parser reads the body as text, to the end, as without one
             if key in self.where:
                 raise Refused("a multipart boundary reused inside itself")
             self.where[key] = len(self.open)
