@@ -105,3 +105,24 @@ def test_a_boundary_decoded_from_rfc2231_costs_its_message_never_the_mailbox(hos
     reading = read_messages([hostile, dsn("ada@example.com", "<d1.x@example.com>")], "mbox")
     assert [r.email for r in reading.reports] == ["ada@example.com"], "the genuine bounce after it is read"
     assert reading.not_reports == 1
+
+
+def test_a_closing_line_right_after_a_separator_closes_nothing_for_the_walk_either():
+    """The parser consumes every line of a multipart's boundary right after a separator, `--b--` included: what
+    follows is still that multipart's part. The walk took `--b--` for the end, so the parts and depth after it went
+    uncounted: a message nested as deep as anyone likes passed the raw bounds and went to the parser."""
+    from dunning.ingest.mime_bounds import QUICK_BYTES, structure_problem
+    from tests.test_report_bounds import tree_shape
+
+    inner = b"Content-Type: text/plain\r\n\r\nx\r\n"
+    for level in range(12, 0, -1):
+        inner = (
+            f"Content-Type: multipart/mixed; boundary=\"n{level}\"\r\n\r\n--n{level}\r\n--n{level}--\r\n".encode()
+            + inner
+            + f"--n{level}--\r\n".encode()
+        )
+    raw = b"From: a@b\r\nSubject: x\r\n" + inner + b"x" * QUICK_BYTES
+    deepest, parts = tree_shape(raw)
+    assert deepest == 12
+    assert "deeper" in (structure_problem(raw, max_depth=8, max_parts=10**9, deadline=10**9) or "")
+    assert structure_problem(raw, max_depth=deepest, max_parts=parts, deadline=10**9) is None

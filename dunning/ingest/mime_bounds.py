@@ -152,6 +152,19 @@ class _Walk:
                     return start, hit[0], hit[1]
             pos = found.end()
 
+    def past_repeats(self, pos: int, index: int) -> int:
+        """Where the part after a separator line of multipart `index` starts: the parser consumes every line right
+        after it that is a line of the same boundary, its closing form (`--b--`) included, which then closes
+        nothing (`FeedParser._parsegen`: "consume any multiple boundary lines")."""
+        while pos < len(self.raw):
+            self.tick()
+            line, _, after = self.line_at(pos)
+            hit = self.boundary_of(line) if line.startswith(b"--") else None
+            if hit is None or hit[0] != index:
+                return pos
+            pos = after
+        return pos
+
     def delivery_status(self, pos: int, end: int, depth: int) -> None:
         """The header blocks of a `message/delivery-status` body: the parser makes each a message one deeper, one
         block, then one more after each empty line that is not the body's last line."""
@@ -182,6 +195,7 @@ class _Walk:
                 opened = self.open[index]
                 if not closes:
                     self.close_to(index + 1)
+                    pos = self.past_repeats(pos, index)
                     depth, default_type = opened.depth + 1, "message/rfc822" if opened.digest else "text/plain"
                     break
                 self.close_to(index)  # the epilogue follows: text of the enclosing part, if any
