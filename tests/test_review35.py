@@ -126,3 +126,34 @@ def test_a_closing_line_right_after_a_separator_closes_nothing_for_the_walk_eith
     assert deepest == 12
     assert "deeper" in (structure_problem(raw, max_depth=8, max_parts=10**9, deadline=10**9) or "")
     assert structure_problem(raw, max_depth=deepest, max_parts=parts, deadline=10**9) is None
+
+
+def test_an_answer_recorded_after_another_run_took_the_claim_keeps_the_body_for_that_run(
+    deployment, tmp_path, monkeypatch
+):
+    """The answer arrives after this run's lease ended and another run expired the claim (`unknown`, from the
+    journal): the outcome no longer applies, and the body must stay for the run that now settles the key. It was
+    dropped all the same, leaving an `unknown` escalation with nothing to resubmit, for good."""
+    from dunning.send import escalating
+
+    monkeypatch.setenv(ENV, SECRET)
+    hand_over = escalating._HandOvers.hand_over
+
+    def taken_over_meanwhile(self, request):
+        answer = hand_over(self, request)
+        self.ledger.con.execute(
+            "UPDATE reminder_ledger SET status = 'unknown', run_id = 'another' WHERE idempotency_key = ?",
+            [request.key],
+        )
+        return answer
+
+    receiver = Receiver(SECRET)
+    with EscalationServer(receiver) as server:
+        path = config(tmp_path, server.url)
+        with monkeypatch.context() as patched:
+            patched.setattr(escalating._HandOvers, "hand_over", taken_over_meanwhile)
+            deployment.run_in_process([invoice(due_date="2026-10-10")], at(9), path)
+        assert deployment.query("SELECT count(*) FROM provider_payloads WHERE provider = 'escalation'") == [(1,)]
+        deployment.run_in_process([invoice(due_date="2026-10-10")], at(10), path)
+    assert deployment.ledger("kind = 'escalation'")[0]["status"] == "sent"
+    assert receiver.acted_count["escalation:in_1:1"] == 1

@@ -116,15 +116,16 @@ class _HandOvers:
 
     def record(self, request: _Request, answer: Answer) -> OutcomeRow:
         """One outcome, at once; a definite answer drops the body in the same transaction (a kept body on a `failed`
-        key means: released, never answered)."""
+        key means: released, never answered). An outcome that no longer applies (another run expired this run's claim
+        meanwhile, and settles the key now) leaves the body to that run."""
         row: OutcomeRow = (request.key, str(answer.status), request.message_id, answer.error,
                            answer.retry_after_seconds)  # fmt: skip
         with self.ledger.transaction():
-            self.ledger.record_outcomes(
+            recorded = self.ledger.record_outcomes(
                 pl.DataFrame([row], schema=OUTCOME_SCHEMA, orient="row"), self.as_of, self.now(), self.backoff,
                 run_id=self.run_id,
             )  # fmt: skip
-            if answer.status in (SendStatus.SENT, SendStatus.FAILED):
+            if recorded and answer.status in (SendStatus.SENT, SendStatus.FAILED):
                 self.ledger.drop_escalation_bodies([request.key])
         self.outstanding.discard(request.key)
         return row
