@@ -157,3 +157,25 @@ def test_an_answer_recorded_after_another_run_took_the_claim_keeps_the_body_for_
         deployment.run_in_process([invoice(due_date="2026-10-10")], at(10), path)
     assert deployment.ledger("kind = 'escalation'")[0]["status"] == "sent"
     assert receiver.acted_count["escalation:in_1:1"] == 1
+
+
+def test_a_report_whose_original_headers_fill_5_mb_is_read_within_the_budget():
+    """The budget held the parse; the `text/rfc822-headers` part was then read again as headers, whole, outside it:
+    5 MB of header lines took 3.2 s of a 2 s budget. Only its first 256 KB are read now (the Message-ID is in the
+    first lines of a genuine one)."""
+    import time
+
+    from dunning.ingest.delivery_reports import MAX_MESSAGE_BYTES, MESSAGE_SECONDS, read_message
+
+    head = (
+        b'From: MAILER-DAEMON@mx.example\r\nContent-Type: multipart/report; report-type=delivery-status; boundary="B"'
+        b"\r\n\r\n--B\r\nContent-Type: message/delivery-status\r\n\r\nReporting-MTA: dns; mx\r\n\r\n"
+        b"Final-Recipient: rfc822; ada@example.com\r\nAction: failed\r\nStatus: 5.1.1\r\n\r\n"
+        b"--B\r\nContent-Type: text/rfc822-headers\r\n\r\nMessage-ID: <d1.x@example.com>\r\n"
+    )
+    raw = head + b"A: b\r\n" * ((MAX_MESSAGE_BYTES - len(head) - 20) // 6) + b"\r\n--B--\r\n"
+    started = time.monotonic()
+    reading = read_message(raw, "mbox")
+    took = time.monotonic() - started
+    assert [(r.kind, r.message_id) for r in reading.reports] == [("hard_bounce", "<d1.x@example.com>")]
+    assert took < MESSAGE_SECONDS, f"{took:.2f} s"

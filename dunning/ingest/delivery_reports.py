@@ -48,6 +48,9 @@ MESSAGE_SECONDS = 2.0  # the time one message may take to read (a 5 MB bounce of
 FEED_BYTES = 64 * 1024  # the parser is fed this much at a time, the budget checked between
 MAX_DETAIL = 500
 MAX_MESSAGE_ID = 998
+# of a `text/rfc822-headers` part, the bytes read again as headers (after the budgeted parse): the original's
+# Message-ID and To are in its first kilobytes; 5 MB of header lines took a second and a half more than the budget
+MAX_ORIGINAL_HEADERS = 256 * 1024
 MAX_EVENT_BYTES = 1024 * 1024  # one Resend event
 HARD_BOUNCE, SOFT_BOUNCE, COMPLAINT, DELIVERED = "hard_bounce", "soft_bounce", "complaint", "delivered"
 SUPPRESSING = {HARD_BOUNCE: "hard_bounce", COMPLAINT: "complaint"}  # report kind -> suppression reason
@@ -158,7 +161,7 @@ def _original(message: Message) -> Message | None:
         if ctype == "text/rfc822-headers":
             text = part.get_payload(decode=True)
             if isinstance(text, bytes):
-                return _PARSER.parsebytes(text, headersonly=True)
+                return _PARSER.parsebytes(text[:MAX_ORIGINAL_HEADERS], headersonly=True)
     return None
 
 
