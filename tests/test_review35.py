@@ -179,3 +179,41 @@ def test_a_report_whose_original_headers_fill_5_mb_is_read_within_the_budget():
     took = time.monotonic() - started
     assert [(r.kind, r.message_id) for r in reading.reports] == [("hard_bounce", "<d1.x@example.com>")]
     assert took < MESSAGE_SECONDS, f"{took:.2f} s"
+
+
+class _Killed(BaseException):
+    """The process dying where the test raises it."""
+
+
+def test_a_run_killed_between_the_escalation_claim_and_its_journal_leaves_a_key_that_never_left(
+    deployment, tmp_path, monkeypatch
+):
+    """The email path's journal is removed at its end and the escalation loop opened its own only after the claim:
+    a run that died in between (or whose ledger failed in `_released`) left no journal, so its claim became
+    `unknown`, waiting for a human when the present held it, though nothing had been posted."""
+    from dunning.run import steps
+    from dunning.send import escalating
+    from tests import in_process
+
+    monkeypatch.setenv(ENV, SECRET)
+    journal_dir = tmp_path / "journal"
+    send_step = steps.send_step
+    monkeypatch.setattr(in_process.steps, "send_step", lambda *a, **k: send_step(
+        *a, **{**k, "journal_dir": str(journal_dir), "dead_runs": lambda owners: list(owners)}))  # fmt: skip
+    receiver = Receiver(SECRET)
+    rows = [invoice(due_date="2026-10-10")]
+    with EscalationServer(receiver) as server:
+        path = config(tmp_path, server.url)
+        with monkeypatch.context() as patched:
+            patched.setattr(escalating, "_released", lambda *a: (_ for _ in ()).throw(_Killed()))
+            with pytest.raises(_Killed):
+                deployment.run_in_process(rows, at(9), path)
+        assert deployment.ledger("kind = 'escalation'")[0]["status"] == "claimed"
+        assert deployment.cli("exclude", "--invoice", "in_1")[0] == 0  # the present holds it
+        deployment.run_in_process(rows, at(10), path)
+        row = deployment.ledger("kind = 'escalation'")[0]
+        assert (row["status"], receiver.requests) == ("failed", []), "never posted: released, not unknown"
+        assert deployment.cli("include", "--invoice", "in_1")[0] == 0
+        deployment.run_in_process(rows, at(11), path)
+    assert deployment.ledger("kind = 'escalation'")[0]["status"] == "sent"
+    assert receiver.keys_requested() == {"escalation:in_1:1": 1}

@@ -3,7 +3,8 @@ as it arrives (guarantee 16; `dunning.send.escalation` is the request and what i
 
 One hand-over, in the email path's order (`dunning.send.handover`):
 
-1. the claim, with the request's body kept in the same transaction (`Ledger.claim(bodies=...)`);
+1. the claim, with the request's body kept in the same transaction (`Ledger.claim(bodies=...)`), this run's journal
+   started before it (so a run that dies right after its claim leaves a journal that names none of them);
 2. a journal line naming it (`HOME/journal/{run_id}.journal`), then the lease check;
 3. the request;
 4. its outcome, recorded at once (a definite answer drops the body, in the same transaction).
@@ -92,6 +93,13 @@ class _HandOvers:
         self.renewed_at = now()
         self.first_claimed: dt.datetime | None = None
         self.outstanding: set[str] = set()
+        self.journal: str | None = None
+
+    def open_journal(self) -> None:
+        """Start this run's journal before its first claim (the email path's was removed at its end): a run that
+        dies after claiming leaves a journal that names none of them, so its claims are released, not `unknown`."""
+        if self.journal is None and self.journal_dir is not None:
+            self.journal = str(open_journal(self.journal_dir, self.run_id))
 
     def lease_until(self) -> dt.datetime:
         """A lease for claims taken now; the first one taken is the deadline's (`start`)."""
@@ -104,8 +112,8 @@ class _HandOvers:
         self.outstanding = set(keys)
         first = self.first_claimed or self.renewed_at
         self.deadline.until(first + self.lease, self.lease, self.now())
-        journal = open_journal(self.journal_dir, self.run_id) if self.journal_dir is not None else None
-        self.gate = HandOverGate(self.deadline, journal)
+        self.open_journal()
+        self.gate = HandOverGate(self.deadline, self.journal)
 
     def hand_over(self, request: _Request) -> Answer:
         assert self.gate is not None
@@ -142,7 +150,7 @@ class _HandOvers:
     def close(self, completed: bool) -> None:
         if self.gate is not None:
             self.gate.close()
-        if completed and self.journal_dir is not None and self.gate is not None:
+        if completed and self.journal_dir is not None and self.journal is not None:
             remove_journal(self.journal_dir, self.run_id)  # every outcome is recorded
 
 
@@ -158,6 +166,7 @@ def hand_over_escalations(
     rows: list[OutcomeRow] = []
     requests: list[_Request] = []
     if due.height:
+        loop.open_journal()
         history = reminders_by_invoice(ledger, due)
         bodies = {
             str(r["idempotency_key"]): body_of(r, history.get((str(r["invoice_id"]), int(r["cycle"])), []))
@@ -176,11 +185,13 @@ def hand_over_escalations(
         report.claimed = len(claim.won)
     retaken = _released(ledger, settle, hooks)
     if retaken:
+        loop.open_journal()
         won = ledger.retake_released([r.key for r in retaken], run_id, as_of, loop.lease_until())
         retaken = [r for r in retaken if r.key in won]
         requests += retaken
         report.retried = len(retaken)
     if not requests:
+        loop.close(True)  # a journal opened for claims all lost to other runs names nothing
         return report, pl.DataFrame(rows, schema=OUTCOME_SCHEMA, orient="row")
     loop.start({r.key for r in requests})
     completed = False
