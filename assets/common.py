@@ -3,8 +3,9 @@
 import dagster as dg
 import polars as pl
 
-from dunning.errors import DunningError
+from dunning.errors import DunningError, SourceHeld
 from dunning.plan.clock import RunMode
+from dunning.run.snapshot_guard import HELD_TAG
 from dunning.secret_env import holds_a_secret, scrub
 from resources.partitions import daily_partitions
 
@@ -23,6 +24,13 @@ def fail(error: DunningError) -> dg.Failure:
     return dg.Failure(
         description=scrub(str(error)), metadata={"error_class": type(error).__name__}, allow_retries=False
     )
+
+
+def tag_held(context: dg.AssetExecutionContext, error: Exception) -> None:
+    """A run held by an open alert (a source pull that shrank) is tagged with that alert's kind: the run-failure
+    sensor then pages nothing more for it (`dunning.errors.SourceHeld`)."""
+    if isinstance(error, SourceHeld):
+        context.instance.add_run_tags(context.run.run_id, {HELD_TAG: error.kind})
 
 
 def as_operator_failure(error: Exception) -> Exception:

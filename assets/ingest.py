@@ -3,7 +3,7 @@ shard's `invoice_snapshot` (the UI's lineage shows ingest -> shards)."""
 
 import dagster as dg
 
-from assets.common import OWNERS, daily_partitions, fail
+from assets.common import OWNERS, daily_partitions, fail, tag_held
 from dunning.errors import DunningError
 from dunning.ingest import billing_source
 from dunning.ingest.landing import latest_for_day
@@ -42,6 +42,7 @@ def ingested_snapshot(context: dg.AssetExecutionContext, config: IngestRequest, 
                                    run_id=context.run.run_id, allow_shrink=config.allow_shrink,
                                    source=source)  # fmt: skip
     except DunningError as error:
+        tag_held(context, error)
         raise fail(error) from None
     manifest = result.manifest
     return dg.MaterializeResult(

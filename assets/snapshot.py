@@ -13,6 +13,7 @@ from assets.common import (
     as_operator_failure,
     frame_metadata,
     log_run_mode,
+    tag_held,
 )
 from checks.asset_checks import SNAPSHOT_AUDIT_COLUMNS
 from dunning.config import DunningConfig
@@ -108,6 +109,7 @@ def invoice_snapshot(
                 source=source,
             )
     except Exception as error:  # noqa: BLE001 - recorded as an operator's line, masked (`as_operator_failure`)
+        tag_held(context, error)
         raise as_operator_failure(error) from None
     loaded, cycled = applied.loaded, applied.cycled
     if loaded.rejected.height:

@@ -58,6 +58,14 @@ class BillingSourceFailed(DunningError):
     exit_code = 7
 
 
+class SourceHeld(BillingSourceFailed):
+    """A pull held by the size rules (`dunning.run.snapshot_guard`: empty, or shrunk): exit 7 like any failure of
+    the source, and the one alert of kind `kind` pages for every run it holds, so the run's failure itself pages no
+    one (the run's tag `dunning/held_by`, `pipelines.sensors`)."""
+
+    kind = "source_shrank"
+
+
 class StorageError(DunningError):
     """A write to the home's storage failed: a full disk, a quota, a read-only file system, an I/O error.
 

@@ -15,6 +15,7 @@ from dunning.errors import DunningError, LedgerBusy
 from dunning.ingest import billing_source
 from dunning.ingest.landing import content_hash, landing_files
 from dunning.plan.clock import utc_now
+from dunning.run.snapshot_guard import HELD_TAG
 from dunning.send import liveness
 from dunning.send.alerts import Alert, deliver, raise_alert
 from pipelines.feedback_job import feedback_files, feedback_import
@@ -33,6 +34,9 @@ def page_on_run_failure(context: dg.RunFailureSensorContext, dunning_home: Dunni
     run = context.dagster_run
     with dunning_home.ledger() as ledger:
         if not ledger.alerts_for_run(run.run_id).is_empty():
+            return
+        held_by = run.tags.get(HELD_TAG)  # a pull held while its one alert is open: that alert pages for it
+        if held_by and ledger.open_alert(held_by) is not None:
             return
         message = context.failure_event.message or "run failed"
         raise_alert(

@@ -117,7 +117,7 @@ def test_a_closing_line_right_after_a_separator_closes_nothing_for_the_walk_eith
     inner = b"Content-Type: text/plain\r\n\r\nx\r\n"
     for level in range(12, 0, -1):
         inner = (
-            f"Content-Type: multipart/mixed; boundary=\"n{level}\"\r\n\r\n--n{level}\r\n--n{level}--\r\n".encode()
+            f'Content-Type: multipart/mixed; boundary="n{level}"\r\n\r\n--n{level}\r\n--n{level}--\r\n'.encode()
             + inner
             + f"--n{level}--\r\n".encode()
         )
@@ -217,3 +217,45 @@ def test_a_run_killed_between_the_escalation_claim_and_its_journal_leaves_a_key_
         deployment.run_in_process(rows, at(11), path)
     assert deployment.ledger("kind = 'escalation'")[0]["status"] == "sent"
     assert receiver.keys_requested() == {"escalation:in_1:1": 1}
+
+
+# --- a source pull held while it stays shrunk: one page, not one per hour ----------------------------------------
+
+
+@pytest.mark.slow
+def test_a_source_pull_held_as_shrunk_pages_once_not_once_per_failed_hour(deployment, monkeypatch):
+    """Each hour the pull stays shrunk its run fails (exit 7), and the run-failure sensor raised a `run_failure`
+    alert for every such run after the one `source_shrank` alert: a page an hour for the one cause."""
+    import datetime as dt
+
+    import dagster as dg
+
+    from pipelines.sensors import page_on_run_failure
+    from resources.dunning import DunningHome
+    from tests.stripe_server import KEY, FakeStripe, stripe_invoice
+
+    when = dt.datetime(2026, 11, 10, 9, tzinfo=dt.UTC)
+    with FakeStripe() as fake:
+        fake.invoices = [stripe_invoice(n, when) for n in range(12)]
+        deployment.home.mkdir(parents=True)
+        (deployment.home / "config.yaml").write_text(
+            f"source: {{kind: stripe, api_base: '{fake.url}', max_network_retries: 0, timeout_seconds: 5}}\n"
+        )
+        monkeypatch.setenv("STRIPE_API_KEY", KEY)
+        assert deployment.cli("run", "--as-of", "2026-11-10T09:00:00Z")[0] == 0
+        fake.invoices = fake.invoices[:3]
+        for hour in (10, 11, 12):
+            assert deployment.cli("run", "--as-of", f"2026-11-10T{hour}:00:00Z")[0] == 7
+    monkeypatch.setenv("DUNNING_HOME", str(deployment.home))
+    instance = dg.DagsterInstance.from_config(str(deployment.home / "dagster"))
+    failed = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
+    assert len(failed) == 3
+    for record in failed:
+        failure = instance.all_logs(record.dagster_run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)[0]
+        context = dg.build_run_status_sensor_context(
+            sensor_name="page_on_run_failure", dagster_event=failure.dagster_event, dagster_instance=instance,
+            dagster_run=instance.get_run_by_id(record.dagster_run.run_id),
+            resources={"dunning_home": DunningHome(home=str(deployment.home))},
+        ).for_run_failure()  # fmt: skip
+        page_on_run_failure(context)
+    assert deployment.query("SELECT kind FROM alerts ORDER BY created_at") == [("source_shrank",)]

@@ -8,7 +8,7 @@
 
 Both size rules are judged where the whole snapshot is validated (the ingest, an unsharded run, a shard given the
 whole file), never on a shard's part of an ingest, whose size is a fraction by design. A snapshot pulled from the
-billing source that is empty or shrank is the source's failure (`BillingSourceFailed`, exit 7): one alert of kind
+billing source that is empty or shrank is the source's failure (`SourceHeld`, exit 7): one alert of kind
 `source_shrank` while it lasts (resolved by the next pull that is applied), the previous snapshot stands, and every
 pull is held the same way until a run with `--allow-shrink` or a lower `max_shrink`.
 """
@@ -19,13 +19,14 @@ import datetime as dt
 from typing import Any
 
 from dunning.config import DunningConfig
-from dunning.errors import BillingSourceFailed, SnapshotError
+from dunning.errors import SnapshotError, SourceHeld
 from dunning.ledger.base import Ledger
 from dunning.plan.clock import ahead_of_wall, span
 from dunning.send.alerts import Alert, raise_alert
 
-SHRANK_ALERT = "source_shrank"
+SHRANK_ALERT = SourceHeld.kind  # "source_shrank"
 ALLOW_SHRINK_FLAG = "--allow-shrink"
+HELD_TAG = "dunning/held_by"  # a run held by an open alert, its kind: that alert pages for it, no run failure does
 
 
 def _last(latest: dict[str, Any] | None) -> str:
@@ -54,7 +55,7 @@ def refuse_empty(
         "check the account and the API key"
     )
     _alert_once(ledger, config, message, live, run_id, as_of, {"invoices": 0, "before": count})
-    raise BillingSourceFailed(message)
+    raise SourceHeld(message)
 
 
 def refuse_shrunk(
@@ -82,7 +83,7 @@ def refuse_shrunk(
         f"with {ALLOW_SHRINK_FLAG} or a lower max_shrink"
     )
     _alert_once(ledger, config, message, live, run_id, as_of, {"invoices": invoices, "before": before})
-    raise BillingSourceFailed(message)
+    raise SourceHeld(message)
 
 
 def _count(latest: dict[str, Any] | None) -> int | None:

@@ -7,8 +7,8 @@
 - Let go (`dunning.run.retention`): `delivery_events` rows recorded more than `retention.delivery_events_days`
   ago, except a report that was allowed to suppress (`suppressed`: the one a suppression names, in force or lifted,
   one waiting behind an operator's date, and a second report about an address suppressed already): it stays, so
-  importing that old report again is still recognised and never restores a lifted suppression. Nothing else in the ledger is ever
-  deleted: keys, outcomes, the audit, alerts and suppressions are the record.
+  importing that old report again is still recognised and never restores a lifted suppression. Nothing else in the
+  ledger is ever deleted: keys, outcomes, the audit, alerts and suppressions are the record.
 """
 
 from __future__ import annotations
