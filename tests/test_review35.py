@@ -259,3 +259,27 @@ def test_a_source_pull_held_as_shrunk_pages_once_not_once_per_failed_hour(deploy
         ).for_run_failure()  # fmt: skip
         page_on_run_failure(context)
     assert deployment.query("SELECT kind FROM alerts ORDER BY created_at") == [("source_shrank",)]
+
+
+# --- payment signals: a real dispute names no customer -----------------------------------------------------------
+
+
+def test_a_dispute_whose_charge_is_not_expanded_excludes_nothing_and_pages_once(deployment, tmp_path):
+    """Stripe sends a dispute's `charge` as an id: the event names no customer, so since the signals are checked
+    against the invoice's customer every real dispute is set aside (fail-closed) and the invoice is dunned on. It was
+    only counted as "a payment signal of another customer"; a human now gets one alert per dispute, naming the
+    invoice and the command that holds it."""
+    from tests.test_payment_signals import DAY4, DAY8, events_file, stripe_event
+
+    obj = {"id": "dp_1", "object": "dispute", "charge": "ch_1", "status": "needs_response",
+           "metadata": {"invoice_id": "in_1"}}  # fmt: skip
+    events = events_file(tmp_path, "d.json", [stripe_event("evt_d1", "charge.dispute.created", obj,
+                                                           "2026-11-03T12:00:00Z")])  # fmt: skip
+    rows = [invoice()]
+    first = deployment.run_in_process(rows, DAY4, events=events)
+    assert first.sent_keys == ["dunning:in_1:1:day3"], "fail-closed: a dispute naming no customer holds nothing"
+    deployment.run_in_process(rows, DAY8, events=events)
+    alerts = deployment.query("SELECT kind, message FROM alerts WHERE kind = 'dispute_unmatched'")
+    assert len(alerts) == 1, "one alert per dispute, not one per run"
+    assert "evt_d1" in alerts[0][1] and "dunning exclude --invoice in_1" in alerts[0][1]
+    assert deployment.query("SELECT count(*) FROM event_quarantine WHERE event_id = 'evt_d1'") == [(1,)]

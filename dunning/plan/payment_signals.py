@@ -114,6 +114,19 @@ def owned(signals: pl.DataFrame, snapshot: pl.DataFrame) -> tuple[pl.DataFrame, 
     return rows.filter(same).drop("_owner", "_customer"), foreign.cast(REJECTED_SCHEMA)
 
 
+def disputes_naming_no_customer(foreign: pl.DataFrame) -> pl.DataFrame:
+    """Of `owned`'s set-aside rows, the disputes opened whose event names no customer (REJECTED_SCHEMA and the
+    `invoice_id` it names): Stripe
+    sends a dispute's `charge` unexpanded, so a real dispute lands here; only a human can tell it is the invoice's."""
+    named = pl.coalesce(
+        *(pl.col("payload").str.json_path_match(path) for path in ("$.data.object.invoice.id", "$.data.object.invoice",
+                                                                   "$.data.object.metadata.invoice_id"))
+    )  # fmt: skip
+    return foreign.filter((pl.col("type") == DISPUTE_OPENED) & event_customer().is_null()).select(
+        "event_id", "type", "reason", "payload", named.alias("invoice_id")
+    )
+
+
 def paid_since(events: pl.DataFrame, taken_at: dt.datetime) -> pl.DataFrame:
     """The invoices whose latest payment event is a payment created after the snapshot was taken (`invoice_id`)."""
     latest = _latest(events.cast(SIGNALS_SCHEMA), PAYMENTS)

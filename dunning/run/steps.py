@@ -191,6 +191,7 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
     signals, foreign = payment_signals.owned(signals, cycled)
     recorded_as = run_id or f"plan:{clock.as_of.isoformat()}"
     if foreign.height and clock.live:
+        alert_unmatched_disputes(ledger, foreign, config, clock.as_of, recorded_as)
         ledger.set_aside_events(foreign, recorded_as, dt.datetime.now(dt.UTC))
     exclusions = with_held(exclusions, IN_FLIGHT, payment_signals.in_flight(signals))
     # a dispute told of by this run's own events holds its invoice now; the table learns of it at the next snapshot
@@ -212,6 +213,32 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
     escalations, stopped = plan_escalation_step(ledger, cycled, config, clock)
     plan = cycle.plan_cycle(cycled, config, failed, notices, exclusions, invoices, settle, escalations)
     return apply_schedule(ledger, plan, cycled, config, clock, stopped)
+
+
+DISPUTE_UNMATCHED = "dispute_unmatched"
+
+
+def alert_unmatched_disputes(
+    ledger: Ledger, foreign: pl.DataFrame, config: DunningConfig, as_of: dt.datetime, run_id: str
+) -> int:
+    """One alert per dispute set aside because its event names no customer (its charge not expanded, as Stripe
+    sends it), the first time it is set aside: it excludes nothing on its own (a forged `metadata.invoice_id` must
+    not stop another customer's reminders), so a human decides. Returns the alerts raised."""
+    raised = 0
+    unmatched = payment_signals.disputes_naming_no_customer(foreign)
+    for row in unmatched.iter_rows(named=True):
+        if not ledger.set_aside_events(pl.DataFrame([row]).cast(unmatched.schema), run_id, dt.datetime.now(dt.UTC)):
+            continue  # set aside by an earlier run, which paged for it
+        invoice_id = for_terminal(str(row["invoice_id"]))[:80]
+        message = (
+            f"dispute event {for_terminal(str(row['event_id']))[:80]} names invoice {invoice_id} but no customer "
+            "(Stripe sends a dispute's charge unexpanded): it excludes nothing on its own and the invoice's reminders "
+            f"go on; if the dispute is that invoice's, `dunning exclude --invoice {invoice_id} --reason disputed`"
+        )
+        details = {"event_id": row["event_id"], "invoice_id": invoice_id}
+        raise_alert(ledger, config.alerts, Alert(DISPUTE_UNMATCHED, message, as_of, run_id, details, "warning"))
+        raised += 1
+    return raised
 
 
 def plan_escalation_step(
