@@ -7,7 +7,7 @@ from assets.common import OWNERS, daily_partitions, fail, tag_held
 from dunning.errors import DunningError
 from dunning.ingest import billing_source
 from dunning.ingest.landing import latest_for_day
-from dunning.plan.clock import parse_as_of, utc_now
+from dunning.plan.clock import parse_as_of, refuse_future, utc_now
 from dunning.run import ingest
 from resources.dunning import DunningHome
 
@@ -18,6 +18,7 @@ class IngestRequest(dg.Config):
     as_of: str
     snapshot_path: str | None = None
     allow_shrink: bool = False  # store a snapshot with fewer than `max_shrink` times the last applied one's invoices
+    allow_future_as_of: bool = False  # an `as_of` ahead of the wall clock (`plan.clock.refuse_future`)
 
 
 @dg.asset(group_name=INGEST_GROUP, partitions_def=daily_partitions, owners=OWNERS, kinds={"parquet", "pandera"},
@@ -28,6 +29,7 @@ def ingested_snapshot(context: dg.AssetExecutionContext, config: IngestRequest, 
     try:
         settings = dunning_home.settings()
         as_of = parse_as_of(config.as_of)
+        refuse_future(as_of, utc_now(), config.allow_future_as_of)  # a launchpad run with a clock ahead, as the CLI
         path, source = config.snapshot_path, None
         if path is None and settings.source.kind != "none":
             path = str(billing_source.pull_invoices(settings.source, dunning_home.root, utc_now()))

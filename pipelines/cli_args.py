@@ -216,6 +216,11 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     ingest.add_argument(
         "--allow-shrink", action="store_true", help="accept fewer than max_shrink times the last applied's invoices"
     )
+    ingest.add_argument(
+        "--allow-future-as-of",
+        action="store_true",
+        help="an --as-of more than 15 minutes ahead of the wall clock (its parts are dated by it, as a live run's)",
+    )
     ingest.set_defaults(handler=handlers["ingest"])
     _one_line_errors(ingest)
 

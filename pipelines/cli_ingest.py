@@ -9,7 +9,7 @@ import sys
 
 from dunning.errors import LedgerBusy
 from dunning.ledger.factory import open_ledger_for
-from dunning.plan.clock import parse_as_of, utc_now
+from dunning.plan.clock import parse_as_of, refuse_future, utc_now
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -20,6 +20,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     home = cli._home(args)
     config = cli.load_settings(cli._config_path(args, home))
     as_of = parse_as_of(args.as_of)
+    # the first half of a sharded live run: its parts are dated by this clock, as a live run's snapshot is
+    refuse_future(as_of, utc_now(), bool(args.allow_future_as_of))
     source = None
     if args.snapshot:
         path = cli._existing(args.snapshot, "snapshot")

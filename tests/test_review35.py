@@ -283,3 +283,22 @@ def test_a_dispute_whose_charge_is_not_expanded_excludes_nothing_and_pages_once(
     assert len(alerts) == 1, "one alert per dispute, not one per run"
     assert "evt_d1" in alerts[0][1] and "dunning exclude --invoice in_1" in alerts[0][1]
     assert deployment.query("SELECT count(*) FROM event_quarantine WHERE event_id = 'evt_d1'") == [(1,)]
+
+
+# --- no clock from the future: the ingest, the first half of a sharded live run ----------------------------------
+
+
+def test_an_ingest_hours_ahead_is_refused_naming_the_flag_and_stores_nothing(deployment):
+    """`dunning ingest --as-of` a day ahead (a date typed wrong) was stored: its parts are dated by that clock, so
+    once the shards applied it every later ingest was refused as stale, without naming the cause."""
+    import datetime as dt
+
+    ahead = (dt.datetime.now(dt.UTC) + dt.timedelta(days=1)).isoformat()
+    snapshot = str(deployment.snapshot([invoice()]))
+    deployment.home.mkdir()
+    (deployment.home / "config.yaml").write_text("shards: 2\n")
+    code, _, err = deployment.cli("ingest", "--snapshot", snapshot, "--as-of", ahead)
+    assert code == 2 and "--allow-future-as-of" in err and "Traceback" not in err, err
+    assert not (deployment.home / "store").exists() and not (deployment.home / "dunning.duckdb").exists()
+    code, _, err = deployment.cli("ingest", "--snapshot", snapshot, "--as-of", ahead, "--allow-future-as-of")
+    assert code == 0, err
