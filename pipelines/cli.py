@@ -612,10 +612,12 @@ def cmd_adopt(args: argparse.Namespace) -> int:
     """Going live after another system: the stages each open invoice has reached are recorded skipped (adopted)."""
     from dunning.run.adopt import adopt
 
+    as_of = parse_as_of(args.as_of)
+    # a clock ahead records every stage reached by then as the old system's: reminders nobody sends
+    refuse_future(as_of, utc_now(), bool(args.allow_future_as_of))
     home = _home(args)
     config = load_settings(_config_path(args, home))
     snapshot = _existing(args.snapshot, "snapshot")
-    as_of = parse_as_of(args.as_of)
     with open_ledger_for(config, home) as ledger:
         done = adopt(ledger, snapshot, config, as_of)
     say(

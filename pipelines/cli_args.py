@@ -121,6 +121,12 @@ def build_parser(handlers: dict[str, Callable[[argparse.Namespace], int]]) -> ar
     adopt.add_argument("--snapshot", required=True, help="the invoices as they stand now (CSV, Parquet or Stripe JSON)")
     adopt.add_argument("--as-of", help="the clock: stages reached by then are the old system's (default: now)")
     adopt.add_argument("--config", help="YAML policy file (default: HOME/config.yaml if present, else defaults)")
+    adopt.add_argument(
+        "--allow-future-as-of",
+        action="store_true",
+        help="an --as-of more than 15 minutes ahead of the wall clock (every stage reached by then is recorded as the "
+        "old system's)",
+    )
     adopt.set_defaults(handler=handlers["adopt"])
 
     backfill = commands.add_parser("backfill", help="rebuild history and audit for past days; never sends")

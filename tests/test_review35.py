@@ -302,3 +302,17 @@ def test_an_ingest_hours_ahead_is_refused_naming_the_flag_and_stores_nothing(dep
     assert not (deployment.home / "store").exists() and not (deployment.home / "dunning.duckdb").exists()
     code, _, err = deployment.cli("ingest", "--snapshot", snapshot, "--as-of", ahead, "--allow-future-as-of")
     assert code == 0, err
+
+
+def test_adopt_a_year_ahead_is_refused_it_would_record_every_stage_as_the_old_systems(deployment):
+    """`dunning adopt --as-of` with a year typed wrong recorded every stage the invoices reach by then as sent by
+    the old system (skipped, adopted): those reminders were never sent by anyone."""
+    import datetime as dt
+
+    ahead = (dt.datetime.now(dt.UTC) + dt.timedelta(days=365)).isoformat()
+    snapshot = str(deployment.snapshot([invoice(due_date=dt.date.today().isoformat())]))
+    code, _, err = deployment.cli("adopt", "--snapshot", snapshot, "--as-of", ahead)
+    assert code == 2 and "--allow-future-as-of" in err and "Traceback" not in err, err
+    assert not (deployment.home / "dunning.duckdb").exists()
+    code, out, err = deployment.cli("adopt", "--snapshot", snapshot, "--as-of", ahead, "--allow-future-as-of")
+    assert code == 0 and "3 stage(s)" in out, out + err
