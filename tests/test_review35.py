@@ -316,3 +316,29 @@ def test_adopt_a_year_ahead_is_refused_it_would_record_every_stage_as_the_old_sy
     assert not (deployment.home / "dunning.duckdb").exists()
     code, out, err = deployment.cli("adopt", "--snapshot", snapshot, "--as-of", ahead, "--allow-future-as-of")
     assert code == 0 and "3 stage(s)" in out, out + err
+
+
+def test_the_resume_guards_simulation_pages_no_dispute(deployment, tmp_path, http_server):
+    """The guard's double pass runs the live plan inside a rolled-back transaction: an alert it raised would reach
+    the pager for real, then vanish from the table and be raised again by the next real run."""
+    import datetime as dt
+
+    from dunning.ingest.events import load_events
+    from dunning.ledger.backends.duckdb_ledger import open_ledger
+    from dunning.run.guard import simulated_double_pass
+    from dunning.run.settings import load_settings
+    from tests.test_payment_signals import events_file, stripe_event
+
+    url, received = http_server
+    path = tmp_path / "c.yaml"
+    path.write_text(f"alerts: {{webhook_url: '{url}/hook'}}\n")
+    obj = {"id": "dp_1", "object": "dispute", "charge": "ch_1", "metadata": {"invoice_id": "in_1"}}
+    events = events_file(tmp_path, "d.json", [stripe_event("evt_d1", "charge.dispute.created", obj,
+                                                           "2026-11-03T12:00:00Z")])  # fmt: skip
+    as_of = dt.datetime(2026, 11, 4, 9, tzinfo=dt.UTC)
+    deployment.home.mkdir()
+    with open_ledger(deployment.home / "dunning.duckdb") as ledger:
+        with ledger.transaction():
+            ledger.store_events(load_events(str(events)).accepted, "webhook", as_of)
+        simulated_double_pass(ledger, deployment.snapshot([invoice()]), load_settings(str(path)), as_of)
+    assert received == [], "nothing paged from a simulation"

@@ -191,7 +191,8 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
     signals, foreign = payment_signals.owned(signals, cycled)
     recorded_as = run_id or f"plan:{clock.as_of.isoformat()}"
     if foreign.height and clock.live:
-        alert_unmatched_disputes(ledger, foreign, config, clock.as_of, recorded_as)
+        if run_id is not None:  # a real run; the resume guard's simulation (no run id) pages nothing it rolls back
+            alert_unmatched_disputes(ledger, foreign, config, clock.as_of, recorded_as)
         ledger.set_aside_events(foreign, recorded_as, dt.datetime.now(dt.UTC))
     exclusions = with_held(exclusions, IN_FLIGHT, payment_signals.in_flight(signals))
     # a dispute told of by this run's own events holds its invoice now; the table learns of it at the next snapshot
