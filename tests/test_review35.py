@@ -342,3 +342,26 @@ def test_the_resume_guards_simulation_pages_no_dispute(deployment, tmp_path, htt
             ledger.store_events(load_events(str(events)).accepted, "webhook", as_of)
         simulated_double_pass(ledger, deployment.snapshot([invoice()]), load_settings(str(path)), as_of)
     assert received == [], "nothing paged from a simulation"
+
+
+def test_the_resume_guards_simulation_delivers_no_alert_at_all(deployment, tmp_path, http_server):
+    """The same for every alert the live steps raise: a suppressed customer's `contact_suppressed` (once per
+    customer and address, ever) was delivered from the simulation, its record rolled back, and delivered again by
+    the first real run after `resume`."""
+    import datetime as dt
+
+    from dunning.ledger.backends.duckdb_ledger import open_ledger
+    from dunning.run.guard import simulated_double_pass
+    from dunning.run.settings import load_settings
+
+    url, received = http_server
+    path = tmp_path / "c.yaml"
+    path.write_text(f"alerts: {{webhook_url: '{url}/hook'}}\n")
+    as_of = dt.datetime(2026, 11, 4, 9, tzinfo=dt.UTC)
+    deployment.home.mkdir()
+    with open_ledger(deployment.home / "dunning.duckdb") as ledger:
+        ledger.suppress("ada@example.com", "hard_bounce", "mbox", as_of)
+        simulated_double_pass(ledger, deployment.snapshot([invoice()]), load_settings(str(path)), as_of)
+    assert received == [], "nothing paged from a simulation"
+    deployment.run_in_process([invoice()], "2026-11-04T10:00:00Z", path)
+    assert [body["kind"] for _, body in received] == ["contact_suppressed"], "the real run pages, once"

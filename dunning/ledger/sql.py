@@ -68,6 +68,7 @@ class SqlConnection:
         self.con = con
         self._depth = 0
         self._columns: dict[str, list[str]] = {}  # the columns of each registered frame, by name
+        self.simulating = False  # inside `simulation()`: what is written goes, so nothing may leave (an alert)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Executes]:
@@ -91,13 +92,17 @@ class SqlConnection:
 
     @contextlib.contextmanager
     def simulation(self) -> Iterator[None]:
-        """Everything written inside is rolled back at the end, whatever happens."""
+        """Everything written inside is rolled back at the end, whatever happens; `simulating` meanwhile, so that
+        nothing leaves that the rollback cannot take back (`dunning.send.alerts` delivers no alert)."""
+        outer, self.simulating = self.simulating, True
         try:
             with self.transaction():
                 yield
                 raise _Rollback
         except _Rollback:
             pass
+        finally:
+            self.simulating = outer
 
     def frame(self, sql: str, params: Sequence[object] | None = None) -> pl.DataFrame:
         raise NotImplementedError

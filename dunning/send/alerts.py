@@ -113,7 +113,10 @@ def masked(alert: Alert) -> Alert:
 def deliver_stored(
     ledger: AlertStore, settings: Alerts, alert: Alert, alert_id: str, logger: logging.Logger | None = None
 ) -> None:
-    """Deliver an alert already stored (masked) under `alert_id`, and record where it went."""
+    """Deliver an alert already stored (masked) under `alert_id`, and record where it went. Inside a simulation
+    (its row is rolled back) nothing is delivered: a page cannot be taken back, and the real run raises it again."""
+    if getattr(ledger, "simulating", False):
+        return
     ledger.mark_alert_delivered(alert_id, "; ".join(deliver(alert, settings, logger)))
 
 
