@@ -283,6 +283,13 @@ def test_a_dispute_whose_charge_is_not_expanded_excludes_nothing_and_pages_once(
     assert len(alerts) == 1, "one alert per dispute, not one per run"
     assert "evt_d1" in alerts[0][1] and "dunning exclude --invoice in_1" in alerts[0][1]
     assert deployment.query("SELECT count(*) FROM event_quarantine WHERE event_id = 'evt_d1'") == [(1,)]
+    closed = events_file(tmp_path, "c.json", [stripe_event("evt_d2", "charge.dispute.closed", obj,
+                                                           "2026-11-08T12:00:00Z")])  # fmt: skip
+    deployment.run_in_process(rows, "2026-11-09T09:00:00Z", events=closed)
+    [(message,)] = deployment.query(
+        "SELECT message FROM alerts WHERE kind = 'dispute_unmatched' AND message LIKE '%evt_d2%'"
+    )
+    assert "dunning include --invoice in_1" in message, "the closing one says how to end a hand-made exclusion"
 
 
 # --- no clock from the future: the ingest, the first half of a sharded live run ----------------------------------

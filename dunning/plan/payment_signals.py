@@ -115,14 +115,14 @@ def owned(signals: pl.DataFrame, snapshot: pl.DataFrame) -> tuple[pl.DataFrame, 
 
 
 def disputes_naming_no_customer(foreign: pl.DataFrame) -> pl.DataFrame:
-    """Of `owned`'s set-aside rows, the disputes opened whose event names no customer (REJECTED_SCHEMA and the
-    `invoice_id` it names): Stripe
-    sends a dispute's `charge` unexpanded, so a real dispute lands here; only a human can tell it is the invoice's."""
+    """Of `owned`'s set-aside rows, the disputes (opened or closed) whose event names no customer (REJECTED_SCHEMA
+    and the `invoice_id` it names): Stripe sends a dispute's `charge` unexpanded, so a real dispute lands here; only
+    a human can tell it is the invoice's."""
     named = pl.coalesce(
         *(pl.col("payload").str.json_path_match(path) for path in ("$.data.object.invoice.id", "$.data.object.invoice",
                                                                    "$.data.object.metadata.invoice_id"))
     )  # fmt: skip
-    return foreign.filter((pl.col("type") == DISPUTE_OPENED) & event_customer().is_null()).select(
+    return foreign.filter(pl.col("type").is_in(DISPUTES) & event_customer().is_null()).select(
         "event_id", "type", "reason", "payload", named.alias("invoice_id")
     )
 

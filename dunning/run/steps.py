@@ -222,19 +222,24 @@ DISPUTE_UNMATCHED = "dispute_unmatched"
 def alert_unmatched_disputes(
     ledger: Ledger, foreign: pl.DataFrame, config: DunningConfig, as_of: dt.datetime, run_id: str
 ) -> int:
-    """One alert per dispute set aside because its event names no customer (its charge not expanded, as Stripe
-    sends it), the first time it is set aside: it excludes nothing on its own (a forged `metadata.invoice_id` must
-    not stop another customer's reminders), so a human decides. Returns the alerts raised."""
+    """One alert per dispute event (opened or closed) set aside because it names no customer (its charge not
+    expanded, as Stripe sends it), the first time it is set aside: it excludes or includes nothing on its own (a
+    forged `metadata.invoice_id` must not stop another customer's reminders), so a human decides. Returns the alerts
+    raised."""
     raised = 0
     unmatched = payment_signals.disputes_naming_no_customer(foreign)
     for row in unmatched.iter_rows(named=True):
         if not ledger.set_aside_events(pl.DataFrame([row]).cast(unmatched.schema), run_id, dt.datetime.now(dt.UTC)):
             continue  # set aside by an earlier run, which paged for it
         invoice_id = for_terminal(str(row["invoice_id"]))[:80]
+        said = f"dispute event {for_terminal(str(row['event_id']))[:80]} names invoice {invoice_id} but no customer"
         message = (
-            f"dispute event {for_terminal(str(row['event_id']))[:80]} names invoice {invoice_id} but no customer "
-            "(Stripe sends a dispute's charge unexpanded): it excludes nothing on its own and the invoice's reminders "
-            f"go on; if the dispute is that invoice's, `dunning exclude --invoice {invoice_id} --reason disputed`"
+            f"{said} (Stripe sends a dispute's charge unexpanded): it excludes nothing on its own and the invoice's "
+            f"reminders go on; if the dispute is that invoice's, `dunning exclude --invoice {invoice_id} --reason "
+            "disputed`"
+            if row["type"] == payment_signals.DISPUTE_OPENED
+            else f"{said} (its charge unexpanded): the dispute closed, which ends nothing on its own; if you excluded "
+            f"the invoice by hand for it, `dunning include --invoice {invoice_id}`"
         )
         details = {"event_id": row["event_id"], "invoice_id": invoice_id}
         raise_alert(ledger, config.alerts, Alert(DISPUTE_UNMATCHED, message, as_of, run_id, details, "warning"))
