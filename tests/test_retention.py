@@ -128,9 +128,10 @@ def test_ingests_beyond_ingests_keep_go_never_the_one_this_hour_may_read(deploym
     write_config(deployment, shards=2, retention={"ingests_keep": 1})
     snapshot = deployment.snapshot([invoice(), invoice(invoice_id="in_2", customer_id="cus_2")])
     hour = REAL_NOW.replace(minute=0, second=0, microsecond=0)
-    for hours in (-5, -4, -3, 0, 2):  # an operator ingested two hours ahead too
+    for hours in (-5, -4, -3, 0, 2):  # an operator ingested two hours ahead too (on purpose: the flag)
         as_of = (hour + dt.timedelta(hours=hours)).isoformat()
-        assert deployment.cli("ingest", "--snapshot", str(snapshot), "--as-of", as_of, "--allow-stale")[0] == 0
+        assert deployment.cli("ingest", "--snapshot", str(snapshot), "--as-of", as_of, "--allow-stale",
+                              "--allow-future-as-of")[0] == 0  # fmt: skip
     store = SnapshotStore(str(deployment.home / "store"))
     ids = store.ingest_ids()
     assert len(ids) == 5
