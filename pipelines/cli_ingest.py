@@ -7,7 +7,7 @@ import argparse
 import datetime as dt
 import sys
 
-from dunning.errors import LedgerBusy
+from dunning.errors import LedgerBusy, UserInputError
 from dunning.ledger.factory import open_ledger_for
 from dunning.plan.clock import parse_as_of, refuse_future, utc_now
 
@@ -49,7 +49,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from assets.retention import sweep
     from pipelines import cli
 
-    home = cli._home(args)
+    home = cli._home(args, writes=False)
+    if not home.is_dir():  # a mistyped --home: nothing there to prune, and no new home made for it
+        raise UserInputError(f"no home at {home}: nothing to prune (check --home or DUNNING_HOME)")
     config = cli.load_settings(cli._config_path(args, home))
     instance = cli._instance(home)
     now = utc_now()

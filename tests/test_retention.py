@@ -291,3 +291,10 @@ def test_set_aside_events_once_and_old_delivery_events_on_both_ledgers(backend):
         with ledger.transaction():
             assert ledger.delete_delivery_events(cutoff) == 1
         assert ledger.delivery_events_before(at + dt.timedelta(days=1)) == 1, "the report a suppression names stays"
+
+
+def test_prune_on_a_mistyped_home_creates_nothing_and_says_so(tmp_path, deployment):
+    missing = tmp_path / "typo-home"
+    code, _, err = deployment.cli("--home", str(missing), "prune")
+    assert code == 2 and "nothing to prune" in err
+    assert not missing.exists()
