@@ -127,7 +127,11 @@ def write_config(deployment, **sections) -> Path:
 def test_ingests_beyond_ingests_keep_go_never_the_one_this_hour_may_read(deployment, monkeypatch):
     write_config(deployment, shards=2, retention={"ingests_keep": 1})
     snapshot = deployment.snapshot([invoice(), invoice(invoice_id="in_2", customer_id="cus_2")])
-    hour = REAL_NOW.replace(minute=0, second=0, microsecond=0)
+    hour = dt.datetime.now(dt.UTC).replace(minute=0, second=0, microsecond=0)
+    # "this hour" is the wall clock's: held at ten past, so a test that runs across the hour keeps its hour
+    frozen = hour + dt.timedelta(minutes=10)
+    monkeypatch.setattr("assets.retention.utc_now", lambda: frozen)
+    monkeypatch.setattr("pipelines.cli_ingest.utc_now", lambda: frozen)
     for hours in (-5, -4, -3, 0, 2):  # an operator ingested two hours ahead too (on purpose: the flag)
         as_of = (hour + dt.timedelta(hours=hours)).isoformat()
         assert deployment.cli("ingest", "--snapshot", str(snapshot), "--as-of", as_of, "--allow-stale",
