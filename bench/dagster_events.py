@@ -52,7 +52,7 @@ def run_timings(home: Path, started: float, ended: float) -> dict:
     ordered = sorted(starts, key=starts.__getitem__)
     steps = {key: round(ends.get(key, starts[key]) - starts[key], 3) for key in ordered}
     if not ordered:
-        return {"run_id": run_id, "steps": {}, "events": len(logs), "before_first_event_s": round(first_event - started, 3)}
+        return {"run_id": run_id, "steps": {}, "events": len(logs)}
     first, last_end = starts[ordered[0]], max(ends.get(key, starts[key]) for key in ordered)
     return {
         "run_id": run_id,

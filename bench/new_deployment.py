@@ -52,7 +52,9 @@ def new_deployment_frame(invoices: int) -> pl.DataFrame:
     return (
         demo.with_columns(
             status=pl.when(overdue).then(pl.lit("open")).otherwise(pl.col("status")),
-            amount_paid=pl.when(overdue).then(pl.when(part_paid).then(paid).otherwise(0)).otherwise(pl.col("amount_paid")),
+            amount_paid=pl.when(overdue)
+            .then(pl.when(part_paid).then(paid).otherwise(0))
+            .otherwise(pl.col("amount_paid")),
             due_date=pl.when(overdue)
             .then(pl.lit(as_of) - pl.duration(days=days_late))
             .when(pl.col("status") == "open")
