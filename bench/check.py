@@ -56,7 +56,7 @@ def send_floor(home: Path) -> dict:
 
 
 def new_deployment(report: dict, repeat: int, in_process: bool) -> None:
-    from bench.floors import floors, publication_floor
+    from bench.floors import claim_record_floor, floors, publication_floor
     from bench.new_deployment import first_runs, snapshot
 
     path, report["snapshot_1m"] = snapshot(TIERS["1m"])
@@ -65,8 +65,11 @@ def new_deployment(report: dict, repeat: int, in_process: bool) -> None:
     report["new_1m_live"] = first_runs(path, max(1, repeat // 3), dry_run=False, keep=live_home)
     report["floors"]["new_1m"] = floors(dry_home, path, AS_OF, DATA / "check-floors")  # the ledger as first found
     report["new_1m_dry"]["own_floors"] = {"publication": publication_floor(dry_home, DATA / "check-floors", 3)}
-    report["new_1m_live"]["own_floors"] = {"publication": publication_floor(live_home, DATA / "check-floors", 3),
-                                           "send": send_floor(live_home)}  # fmt: skip
+    report["new_1m_live"]["own_floors"] = {
+        "publication": publication_floor(live_home, DATA / "check-floors", 3),
+        "claim_record": claim_record_floor(dry_home, path, AS_OF, DATA / "check-floors"),  # the ledger it found
+        "send": send_floor(live_home),
+    }
     from bench.empty_job import measure
 
     report["empty_job"] = measure(dry_home, DATA / "check-empty-job")
@@ -107,8 +110,8 @@ def measure(args: argparse.Namespace) -> dict:
     report["imports"] = imports()
     new_deployment(report, args.repeat, args.in_process)
     warm(report, "1m", args.repeat, full=True)
-    report["idle_10k"] = noop_runs(template_for("10k", TIERS["10k"], 1)[0], AS_OF, args.repeat)
-    report["idle_1m"] = noop_runs(template_for("1m", TIERS["1m"], 1)[0], AS_OF, args.repeat)
+    report["idle_10k"] = noop_runs(template_for("10k", TIERS["10k"], 1)[0], AS_OF, args.repeat, run_timings)
+    report["idle_1m"] = noop_runs(template_for("1m", TIERS["1m"], 1)[0], AS_OF, args.repeat, run_timings)
     report["shards"] = shards("1m", 4, 1)
     if "10m" in args.tiers.split(","):
         warm(report, "10m", args.repeat, full=False)

@@ -3,8 +3,9 @@
 Seven assets and three asset checks with the cycle's names, dependencies, partitions, pools and blocking checks
 (ten steps, one process, the in-process executor, outputs kept in memory), executed by `dg.execute_job` on a
 `reconstructable` job, on an instance configured by the `dagster.yaml` the CLI writes, in a process of its own:
-`python -m bench.empty_job HOME` (HOME/dagster/dagster.yaml must exist). `measure` runs it twice, on a home
-with no instance yet (the first run of a deployment creates and migrates it) and again on the same home.
+`python -m bench.empty_job HOME [one_step]` (HOME/dagster/dagster.yaml must exist). `measure` runs it twice, on
+a home with no instance yet (the first run of a deployment creates and migrates it) and again on the same home,
+then a job of one asset (`one_step`: the least a run recorded in Dagster can be).
 What it shows is the floor under any `dunning run` that keeps its runs in Dagster.
 """
 
@@ -75,6 +76,19 @@ def retention_sweep() -> dg.MaterializeResult:
     return dg.MaterializeResult()
 
 
+@dg.asset(group_name="one", partitions_def=daily, io_manager_key="frames")
+def only_step() -> int:
+    return 0
+
+
+def one_step() -> dg.JobDefinition:
+    """The least a run through Dagster can be: one asset, no check (what an hour with nothing new cannot go below
+    while its run is recorded in the instance)."""
+    job = dg.define_asset_job("one_step", dg.AssetSelection.groups("one"), executor_def=dg.in_process_executor)
+    defs = dg.Definitions(assets=[only_step], jobs=[job], resources={"frames": dg.InMemoryIOManager()})
+    return defs.resolve_job_def("one_step")
+
+
 def empty_cycle() -> dg.JobDefinition:
     job = dg.define_asset_job("empty_cycle", dg.AssetSelection.groups("empty"), executor_def=dg.in_process_executor)
     defs = dg.Definitions(
@@ -87,14 +101,15 @@ def empty_cycle() -> dg.JobDefinition:
     return defs.resolve_job_def("empty_cycle")
 
 
-def run(home: Path) -> None:
-    """Execute the empty job on HOME's instance, as the CLI executes the cycle (run in a process of its own)."""
+def run(home: Path, job: str = "empty_cycle") -> None:
+    """Execute the empty job (or `one_step`) on HOME's instance, as the CLI executes the cycle (run in a process
+    of its own)."""
     os.environ["DAGSTER_HOME"] = str(home / "dagster")
     from bench import empty_job  # by module path, not __main__: the run's origin must be importable
 
     instance = dg.DagsterInstance.get()
     result = dg.execute_job(
-        dg.reconstructable(empty_job.empty_cycle),
+        dg.reconstructable(getattr(empty_job, job)),
         instance=instance,
         tags={"dagster/partition": DAY},
         raise_on_error=True,
@@ -113,9 +128,11 @@ def measure(yaml_from: Path, scratch: Path) -> dict:
     (scratch / "dagster").mkdir(parents=True)
     shutil.copy(yaml_from / "dagster" / "dagster.yaml", scratch / "dagster" / "dagster.yaml")
     result = {}
-    for name in ("first run (instance created)", "next run (instance exists)"):
+    cases = {"first run (instance created)": "empty_cycle", "next run (instance exists)": "empty_cycle",
+             "one-step job (instance exists)": "one_step"}  # fmt: skip
+    for name, job in cases.items():
         started = time.time()
-        measured = timed([PYTHON, "-m", "bench.empty_job", str(scratch)])
+        measured = timed([PYTHON, "-m", "bench.empty_job", str(scratch), job])
         timings = run_timings(scratch, started, time.time())
         result[name] = {key: value for key, value in measured.items() if key != "stdout"} | timings
     result["import dagster"] = {k: v for k, v in timed([PYTHON, "-c", "import dagster"]).items() if k != "stdout"}
@@ -125,6 +142,6 @@ def measure(yaml_from: Path, scratch: Path) -> dict:
 
 if __name__ == "__main__":
     started = dt.datetime.now(dt.UTC)
-    run(Path(sys.argv[1]))
+    run(Path(sys.argv[1]), *sys.argv[2:3])
     print(f"empty job done in {(dt.datetime.now(dt.UTC) - started).total_seconds():.2f} s", flush=True)
     os._exit(0)  # as the CLI ends (`pipelines.cli.entry`): without the interpreter's teardown

@@ -9,12 +9,15 @@ bookkeeping (cycles, policies, holds, quarantine records, fingerprints, Dagster)
 - `history_write`: the valid rows inserted into a table of a DuckDB file and committed (a live run's history day);
 - `newly_due`: the anti-join of the owed invoices' reached stage against the ledger (`bench.steps.floor_query`);
 - `audit`: those newly-due keys joined with their snapshot rows, each given an outcome, written to a DuckDB table;
+- `claim_record` (a live run's send step, its ledger part): the newly-due keys inserted as claimed, with their
+  invoices' earlier stages as skipped, a transaction per chunk, then marked sent;
 - `publication`: the home's history tables, as the run left them, copied whole to Parquet files by DuckDB.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -110,6 +113,50 @@ def audit_floor(ledger_home: Path, snapshot: Path, as_of: dt.datetime, scratch: 
     finally:
         con.close()
         discard(database)
+
+
+def claim_record_floor(
+    ledger_home: Path, snapshot: Path, as_of: dt.datetime, scratch: Path, chunk: int = 20_000
+) -> dict:
+    """The send step's ledger work on a copy of the ledger as the run found it: per chunk of `chunk` newly-due
+    keys, one transaction inserting them as `claimed` (ON CONFLICT DO NOTHING, under the table's primary key) with
+    the earlier stages of their invoices as `skipped`, then one transaction marking them `sent`."""
+    database = scratch / "claim-floor.duckdb"
+    discard(database)
+    shutil.copy(ledger_home / "dunning.duckdb", database)
+    con = duckdb.connect(str(database))
+    try:
+        con.execute(
+            "CREATE TEMP TABLE due AS " + NEWLY_DUE_SQL + "SELECT n.*, row_number() OVER (ORDER BY n.invoice_id) "
+            "// ? AS part FROM newly_due n",
+            [str(snapshot), as_of.date(), chunk],
+        )
+        con.execute("CREATE TEMP TABLE who AS SELECT invoice_id, customer_id FROM read_parquet(?)", [str(snapshot)])
+        parts = con.execute("SELECT max(part) FROM temp.due").fetchone()[0] or 0
+        keys = "'dunning:' || d.invoice_id || ':1:' || st.stage"
+        started = time.perf_counter()
+        for part in range(parts + 1):
+            con.execute("BEGIN")
+            con.execute(
+                'INSERT INTO reminder_ledger (idempotency_key, kind, invoice_id, customer_id, "cycle", stage, status, '
+                f"run_id, claimed_at) SELECT {keys}, 'reminder', d.invoice_id, w.customer_id, 1, st.stage, CASE WHEN "
+                "st.days = d.days THEN 'claimed' ELSE 'skipped' END, 'floor', ?::TIMESTAMPTZ FROM temp.due d JOIN "
+                "temp.who w USING (invoice_id) JOIN (VALUES ('day3', 3), ('day7', 7), ('day14', 14)) st(stage, days) "
+                "ON st.days <= d.days WHERE d.part = ? ORDER BY 1 ON CONFLICT DO NOTHING",
+                [as_of, part],
+            )
+            con.execute("COMMIT")
+            con.execute(
+                "UPDATE reminder_ledger SET status = 'sent', sent_at = claimed_at WHERE status = 'claimed' AND "
+                "idempotency_key IN (SELECT 'dunning:' || invoice_id || ':1:day' || days FROM temp.due WHERE part = ?)",
+                [part],
+            )
+        seconds = time.perf_counter() - started
+        rows = con.execute("SELECT count(*) FROM reminder_ledger WHERE run_id = 'floor'").fetchone()[0]
+    finally:
+        con.close()
+        discard(database)
+    return {"s": round(seconds, 3), "rows": rows, "chunks": parts + 1}
 
 
 def publication_floor(home: Path, scratch: Path, repeat: int) -> dict:
