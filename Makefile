@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 HOME_DIR ?= .dunning
 UV := $(shell command -v uv 2>/dev/null)
 
-.PHONY: run test test-fast lint setup bench clean ui docs docs-serve
+.PHONY: run test test-fast lint setup bench bench-check clean ui docs docs-serve
 
 $(BIN)/dunning: pyproject.toml
 ifdef UV
@@ -82,6 +82,13 @@ WORKER_TIERS ?= 1m
 bench: setup
 	$(BIN)/python -m bench.run --tiers $(TIERS) --repeat $(REPEAT)
 	$(BIN)/python -m bench.workers --tiers $(WORKER_TIERS) --repeat $(REPEAT)
+
+# the 1M tiers against bench/budgets.toml, one row per step (about 10 min on 2 cores; TIERS=10m adds the 10M dry
+# run); appends its table to bench/RESULTS.md and fails when a budget is missed. CHECK_ARGS: --record writes the
+# figures to bench/recorded.json (the "last recorded" column), --no-fail only reports.
+CHECK_ARGS ?=
+bench-check: setup
+	$(BIN)/python -m bench.check --repeat $(REPEAT) --tiers $(TIERS) $(CHECK_ARGS)
 
 # the Dagster UI (webserver and daemon) on a home: `make ui` for the demo's .dunning, `make ui HOME_DIR=path` for
 # another (the path `dunning run` printed); open http://127.0.0.1:3000

@@ -60,15 +60,9 @@ def in_process(template: Path, shards: int, repeat: int) -> dict:
             "ingest_s": round(load + split, 3), "ratio": round((load + split) / load, 2)}  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tier", default="1m", choices=sorted(TIERS))
-    parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
-    args = parser.parse_args(argv)
-    started = time.perf_counter()
-    template, sizes = template_for(args.tier, TIERS[args.tier], 1)
+def measure(tier: str, shards: int, repeat: int) -> dict:
+    """The unsharded runs, the ingest and the shard runs on copies of the tier's home, and the in-process ratio."""
+    template, sizes = template_for(tier, TIERS[tier], 1)
     snapshot = str(template / "bench-snapshot.parquet")
     as_of = AS_OF.isoformat()
 
@@ -79,28 +73,39 @@ def main(argv: list[str] | None = None) -> int:
     discard(home)
 
     home = _copy(template, "sharded")
-    (home / "config.yaml").write_text(f"shards: {args.shards}\n")
+    (home / "config.yaml").write_text(f"shards: {shards}\n")
     fixed = _run(home, "status")
     ingest_run = _run(home, "ingest", "--snapshot", snapshot, "--as-of", as_of)
     shard_runs, rows_read = [], []
-    for k in range(args.shards):
-        shard_runs.append(_run(home, "run", "--shard", f"{k}/{args.shards}", "--as-of", as_of))
+    for k in range(shards):
+        shard_runs.append(_run(home, "run", "--shard", f"{k}/{shards}", "--as-of", as_of))
         status = json.loads(_run(home, "status", "--json")["out"])
         rows_read.append(status["last_run"]["rows_read"])
     discard(home)
 
-    total = sizes.get("invoices") or TIERS[args.tier]
+    total = sizes.get("invoices") or TIERS[tier]
     sharded_cpu = ingest_run["cpu_s"] + sum(r["cpu_s"] for r in shard_runs)
     report = {
-        "at": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(), "machine": machine(), "tier": args.tier,
-        "shards": args.shards, "rows": total, "fixed_start": {"one process": fixed_single, "sharded home": fixed},
+        "at": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(), "machine": machine(), "tier": tier,
+        "shards": shards, "rows": total, "fixed_start": {"one process": fixed_single, "sharded home": fixed},
         "unsharded": single, "dry_run": dry, "ingest": ingest_run, "shard_runs": shard_runs, "rows_read": rows_read,
         "sharded_cpu_s": round(sharded_cpu, 2), "cpu_ratio": round(sharded_cpu / single["cpu_s"], 2),
-        "in_process": in_process(template, args.shards, args.repeat),
+        "in_process": in_process(template, shards, repeat),
     }  # fmt: skip
     for part in [report["unsharded"], report["dry_run"], report["ingest"], *report["shard_runs"]]:
         part["out"] = part["out"].strip().splitlines()[:2]
-    finish(report, started, markdown, args.out)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tier", default="1m", choices=sorted(TIERS))
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    finish(measure(args.tier, args.shards, args.repeat), started, markdown, args.out)
     return 0
 
 

@@ -15,6 +15,8 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.trash import discard
@@ -53,19 +55,38 @@ def _summary(runs: list[dict]) -> dict:
     }
 
 
-def noop_runs(template: Path, as_of: dt.datetime, repeat: int) -> dict:
-    """`repeat` live runs, an hour apart, of a home whose last run had the same snapshot: each one skipped."""
+def noop_runs(
+    template: Path, as_of: dt.datetime, repeat: int, inspect: Callable[[Path, float, float], dict] | None = None
+) -> dict:
+    """`repeat` live runs, an hour apart, of a home whose last run had the same snapshot: each one skipped.
+    `inspect(home, started, ended)` reads the home after each skipped run; the median run's is `median_details`."""
     home = template.with_name(template.name + "-noop")
     discard(home)
     shutil.copytree(template, home, symlinks=True)
     snapshot = template / "bench-snapshot.parquet"
+    details = []
     try:
         first = timed(_run(home, snapshot, as_of))
-        runs = [timed(_run(home, snapshot, as_of + dt.timedelta(hours=h + 1))) for h in range(repeat)]
+        runs = []
+        for h in range(repeat):
+            started = time.time()
+            runs.append(timed(_run(home, snapshot, as_of + dt.timedelta(hours=h + 1))))
+            if inspect is not None:
+                details.append(inspect(home, started, time.time()))
     finally:
         discard(home)
     skipped = sum("nothing changed since run" in r["stdout"] for r in runs)
-    return {**_summary(runs), "skipped": skipped, "first_cycle_s": first["wall_s"], "first_cycle_cpu_s": first["cpu_s"]}
+    result = {
+        **_summary(runs),
+        "skipped": skipped,
+        "first_cycle_s": first["wall_s"],
+        "first_cycle_cpu_s": first["cpu_s"],
+    }
+    if details:
+        result["median_details"] = details[
+            sorted(range(len(runs)), key=lambda i: runs[i]["wall_s"])[(len(runs) - 1) // 2]
+        ]
+    return result
 
 
 BARE_CHECK = """

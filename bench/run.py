@@ -50,8 +50,13 @@ def cycle_runs(template: Path, repeat: int, dry_run: bool) -> dict:
     return interleaved_cycle_runs([template], repeat, dry_run)[0]
 
 
-def interleaved_cycle_runs(templates: list[Path], repeat: int, dry_run: bool) -> list[dict]:
-    """`repeat` runs of each template, taken in turn (A, B, A, B, ...) so a slow spell of the disk hits both alike."""
+def interleaved_cycle_runs(
+    templates: list[Path], repeat: int, dry_run: bool, inspect: Callable[[Path, float, float], dict] | None = None
+) -> list[dict]:
+    """`repeat` runs of each template, taken in turn (A, B, A, B, ...) so a slow spell of the disk hits both alike.
+    `inspect(home, started, ended)` reads each run's home before it is discarded (wall-clock times around the
+    process); what it returns is kept per run, in `details`."""
+    details: list[list[dict]] = [[] for _ in templates]
     walls: list[list[float]] = [[] for _ in templates]
     cpus: list[list[float]] = [[] for _ in templates]
     rss: list[list[int]] = [[] for _ in templates]
@@ -70,7 +75,10 @@ def interleaved_cycle_runs(templates: list[Path], repeat: int, dry_run: bool) ->
                 "--as-of",
                 AS_OF.isoformat(),
             ] + (["--dry-run"] if dry_run else [])
+            started = time.time()
             wall, peak, out[i], cpu = timed_cli(args)
+            if inspect is not None:
+                details[i].append(inspect(home, started, time.time()))
             walls[i].append(wall)
             cpus[i].append(cpu)
             rss[i].append(peak)
@@ -83,8 +91,9 @@ def interleaved_cycle_runs(templates: list[Path], repeat: int, dry_run: bool) ->
             "cpus_s": c,
             "peak_rss_mb": max(r) // 1024,
             "summary": o.strip(),
+            **({"details": d} if inspect is not None else {}),
         }
-        for w, c, r, o in zip(walls, cpus, rss, out, strict=True)
+        for w, c, r, o, d in zip(walls, cpus, rss, out, details, strict=True)
     ]
 
 

@@ -23,18 +23,22 @@ import polars as pl
 from bench.disk_probe import create_files
 from bench.trash import discard
 
-FLOOR_SQL = """
+# the snapshot's owed invoices, the highest stage each has reached, less what the ledger holds at that stage or
+# later: `newly_due` (one row per invoice, its stage's days), for the floor's count and the audit floor's join
+NEWLY_DUE_SQL = """
 WITH s AS (SELECT invoice_id, due_date, amount_due, amount_paid, status FROM read_parquet(?)),
      st AS (SELECT * FROM (VALUES ('day3', 3, 0.0), ('day7', 7, 0.0), ('day14', 14, 0.25)) t(stage, days, ratio)),
      target AS (
         SELECT s.invoice_id, max(st.days) AS days FROM s JOIN st
           ON date_diff('day', s.due_date, ?::DATE) >= st.days
          AND (s.amount_due - s.amount_paid) >= st.ratio * s.amount_due
-        WHERE s.status = 'open' AND s.amount_due > s.amount_paid GROUP BY s.invoice_id)
-SELECT count(*) FROM target t
-WHERE NOT EXISTS (SELECT 1 FROM reminder_ledger l JOIN st ON st.stage = l.stage
-                  WHERE l.invoice_id = t.invoice_id AND st.days >= t.days)
+        WHERE s.status = 'open' AND s.amount_due > s.amount_paid GROUP BY s.invoice_id),
+     newly_due AS (
+        SELECT * FROM target t
+        WHERE NOT EXISTS (SELECT 1 FROM reminder_ledger l JOIN st ON st.stage = l.stage
+                          WHERE l.invoice_id = t.invoice_id AND st.days >= t.days))
 """
+FLOOR_SQL = NEWLY_DUE_SQL + "SELECT count(*) FROM newly_due"
 
 
 def _peak_mb() -> int:
@@ -172,14 +176,16 @@ def step_timings(template: Path, as_of: dt.datetime, outbox_root: Path | None = 
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def floor_query(template: Path, as_of: dt.datetime, repeat: int = 3) -> dict:
-    """The bare DuckDB anti-join of snapshot against ledger: no validation, no cycles, no rendering."""
+def floor_query(template: Path, as_of: dt.datetime, repeat: int = 3, snapshot: Path | None = None) -> dict:
+    """The bare DuckDB anti-join of snapshot (TEMPLATE/bench-snapshot.parquet unless given) against the ledger of
+    TEMPLATE/dunning.duckdb: no validation, no cycles, no rendering."""
+    snapshot = snapshot or template / "bench-snapshot.parquet"
     con = duckdb.connect(str(template / "dunning.duckdb"), read_only=True)
     try:
         times, count = [], 0
         for _ in range(repeat):
             started = time.perf_counter()
-            count = con.execute(FLOOR_SQL, [str(template / "bench-snapshot.parquet"), as_of.date()]).fetchone()[0]
+            count = con.execute(FLOOR_SQL, [str(snapshot), as_of.date()]).fetchone()[0]
             times.append(time.perf_counter() - started)
     finally:
         con.close()
