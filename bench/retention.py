@@ -27,8 +27,9 @@ import dagster as dg
 
 from bench.run import ROOT, finish, machine
 from bench.trash import discard, empty
+from dunning.plan import clock
 from dunning.run.retention import file_size, human_bytes
-from pipelines import cli, cli_ingest
+from pipelines import cli
 
 DATA = ROOT / "bench" / "data" / "retention"
 START = dt.datetime(2026, 12, 1, 0, tzinfo=dt.UTC)
@@ -91,14 +92,14 @@ def prune_older_half(home: Path) -> tuple[str, float]:
     instance = dg.DagsterInstance.from_config(str(home / "dagster"))
     records = instance.get_run_records(ascending=True, order_by="update_timestamp")
     middle = records[len(records) // 2].update_timestamp.astimezone(dt.UTC)
-    real = cli_ingest.utc_now
-    cli_ingest.utc_now = lambda: middle + dt.timedelta(days=30)
+    real = clock.utc_now  # the CLI's commands ask for the clock when they run
+    clock.utc_now = lambda: middle + dt.timedelta(days=30)
     try:
         started = time.perf_counter()
         _, out = dunning("--home", str(home), "prune")
         return out, time.perf_counter() - started
     finally:
-        cli_ingest.utc_now = real
+        clock.utc_now = real
 
 
 def vacuum_copy(home: Path) -> dict:

@@ -2,7 +2,7 @@
 
 import mkdocs_gen_files
 
-from pipelines.docs_reference import cli_reference_markdown, config_reference_markdown
+from pipelines.cli.reference import cli_reference_markdown, config_reference_markdown
 
 with mkdocs_gen_files.open("config.md", "w") as page:
     page.write(config_reference_markdown())

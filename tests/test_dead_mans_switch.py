@@ -15,7 +15,8 @@ from dunning.config import Alerts, parse_config
 from dunning.errors import ConfigError, LedgerBusy
 from dunning.ledger.backends.duckdb_ledger import open_ledger
 from dunning.send import liveness
-from pipelines import report, sensors
+from pipelines import sensors
+from pipelines.cli import status as report
 from pipelines.definitions import defs
 from pipelines.sensors import dead_mans_switch
 from resources.dunning import DunningHome

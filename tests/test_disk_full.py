@@ -19,9 +19,12 @@ import dagster as dg
 import duckdb
 import pytest
 
+from dunning import storage_faults
 from dunning.errors import StorageError
 from dunning.send.providers.file_outbox import FileOutbox
-from pipelines import cli, report
+from dunning.storage_faults import storage_fault
+from pipelines import cli
+from pipelines.cli.exit_codes import exit_by_error_class
 from tests.conftest import invoice, write_snapshot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -226,17 +229,17 @@ def test_an_outbox_on_a_full_disk_fails_each_message_without_crashing(small_disk
     ],
 )
 def test_storage_errors_are_recognised_by_their_message(message, cls_name, reason, path, kind):
-    assert report.storage_fault(message, cls_name) == report.StorageFault(reason, path, kind)
-    assert report.EXIT_BY_ERROR_CLASS["StorageError"] == 8
+    assert storage_faults.storage_fault(message, cls_name) == storage_faults.StorageFault(reason, path, kind)
+    assert exit_by_error_class()["StorageError"] == 8
 
 
 def test_other_errors_are_not_storage_errors():
-    assert report.storage_fault('IO Error: Cannot open file "/x": No such file or directory', "IOException") is None
-    assert report.storage_fault_of(FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")) is None
+    assert storage_fault('IO Error: Cannot open file "/x": No such file or directory', "IOException") is None
+    assert storage_faults.storage_fault_of(FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")) is None
     wrapped = RuntimeError("step failed")
     wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device", "/h/dunning.duckdb")
-    expected = report.StorageFault("no space left on device", "/h/dunning.duckdb", "file")
-    assert report.storage_fault_of(wrapped) == expected
+    expected = storage_faults.StorageFault("no space left on device", "/h/dunning.duckdb", "file")
+    assert storage_faults.storage_fault_of(wrapped) == expected
 
 
 def test_any_other_unexpected_error_is_one_line_with_exit_1_and_no_traceback(tmp_path, monkeypatch, capsys):

@@ -64,12 +64,13 @@ def test_a_run_launched_with_a_clock_ahead_outside_the_cli_is_refused_in_its_fir
     """The Dagster launchpad sets `cycle_request.as_of` itself: the first step refuses as the CLI does."""
     import dagster as dg
 
-    from pipelines import cli, report
+    from pipelines.cli import cycle as cli
+    from pipelines.cli import failures as report
     from pipelines.instance import get_instance
 
     snapshot = str(deployment.snapshot(ROWS))
     deployment.home.mkdir(parents=True)
-    run_config = cli._cycle_run_config(deployment.home, None, snapshot_path=snapshot, as_of=ahead(hours=5))
+    run_config = cli.cycle_run_config(deployment.home, None, snapshot_path=snapshot, as_of=ahead(hours=5))
     result = dg.execute_job(dg.reconstructable(cli.dunning_cycle), instance=get_instance(deployment.home),
                             run_config=run_config, raise_on_error=False)  # fmt: skip
     text, code = report.failed_run_report(result)

@@ -20,7 +20,6 @@ from dunning.config import DunningConfig
 from dunning.ingest.store import SnapshotStore
 from dunning.run import retention
 from dunning.run.inbox import inbox_dir
-from pipelines import cli_ingest
 from tests.conftest import invoice
 from tests.ledger_backends import backend_fixture  # noqa: F401 - the `backend` fixture
 
@@ -30,7 +29,7 @@ REAL_NOW = dt.datetime.now(dt.UTC)
 def wall_clock(monkeypatch, days: float) -> dt.datetime:
     """Make the prune's wall clock `days` from now (the CLI's and the hourly step's)."""
     moved = REAL_NOW + dt.timedelta(days=days)
-    monkeypatch.setattr(cli_ingest, "utc_now", lambda: moved)
+    monkeypatch.setattr("dunning.plan.clock.utc_now", lambda: moved)  # the CLI asks for it when a command runs
     monkeypatch.setattr("assets.retention.utc_now", lambda: moved)
     return moved
 
@@ -131,7 +130,7 @@ def test_ingests_beyond_ingests_keep_go_never_the_one_this_hour_may_read(deploym
     # "this hour" is the wall clock's: held at ten past, so a test that runs across the hour keeps its hour
     frozen = hour + dt.timedelta(minutes=10)
     monkeypatch.setattr("assets.retention.utc_now", lambda: frozen)
-    monkeypatch.setattr("pipelines.cli_ingest.utc_now", lambda: frozen)
+    monkeypatch.setattr("dunning.plan.clock.utc_now", lambda: frozen)  # the CLI asks for it when it runs
     for hours in (-5, -4, -3, 0, 2):  # an operator ingested two hours ahead too (on purpose: the flag)
         as_of = (hour + dt.timedelta(hours=hours)).isoformat()
         assert deployment.cli("ingest", "--snapshot", str(snapshot), "--as-of", as_of, "--allow-stale",

@@ -21,7 +21,7 @@ from svix.webhooks import Webhook
 
 from dunning.config import DunningConfig
 from dunning.run import inbox
-from pipelines.webhook_server import server_config, webhook_app
+from dunning.run.webhook_server import server_config, webhook_app
 from tests.conftest import invoice
 from tests.delivery_messages import resend_event
 from tests.test_events import payment_failed_event, write

@@ -1,13 +1,13 @@
 """The docs site's two reference pages, generated so they cannot drift: every configuration key from the pydantic
-model (`dunning.config.DunningConfig`, one description per field) and every command and option from the argparse
-parser (`pipelines.cli_args.build_parser`). `docs/gen_reference.py` writes them when mkdocs builds."""
+model (`dunning.config.DunningConfig`, one description per field, beside its key in the section's module of
+`dunning/config/`) and every command and option from the argparse parser (`pipelines.cli.build_parser`, each
+command's arguments in its group's module). `docs/gen_reference.py` writes them when mkdocs builds."""
 
 from __future__ import annotations
 
 import argparse
 import types
 import typing
-from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -17,7 +17,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from dunning.config import DunningConfig
-from pipelines.cli_args import build_parser
+from pipelines.cli import build_parser
 
 
 def config_keys(model: type[BaseModel] = DunningConfig, prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
@@ -114,7 +114,7 @@ def config_reference_markdown() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from the configuration model (`dunning/config.py`) when the site is built: every key the file "
+        "Generated from the configuration model (`dunning/config/`) when the site is built: every key the file "
         "may hold, with its type, default and meaning. The file is YAML, given with `--config FILE`, else "
         "`HOME/config.yaml` when it exists, else every default applies. Every key is optional; an unknown key, a "
         'wrong type (`true` is not 1, `"5"` is not 5) or a value out of bounds is refused (exit 2) naming the '
@@ -135,20 +135,15 @@ def config_reference_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _parser() -> argparse.ArgumentParser:
-    handlers: defaultdict[str, Any] = defaultdict(lambda: lambda _args: 0)
-    return build_parser(handlers)
-
-
 def commands() -> dict[str, argparse.ArgumentParser]:
     """Each `dunning` subcommand's parser, by name, in the order `--help` lists them."""
-    parser = _parser()
+    parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return dict(subparsers.choices)
 
 
 def _summaries() -> dict[str, str]:
-    parser = _parser()
+    parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return {a.dest: a.help or "" for a in subparsers._choices_actions}
 
@@ -177,7 +172,7 @@ def cli_reference_markdown() -> str:
     lines = [
         "# CLI reference",
         "",
-        "Generated from the `dunning` command's argument parser (`pipelines/cli_args.py`) when the site is built. "
+        "Generated from the `dunning` command's argument parser (`pipelines/cli/`) when the site is built. "
         "Every command takes `--home DIR` (default `$DUNNING_HOME`, else `./.dunning` if it exists): the deployment's "
         "directory. Only `--home` or `DUNNING_HOME` creates a new one (a new home starts with an empty ledger); "
         "`preview` and a dry run may look where there is none. "
