@@ -23,7 +23,8 @@ from dunning import storage_faults
 from dunning.errors import StorageError
 from dunning.send.providers.file_outbox import FileOutbox
 from dunning.storage_faults import storage_fault
-from pipelines import cli
+from pipelines import cli, io_manager
+from pipelines.cli import common
 from pipelines.cli.exit_codes import exit_by_error_class
 from tests.conftest import invoice, write_snapshot
 
@@ -246,7 +247,7 @@ def test_any_other_unexpected_error_is_one_line_with_exit_1_and_no_traceback(tmp
     def broken(*args, **kwargs):
         raise RuntimeError("something nobody foresaw\nwith a second line")
 
-    monkeypatch.setattr(cli, "load_settings", broken)
+    monkeypatch.setattr(common, "settings", broken)
     snapshot = write_snapshot(tmp_path / "snapshot.csv", due(1))
     code = cli.main(["--home", str(tmp_path / "home"), "run", "--snapshot", str(snapshot), "--as-of", AS_OF])
     err = capsys.readouterr().err
@@ -265,7 +266,7 @@ def test_a_storage_error_outside_any_step_names_the_run_this_process_started(dep
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(runs_dir))
 
-    monkeypatch.setattr(cli, "prune_run_frames", full)
+    monkeypatch.setattr(io_manager, "prune_run_frames", full)  # the run command imports it when it runs
     code, out, err = deployment.run(due(1), AS_OF)
     line = assert_one_storage_line(code, err, f"no space left on device writing {runs_dir} (run ")
     with dg.DagsterInstance.from_config(str(deployment.home / "dagster")) as instance:

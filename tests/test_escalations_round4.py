@@ -290,7 +290,7 @@ def test_a_webhook_urls_path_and_query_are_in_no_record_and_no_output(deployment
 
 
 def test_an_escalation_error_is_stored_with_the_url_cut_to_its_host(monkeypatch):
-    from dunning.config_schedule import Escalation
+    from dunning.config import Escalation
     from dunning.send.escalation import Webhook
 
     monkeypatch.setenv(ENV, SECRET)

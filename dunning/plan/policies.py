@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from dunning.config import DunningConfig, ResolvedPolicy, Stage
-from dunning.config_schedule import DEFAULT_POLICY, PolicyMatch
+from dunning.config import DEFAULT_POLICY, DunningConfig, PolicyMatch, ResolvedPolicy, Stage
 from dunning.vocabulary import Tone, plain
 
 # a stage on record can be as low as -60 days (`config.MIN_STAGE_DAYS`): "nothing on record" is below every one

@@ -20,8 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import polars as pl
 
-from dunning.config import DunningConfig, ResolvedPolicy
-from dunning.config_schedule import Holidays, SendWindow
+from dunning.config import DunningConfig, Holidays, ResolvedPolicy, SendWindow
 from dunning.vocabulary import EmailKind, HoldReason
 
 UTC_TYPE = pl.Datetime("us", "UTC")

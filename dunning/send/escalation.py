@@ -35,8 +35,7 @@ from urllib.parse import urlsplit
 import polars as pl
 import requests
 
-from dunning.config import DunningConfig
-from dunning.config_schedule import Escalation
+from dunning.config import DunningConfig, Escalation
 from dunning.ledger.base import Ledger
 from dunning.safe_text import redact
 from dunning.secret_env import read_secret, scrub

@@ -1,6 +1,7 @@
-"""The collections schedule's part of the configuration: send windows and holidays, escalation, and policies by
-segment (`DunningConfig.policies`). Each model refuses what a collections team would get wrong, in one line naming
-the key; `DunningConfig.resolved_policies` fills a policy's unset keys from the top level."""
+"""The collections schedule's part of the configuration: `schedule:` (when the hourly schedule starts a cycle), send
+windows and holidays, escalation, and what a policy matches (`policies[].match`). Each model refuses what a
+collections team would get wrong, in one line naming the key; `DunningConfig.resolved_policies` fills a policy's
+unset keys from the top level."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import datetime as dt
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from dunning.secret_env import not_a_secret
+from dunning.config.base import Count, EnvName, Flag, Number, Strict
 from dunning.urls import http_url
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -18,17 +19,7 @@ _FULL_NAMES = {
     d: i for i, d in enumerate(("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"))
 }
 _CLOCK = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
-Count = Annotated[int, Field(strict=True)]
-Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-Flag = Annotated[bool, Field(strict=True)]
-EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"), AfterValidator(not_a_secret)]
-NAME_PATTERN = r"^[A-Za-z0-9_-]+$"
 DEFAULT_POLICY = "default"
-MAX_HOURS = 24 * 366
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 def _minutes(value: str, key: str) -> int:
@@ -38,7 +29,7 @@ def _minutes(value: str, key: str) -> int:
     return int(match.group(1)) * 60 + int(match.group(2))
 
 
-class Holidays(_Strict):
+class Holidays(Strict):
     """Days the send window stays shut, in the window's time zone."""
 
     country: str | None = Field(default=None, min_length=2, max_length=3)
@@ -73,7 +64,7 @@ class Holidays(_Strict):
         return self
 
 
-class SendWindow(_Strict):
+class SendWindow(Strict):
     """When emails may go: weekdays and hours, in the business time zone or the customer's, outside holidays."""
 
     days: tuple[str, ...] = ("mon", "tue", "wed", "thu", "fri")
@@ -131,7 +122,7 @@ class SendWindow(_Strict):
         return frozenset(WEEKDAYS.index(d) for d in self.days)
 
 
-class Escalation(_Strict):
+class Escalation(Strict):
     """After the last reminder: once per invoice and cycle, a signed webhook to a collections system."""
 
     after_days: Count = Field(ge=0, le=3650)
@@ -152,7 +143,7 @@ class Escalation(_Strict):
         return http_url(value, "escalation.webhook_url") or value
 
 
-class PolicyMatch(_Strict):
+class PolicyMatch(Strict):
     """Which invoices a policy governs: every key given must hold (none given: every invoice)."""
 
     segment: tuple[str, ...] | None = None
@@ -176,3 +167,22 @@ class PolicyMatch(_Strict):
         if low is not None and high is not None and low > high:
             raise ValueError("policies[].match: min_amount_minor is above max_amount_minor")
         return self
+
+
+class Schedule(Strict):
+    """When the hourly schedule starts a cycle."""
+
+    cron: str = Field(
+        default="0 * * * *",
+        description="A five-field cron expression in the business `timezone`: the ticks at which the schedule "
+        "starts a cycle (`0 * * * *`: every hour on the hour; `0 8-18 * * 1-5`: business hours on weekdays).",
+    )
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, value: str) -> str:
+        from croniter import croniter  # here, not at import: only the schedule needs it
+
+        if len(value.split()) != 5 or not croniter.is_valid(value):
+            raise ValueError("schedule.cron must be a cron expression of five fields, e.g. '0 * * * *'")
+        return value
