@@ -65,7 +65,7 @@ def test_a_run_launched_with_a_clock_ahead_outside_the_cli_is_refused_in_its_fir
     import dagster as dg
 
     from pipelines.cli import cycle as cli
-    from pipelines.cli import failures as report
+    from pipelines.cli.printing import failures as report
     from pipelines.instance import get_instance
 
     snapshot = str(deployment.snapshot(ROWS))

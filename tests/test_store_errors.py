@@ -88,7 +88,7 @@ def test_a_refused_write_is_exit_8_naming_the_store_without_the_servers_answer(d
 def test_a_refused_write_in_the_hourly_ingest_leaves_nothing_of_the_answer_in_dagsters_run_storage(
     deployment, tmp_path, read_only_s3
 ):
-    from pipelines.cli import failures as report
+    from pipelines.cli.printing import failures as report
     from pipelines.definitions import defs
     from pipelines.instance import get_instance
 

@@ -1,7 +1,7 @@
 """Send progress as log records on one logger, so any front end can draw it without knowing who sends.
 
 The send step reports after each chunk; the CLI turns the records into a
-progress bar (`pipelines/cli/progress_bar.py`), the Dagster step log keeps its own
+progress bar (`pipelines/cli/printing/progress_bar.py`), the Dagster step log keeps its own
 line per chunk. Nothing is printed unless a front end attaches a handler.
 """
 

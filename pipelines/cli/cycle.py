@@ -122,8 +122,8 @@ def _run(args: argparse.Namespace, home: Path, temporary: bool = False) -> int:
 
     from dunning.ledger.factory import open_ledger_for
     from dunning.send import heap
-    from pipelines.cli import failures, summary
-    from pipelines.cli.progress_bar import send_progress_bar
+    from pipelines.cli.printing import failures, summary
+    from pipelines.cli.printing.progress_bar import send_progress_bar
     from pipelines.io_manager import prune_run_frames
 
     instance = common.open_instance(home, config.shards)
@@ -203,7 +203,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     import dagster as dg
 
     from dunning.send import heap
-    from pipelines.cli import failures
+    from pipelines.cli.printing import failures
     from pipelines.io_manager import prune_run_frames
 
     instance = common.open_instance(home, config.shards)

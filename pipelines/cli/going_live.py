@@ -101,7 +101,7 @@ def cmd_test_send(args: argparse.Namespace) -> int:
     """One marked sample email through the configured provider; never a ledger row."""
     from dunning.errors import ProviderUnhealthy
     from dunning.run.sample_send import sample_message, send_sample
-    from pipelines.cli.summary import where_emails_go
+    from pipelines.cli.printing.summary import where_emails_go
 
     home = common.resolve_home(args)
     config = common.settings(args, home)

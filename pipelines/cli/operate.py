@@ -88,7 +88,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     since = parse_as_of(args.since, "--since").isoformat() if args.since else None
     import dagster as dg
 
-    from pipelines.cli.failures import recovery_report
+    from pipelines.cli.printing.failures import recovery_report
     from pipelines.instance import owner_tags
 
     instance = common.open_instance(home)
@@ -125,7 +125,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from dunning.errors import LedgerBusy
     from dunning.ledger.factory import open_ledger_for, open_ledger_to_read
     from pipelines.cli import status
-    from pipelines.cli.failures import last_failure
+    from pipelines.cli.printing.failures import last_failure
 
     home = common.resolve_home(args, writes=False)  # a named home not made yet is read as empty, and not created
     opened = open_ledger_for if home.is_dir() else open_ledger_to_read

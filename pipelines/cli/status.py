@@ -14,7 +14,7 @@ from dunning.config import DunningConfig, load_config
 from dunning.errors import ConfigError
 from dunning.plan.clock import utc_now
 from dunning.send import liveness
-from pipelines.cli.failures import last_failure
+from pipelines.cli.printing.failures import last_failure
 from resources.dunning import CONFIG_FILE_NAME
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from pipelines.cli.exit_codes import exit_by_error_class
-from pipelines.cli.failures import _failed_checks, _failures
+from pipelines.cli.printing.failures import _failed_checks, _failures
 
 if TYPE_CHECKING:
     import datetime as dt
