@@ -1,0 +1,30 @@
+"""`dunning --version` and `dunning --help` answer without loading what only a run needs (issue 36: 0.3 s at
+most; importing Dagster alone takes over a second). Each command imports what it needs when it runs, so these two
+must import neither Dagster, polars, pandera nor DuckDB: checked in a fresh interpreter, since this one has them."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("dagster", "polars", "pandera", "duckdb", "pyarrow", "jinja2", "requests", "stripe")
+
+PROBE = """
+import json, sys
+from pipelines import cli
+try:
+    code = cli.main(sys.argv[1:])
+except SystemExit as stop:
+    code = stop.code
+print(json.dumps({"code": code, "modules": sorted({m.split('.')[0] for m in sys.modules})}), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["run", "--help"], ["status", "--help"]])
+def test_version_and_help_import_nothing_heavy(argv):
+    done = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=60)
+    probe = json.loads(done.stderr.strip().splitlines()[-1])
+    assert probe["code"] in (0, None)
+    assert done.stdout.strip(), "it printed its answer"
+    assert sorted(set(HEAVY) & set(probe["modules"])) == []
