@@ -42,7 +42,7 @@ import dagster as dg
 import sqlalchemy
 import yaml
 from dagster._core.instance.ref import InstanceRef
-from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import INDEX_SHARD_NAME, SqliteEventLogStorage
 from dagster._core.storage.runs.sqlite.sqlite_run_storage import SqliteRunStorage
 from dagster._core.storage.schedules.sqlite.sqlite_schedule_storage import SqliteScheduleStorage
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
@@ -59,8 +59,9 @@ KEPT_ENGINES = 8  # database files of one event log whose connection stays open:
 
 def _engine(url: str) -> sqlalchemy.engine.Engine:
     """One SQLite file's engine: a connection kept open and reused, commits in WAL mode with synchronous=NORMAL."""
+    # one connection kept; more at once (the webserver's threads) each get their own, closed when returned
     engine = sqlalchemy.create_engine(
-        url, pool_size=1, max_overflow=4, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS}
+        url, pool_size=1, max_overflow=-1, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS}
     )
 
     @sqlalchemy.event.listens_for(engine, "connect")
@@ -105,7 +106,25 @@ class KeptEventLogStorage(SqliteEventLogStorage):
 
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
         self._engines: OrderedDict[str, sqlalchemy.engine.Engine] = OrderedDict()
+        self._tables_present: set[str] = set()
+        self._index_for_tables: sqlalchemy.engine.Engine | None = None
+        self._tables_lock = threading.Lock()
         super().__init__(base_dir, inst_data)
+
+    def has_table(self, table_name: str) -> bool:
+        """Dagster asks before every materialization and check (a new engine each time); a table, once there,
+        stays. Its own engine, not `_connect`'s: it is asked while an index connection is open."""
+        if table_name in self._tables_present:
+            return True
+        with self._tables_lock:  # not `_db_lock`: that one is held by the index connection open around this
+            if self._index_for_tables is None:
+                self._index_for_tables = _engine(self.conn_string_for_shard(INDEX_SHARD_NAME))
+            engine = self._index_for_tables
+        with engine.connect() as connection:
+            present = bool(engine.dialect.has_table(connection, table_name))
+        if present:
+            self._tables_present.add(table_name)
+        return present
 
     @contextlib.contextmanager
     def _connect(self, shard: str) -> Iterator[sqlalchemy.Connection]:
@@ -133,6 +152,10 @@ class KeptEventLogStorage(SqliteEventLogStorage):
         with self._db_lock:
             while self._engines:
                 self._engines.popitem()[1].dispose()
+        with self._tables_lock:
+            if self._index_for_tables is not None:
+                self._index_for_tables.dispose()
+                self._index_for_tables = None
         super().dispose()
 
 
@@ -267,17 +290,19 @@ def last_own_run(
 
 
 def runs_written_since(home: Path, since: dt.datetime) -> list[str]:
-    """Ids of the runs whose own event log file (Dagster's SQLite layout: HOME/dagster/history/runs/<run id>.db)
-    was written since `since`. Names a run when its storage can no longer be read at all (on a full disk
-    SQLite cannot even map its WAL index, so reads fail too)."""
+    """Ids of the runs whose own event log file (Dagster's SQLite layout: HOME/dagster/history/runs/<run id>.db,
+    or its write-ahead log `.db-wal`, where a kept connection's commits stay until a checkpoint) was written since
+    `since`. Names a run when its storage can no longer be read at all (on a full disk SQLite cannot even map its
+    WAL index, so reads fail too)."""
     try:
-        return [
-            f.stem
-            for f in (dagster_home(home) / "history" / "runs").glob("*-*-*-*-*.db")
-            if f.stat().st_mtime >= since.timestamp()
-        ]
+        written = {
+            f.name.split(".db", 1)[0]
+            for f in (dagster_home(home) / "history" / "runs").glob("*-*-*-*-*.db*")
+            if f.name.endswith((".db", ".db-wal")) and f.stat().st_mtime >= since.timestamp()
+        }
     except OSError:
         return []
+    return sorted(written)
 
 
 def end_run_failed(instance: dg.DagsterInstance, run: dg.DagsterRun, message: str) -> bool:
