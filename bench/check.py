@@ -168,8 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", action="store_true", help="write this run's figures to bench/recorded.json")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a budget is missed")
     parser.add_argument("--in-process", action="store_true", help="also the new live cycle's steps in one process")
-    parser.add_argument("--only", default="", help="a comma-separated subset of the parts to run: " + ",".join(PARTS)
-                        + " (new_dry also runs when only new_live is named; floors and empty_job need new_dry)")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="a comma-separated subset of the parts to run: "
+        + ",".join(PARTS)
+        + " (new_dry also runs when only new_live is named; floors and empty_job need new_dry)",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     args = parser.parse_args(argv)
     budgets = check_report.load_budgets()
