@@ -173,7 +173,7 @@ class KeptSqliteStorage(DagsterSqliteStorage):
     @classmethod
     def from_config_value(
         cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]
-    ) -> "KeptSqliteStorage":
+    ) -> KeptSqliteStorage:
         return cls.from_local(inst_data=inst_data, **config_value)
 
 
