@@ -171,9 +171,7 @@ class KeptSqliteStorage(DagsterSqliteStorage):
         super(DagsterSqliteStorage, self).__init__()
 
     @classmethod
-    def from_config_value(
-        cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]
-    ) -> KeptSqliteStorage:
+    def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> KeptSqliteStorage:
         return cls.from_local(inst_data=inst_data, **config_value)
 
 
