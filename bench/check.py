@@ -1,6 +1,6 @@
 """`make bench-check`: the 1M tiers against their budgets (bench/budgets.toml), each step in its own row.
 
-`python -m bench.check [--repeat 3] [--tiers 1m[,10m]] [--record] [--no-fail] [--in-process]`
+`python -m bench.check [--repeat 3] [--tiers 1m[,10m]] [--record] [--no-fail] [--in-process] [--only PARTS]`
 
 Runs, through the whole `dunning` process: the new deployment's first `--dry-run` and first live run
 (bench/new_deployment.py), the warm 1M dry run and full cycle (bench/run.py's tier with 30 days of history), an
@@ -55,25 +55,30 @@ def send_floor(home: Path) -> dict:
     return {"s": round(len(files) / max(rate, 1), 2), "files": len(files), "files_per_s": rate}
 
 
-def new_deployment(report: dict, repeat: int, in_process: bool) -> None:
+def new_deployment(report: dict, repeat: int, in_process: bool, only: set[str]) -> None:
     from bench.floors import claim_record_floor, floors, publication_floor
     from bench.new_deployment import first_runs, snapshot
 
     path, report["snapshot_1m"] = snapshot(TIERS["1m"])
     dry_home, live_home = DATA / "check-new-dry", DATA / "check-new-live"
     report["new_1m_dry"] = first_runs(path, repeat, dry_run=True, keep=dry_home)
-    report["new_1m_live"] = first_runs(path, max(1, repeat // 3), dry_run=False, keep=live_home)
-    report["floors"]["new_1m"] = floors(dry_home, path, AS_OF, DATA / "check-floors")  # the ledger as first found
-    report["new_1m_dry"]["own_floors"] = {"publication": publication_floor(dry_home, DATA / "check-floors", 3)}
-    report["new_1m_live"]["own_floors"] = {
-        "publication": publication_floor(live_home, DATA / "check-floors", 3),
-        "claim_record": claim_record_floor(dry_home, path, AS_OF, DATA / "check-floors"),  # the ledger it found
-        "send": send_floor(live_home),
-    }
-    from bench.empty_job import measure
+    live = "new_live" in only
+    if live:
+        report["new_1m_live"] = first_runs(path, max(1, repeat // 3), dry_run=False, keep=live_home)
+    if "floors" in only:
+        report["floors"]["new_1m"] = floors(dry_home, path, AS_OF, DATA / "check-floors")  # the ledger as found
+        report["new_1m_dry"]["own_floors"] = {"publication": publication_floor(dry_home, DATA / "check-floors", 3)}
+    if live and "floors" in only:
+        report["new_1m_live"]["own_floors"] = {
+            "publication": publication_floor(live_home, DATA / "check-floors", 3),
+            "claim_record": claim_record_floor(dry_home, path, AS_OF, DATA / "check-floors"),  # the ledger it found
+            "send": send_floor(live_home),
+        }
+    if "empty_job" in only:
+        from bench.empty_job import measure
 
-    report["empty_job"] = measure(dry_home, DATA / "check-empty-job")
-    if in_process:
+        report["empty_job"] = measure(dry_home, DATA / "check-empty-job")
+    if in_process and live:
         from bench.steps import step_timings
 
         template = DATA / "check-new-template"  # what the in-process steps copy: the snapshot, an empty ledger
@@ -86,7 +91,7 @@ def new_deployment(report: dict, repeat: int, in_process: bool) -> None:
     discard(live_home)
 
 
-def warm(report: dict, tier: str, repeat: int, full: bool) -> None:
+def warm(report: dict, tier: str, repeat: int, full: bool, with_floors: bool = True) -> None:
     from bench.floors import floors
 
     template, sizes = template_for(tier, TIERS[tier], 1)
@@ -95,6 +100,7 @@ def warm(report: dict, tier: str, repeat: int, full: bool) -> None:
     if full:
         measured = interleaved_cycle_runs([template], repeat, dry_run=False, inspect=run_timings)[0]
         report[f"warm_{tier}_full"] = _median_details(measured)
+    if with_floors:
         report["floors"][f"warm_{tier}"] = floors(template, template / "bench-snapshot.parquet", AS_OF,
                                                   DATA / "check-floors")  # fmt: skip
 
@@ -106,23 +112,32 @@ def measure(args: argparse.Namespace) -> dict:
 
     report: dict = {"when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": machine(),
                     "load_before": _load(), "calibration": calibration(), "floors": {}}  # fmt: skip
-    report["startup"] = commands(max(5, args.repeat))
-    report["imports"] = imports()
-    new_deployment(report, args.repeat, args.in_process)
-    warm(report, "1m", args.repeat, full=True)
-    report["idle_10k"] = noop_runs(template_for("10k", TIERS["10k"], 1)[0], AS_OF, args.repeat, run_timings)
-    report["idle_1m"] = noop_runs(template_for("1m", TIERS["1m"], 1)[0], AS_OF, args.repeat, run_timings)
-    report["shards"] = shards("1m", 4, 1)
+    only = set(args.only.split(",")) if args.only else set(PARTS)
+    if "startup" in only:
+        report["startup"] = commands(max(5, args.repeat))
+        report["imports"] = imports()
+    if "new_dry" in only or "new_live" in only:
+        new_deployment(report, args.repeat, args.in_process, only)
+    if "warm_dry" in only or "warm_full" in only:
+        warm(report, "1m", args.repeat, full="warm_full" in only, with_floors="floors" in only)
+    if "idle" in only:
+        report["idle_10k"] = noop_runs(template_for("10k", TIERS["10k"], 1)[0], AS_OF, args.repeat, run_timings)
+        report["idle_1m"] = noop_runs(template_for("1m", TIERS["1m"], 1)[0], AS_OF, args.repeat, run_timings)
+    if "shards" in only:
+        report["shards"] = shards("1m", 4, 1)
     if "10m" in args.tiers.split(","):
         warm(report, "10m", args.repeat, full=False)
     report["load_after"] = _load()
     return report
 
 
+PARTS = ("startup", "new_dry", "new_live", "warm_dry", "warm_full", "idle", "shards", "floors", "empty_job")
+
+
 def section(report: dict, rows: list[check_report.Row], budgets: dict, command: str) -> str:
     """The RESULTS.md entry: heading, machine, load, command, the table, then where `dunning --version`'s time goes."""
-    imports = report["imports"]
-    snap = report["snapshot_1m"]
+    imports = report.get("imports")
+    snap = report.get("snapshot_1m", {"invoices": 0, "customers": 0, "overdue": 0, "customers_overdue": 0})
     lines = [
         "", f"## {report['when']} — bench-check: the 1M tiers against their budgets (issue 36)", "",
         f"Machine: {report['machine']}; one core of pure Python (`sum(range(10**8))`): "
@@ -133,6 +148,10 @@ def section(report: dict, rows: list[check_report.Row], budgets: dict, command: 
         "customers), on a home that does not exist yet; outbox HOME/outbox on the disk of bench/data/. Steps from "
         "each run's Dagster events (the run of median wall time); budgets from bench/budgets.toml.", "",
         *check_report.markdown(rows, budgets), "",
+    ]  # fmt: skip
+    if imports is None:
+        return "\n".join(lines)
+    lines += [
         f"`dunning --version` imports {imports['modules']:,} modules in {imports['total_s']:.2f} s "
         "(`python -X importtime`); own time per package: "
         + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in imports["self_by_package"])
@@ -149,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", action="store_true", help="write this run's figures to bench/recorded.json")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a budget is missed")
     parser.add_argument("--in-process", action="store_true", help="also the new live cycle's steps in one process")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="a comma-separated subset of the parts to run: "
+        + ",".join(PARTS)
+        + " (new_dry also runs when only new_live is named; floors and empty_job need new_dry)",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     args = parser.parse_args(argv)
     budgets = check_report.load_budgets()

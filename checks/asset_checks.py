@@ -24,16 +24,24 @@ NO_UNOWED_REMINDERS = "no_reminders_for_unowed_invoices"
 KEY_PATTERN = r"^(dunning:.+:[0-9]+:[A-Za-z0-9_-]+|event:.+|invoice:.+:.+|escalation:.+:[0-9]+)$"  # ids may hold ":"
 
 
+def duplicated_rows(values: pl.Series) -> int:
+    """Rows whose value another row has too (`is_duplicated().sum()`), counted only when there are any: counting
+    distinct values is a third of the CPU of marking every duplicate, at a million keys."""
+    if values.n_unique() == values.len():
+        return 0
+    return int(values.is_duplicated().sum())
+
+
 def reminder_batch_problems(plan: pl.DataFrame) -> dict[str, int]:
     """Counts of rows breaking the batch's invariants; all must be zero."""
     due = plan.filter(pl.col("role").is_in(["due", "retry"]))
     return {
-        "duplicate_keys": int(plan.get_column("idempotency_key").is_duplicated().sum()),
+        "duplicate_keys": duplicated_rows(plan.get_column("idempotency_key")),
         "malformed_keys": int((~plan.get_column("idempotency_key").str.contains(KEY_PATTERN)).sum()),
         "not_owed": int((~due.get_column("owed")).sum()),
         "non_positive_amounts": int((due.get_column("amount_minor") <= 0).sum()),
-        "invoices_with_two_due_stages": int(
-            due.filter(pl.col("kind") == "reminder").get_column("invoice_id").is_duplicated().sum()
+        "invoices_with_two_due_stages": duplicated_rows(
+            due.filter(pl.col("kind") == "reminder").get_column("invoice_id")
         ),
     }
 

@@ -117,3 +117,34 @@ def test_the_definitions_resolve_without_a_dagster_warning_that_would_reach_the_
         warnings.simplefilter("error", dg.BetaWarning)
         warnings.simplefilter("error", dg.PreviewWarning)
         defs.get_repository_def()
+
+
+def test_the_soundness_check_counts_every_duplicated_row_and_passes_a_clean_plan():
+    """`reminders_due_are_sound` counts rows sharing a key (both of a pair), and due reminders of one invoice at two
+    stages; a plan with neither passes without marking its rows (the count of distinct keys says so)."""
+    import polars as pl
+
+    from checks.asset_checks import reminder_batch_problems
+
+    def plan(keys: list[str], invoices: list[str]) -> pl.DataFrame:
+        return pl.DataFrame(
+            {
+                "idempotency_key": keys,
+                "role": ["due"] * len(keys),
+                "kind": ["reminder"] * len(keys),
+                "invoice_id": invoices,
+                "owed": [True] * len(keys),
+                "amount_minor": [100] * len(keys),
+            }
+        )
+
+    clean = plan(["dunning:in_1:1:day3", "dunning:in_2:1:day7", "event:evt_1"], ["in_1", "in_2", "in_3"])
+    assert not any(reminder_batch_problems(clean).values())
+    doubled = plan(
+        ["dunning:in_1:1:day3", "dunning:in_1:1:day3", "dunning:in_1:1:day7", "dunning:in_9:1:x y"],
+        ["in_1", "in_1", "in_1", "in_9"],
+    )
+    problems = reminder_batch_problems(doubled)
+    assert problems["duplicate_keys"] == 2
+    assert problems["invoices_with_two_due_stages"] == 3
+    assert problems["malformed_keys"] == 1

@@ -51,3 +51,35 @@ def test_frames_stay_in_their_run_narrowed_after_the_one_whole_read(tmp_path):
         assert not alone.success
         failure = next(e for e in alone.all_events if e.is_step_failure)
         assert "was not materialized in this run" in failure.step_failure_data.user_failure_data.description
+
+
+def test_a_plans_sendable_rows_are_filtered_once_per_frame_and_never_from_another_frame():
+    """Four steps ask for the plan's sendable rows (`cycle.sendable_due`): the same frame gives the same rows
+    without filtering a million rows again; another frame (even at the address of a freed one) its own."""
+    import gc
+
+    from dunning.run import cycle
+
+    def plan(sendable: list[bool]) -> pl.DataFrame:
+        n = len(sendable)
+        return pl.DataFrame(
+            {
+                "idempotency_key": [f"dunning:in_{i}:1:day3" for i in range(n)],
+                "role": ["due"] * (n - 1) + ["skipped"],
+                "sendable": sendable,
+                "hold": [None] * n,
+                "kind": ["reminder"] * n,
+            },
+            schema_overrides={"hold": pl.String},
+        )
+
+    first = plan([True, False, True, True])
+    rows = cycle.sendable_due(first)
+    assert rows.get_column("idempotency_key").to_list() == ["dunning:in_0:1:day3", "dunning:in_2:1:day3"]
+    assert cycle.sendable_due(first) is rows, "filtered once per plan frame"
+    for _ in range(20):  # frames made and freed: an address reused is another frame, filtered for itself
+        other = plan([False, True, False, True])
+        assert cycle.sendable_due(other).get_column("idempotency_key").to_list() == ["dunning:in_1:1:day3"]
+        del other
+        gc.collect()
+    assert cycle.sendable_due(first) is rows

@@ -425,3 +425,53 @@ def test_a_table_published_whole_is_rewritten_only_when_it_changed(tmp_path):
         publish(ledger.con, tmp_path)
         assert target.exists(), "a file gone is written again"
     assert view_count(tmp_path, "SELECT count(*) FROM exclusions WHERE reason = 'disputed'") == 1
+
+
+def test_a_publication_limited_to_some_tables_leaves_the_others_as_published_and_a_new_home_whole(tmp_path):
+    """A dry run publishes what it wrote (`DRY_RUN_TABLES`), not the history: the other tables are neither read nor
+    rewritten, counted from their last publication; on a home never published every table gets its files."""
+    day = dt.date(2026, 11, 1)
+    with open_ledger(tmp_path / "dunning.duckdb") as ledger:
+        ledger.replace_partition("invoice_history_daily", day, day_rows(day, "r", 3))
+        counts = publish(ledger.con, tmp_path, only=analytics.DRY_RUN_TABLES)  # never published: everything
+        assert counts["invoice_history_daily"] == 3
+        assert view_count(tmp_path, "SELECT count(*) FROM invoice_history_daily") == 3
+        first = published_files(tmp_path)
+        ledger.replace_partition("invoice_history_daily", day, day_rows(day, "again", 4))
+        ledger.con.execute(
+            "INSERT INTO alerts (alert_id, created_at, kind, severity, message) VALUES ('a1', now(), 'k', 'page', 'm')"
+        )
+        counts = publish(ledger.con, tmp_path, only=analytics.DRY_RUN_TABLES)
+        assert published_files(tmp_path) == first, "the history a dry run never writes is not rewritten"
+        assert counts["invoice_history_daily"] == 3, "counted as last published"
+        assert view_count(tmp_path, "SELECT count(*) FROM alerts") == 1, "what a dry run writes is published"
+        counts = publish(ledger.con, tmp_path)  # the next live run's: everything again
+    assert counts["invoice_history_daily"] == 4
+    assert view_count(tmp_path, "SELECT count(*) FROM invoice_history_daily WHERE run_id = 'again'") == 4
+
+
+def test_a_dry_run_publishes_its_audit_and_reads_no_history(deployment, monkeypatch):
+    from tests.conftest import invoice
+
+    rows = [invoice(invoice_id=f"in_{i}", customer_id=f"cus_{i}", customer_email=f"c{i}@example.com") for i in range(3)]
+    code, _, err = deployment.run(rows, "2026-11-05T09:00:00Z")
+    assert code == 0, err
+    looked_at: list[str] = []
+    real = analytics._publish_by_day
+
+    def recording(con, table, *args, **kwargs):
+        looked_at.append(table)
+        return real(con, table, *args, **kwargs)
+
+    monkeypatch.setattr(analytics, "_publish_by_day", recording)
+    code, _, err = deployment.run(rows, "2026-11-12T09:00:00Z", "--dry-run")
+    assert code == 0, err
+    assert looked_at == ["dunning_audit"], "a dry run fingerprints no reminder, invoice or simulated history"
+    home = deployment.home
+    assert view_count(home, "SELECT count(*) FROM dunning_audit WHERE dry_run") == 3
+    assert view_count(home, "SELECT count(*) FROM dunning_runs WHERE dry_run") == 1
+    before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (home / "analytics").rglob("*.parquet")}
+    with open_ledger(home / "dunning.duckdb") as ledger:  # a whole publication after it finds nothing to rewrite
+        ledger.publish(home)
+    after = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (home / "analytics").rglob("*.parquet")}
+    assert after == before, "the dry run published everything it wrote"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,7 +62,7 @@ class Ledger(AlertStore, Protocol):
 
     def refuses_duplicate_key(self) -> bool: ...
 
-    def publish(self, home: Path) -> dict[str, int]: ...
+    def publish(self, home: Path, only: Collection[str] | None = None) -> dict[str, int]: ...
 
     def invoice_state(self) -> pl.DataFrame: ...
 

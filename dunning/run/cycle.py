@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,13 +128,31 @@ def due_rows(plan: pl.DataFrame) -> pl.DataFrame:
     return plan.filter(pl.col("role").is_in(SEND_ROLES))
 
 
+# plan frame id -> (a weak reference to it, its sendable rows): a run's plan is handed from step to step as the
+# same frame (`pipelines.io_manager`), and four steps ask for its sendable rows (the plan's metadata, the
+# breaker, the send, the audit of a breaker trip): a filter over every plan row, a million on a new deployment
+_SENDABLE: dict[int, tuple[weakref.ref[pl.DataFrame], pl.DataFrame]] = {}
+_SENDABLE_LOCK = threading.Lock()
+_SENDABLE_KEPT = 4
+
+
 def sendable_due(plan: pl.DataFrame) -> pl.DataFrame:
     """Due and retry emails with an address and no hold (`plan_cycle`): what the breaker counts and a send claims.
-    Escalations are not emails (`escalations_due`)."""
+    Escalations are not emails (`escalations_due`). Computed once per plan frame (frames between steps are never
+    changed in place: each step makes new ones)."""
+    with _SENDABLE_LOCK:
+        kept = _SENDABLE.get(id(plan))
+    if kept is not None and kept[0]() is plan and kept[1].width == plan.width:
+        return kept[1]
     held = pl.col("hold").is_not_null() if "hold" in plan.columns else pl.lit(False)
-    return plan.filter(
+    sendable = plan.filter(
         pl.col("role").is_in(SEND_ROLES) & pl.col("sendable") & ~held & (pl.col("kind") != EmailKind.ESCALATION)
     )
+    with _SENDABLE_LOCK:
+        _SENDABLE[id(plan)] = (weakref.ref(plan), sendable)
+        for stale in [k for k, (ref, _) in _SENDABLE.items() if ref() is None] + list(_SENDABLE)[:-_SENDABLE_KEPT]:
+            _SENDABLE.pop(stale, None)
+    return sendable
 
 
 def escalations_due(plan: pl.DataFrame) -> pl.DataFrame:

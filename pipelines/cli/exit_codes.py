@@ -10,6 +10,7 @@ come in when a command ends in one of their failures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -184,9 +185,19 @@ def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Nam
         say(f"dunning: {text}", file=sys.stderr)
         return code
     finally:
+        _dispose(SEEN.get("instance"))
         sys.stderr = stderr
         os.umask(umask)
         if named_home is None:  # a later command in this process (a test's) must not take it for one it was given
             os.environ.pop("DUNNING_HOME", None)
         else:
             os.environ["DUNNING_HOME"] = named_home
+
+
+def _dispose(instance: Any) -> None:
+    """Close the command's Dagster instance: its SQLite connections are kept open for the command's life
+    (`pipelines.instance.DunningInstance`), and a later command in this process (a test's) opens its own."""
+    if instance is None:
+        return
+    with contextlib.suppress(Exception):  # the storage may be what failed; the command has answered already
+        instance.dispose()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +181,7 @@ class LedgerTables(
 class DuckDBLedger(LedgerTables, LedgerConnection):
     """The ledger on a DuckDB file."""
 
-    def publish(self, home: Path) -> dict[str, int]:
-        """The analysts' copy under `home` (`dunning.ledger.backends.publication`), straight from the ledger file."""
-        return publish(self.con, home)
+    def publish(self, home: Path, only: Collection[str] | None = None) -> dict[str, int]:
+        """The analysts' copy under `home` (`dunning.ledger.backends.publication`), straight from the ledger file;
+        `only`: of those tables (and any never published)."""
+        return publish(self.con, home, only=only)

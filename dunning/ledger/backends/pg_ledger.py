@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import duckdb
@@ -33,6 +33,7 @@ from dunning.ledger.backends.publication import (
     changed_days,
     day_fingerprints,
     publish,
+    to_republish,
 )
 from dunning.ledger.schema.pg_schema import migrate_pg
 from dunning.ledger.sql import quote_identifier, sql_string
@@ -41,24 +42,27 @@ from dunning.ledger.sql import quote_identifier, sql_string
 class PostgresLedger(LedgerTables, PgConnection):
     """The ledger on a PostgreSQL database."""
 
-    def publish(self, home: Path) -> dict[str, int]:
+    def publish(self, home: Path, only: Collection[str] | None = None) -> dict[str, int]:
         """The analysts' copy under `home`, made by DuckDB from a copy of the published tables: of a table
         published by day, only the rows of the days that changed since the last publication (a year of history
-        is not copied every hour to rewrite one day)."""
+        is not copied every hour to rewrite one day); `only`: of those tables (and any never published)."""
         copy = duckdb.connect(":memory:")
         home.mkdir(parents=True, exist_ok=True)
         fingerprints: dict[str, dict[str, str]] = {}
+        tables = to_republish(home, only)
         try:
             LedgerConnection.prepare(copy)  # the ledger's DuckDB schema: the same column types as a DuckDB ledger
             with tempfile.TemporaryDirectory(dir=home, prefix=".publication-") as staging:
                 for table in PUBLISHED_TABLES:
+                    if table not in tables:
+                        continue
                     rows = RowFilter()
                     if table in PARTITIONED_TABLES:
                         fingerprints[table] = self._day_fingerprints(table, PARTITIONED_TABLES[table])
                         changed = changed_days(home / "analytics" / table, fingerprints[table])
                         rows = RowFilter.of_days(PARTITIONED_TABLES[table], changed)
                     self._copy_table(copy, table, Path(staging) / f"{table}.csv", rows)
-            return publish(copy, home, fingerprints)
+            return publish(copy, home, fingerprints, only=tables)
         finally:
             copy.close()
 

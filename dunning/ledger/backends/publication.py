@@ -75,6 +75,11 @@ PUBLISHED_TABLES = (
     "delivery_events",
 )
 
+# what a dry run writes to the ledger (its audit, its run record, an alert it raised): all a dry run publishes
+# (`publish(only=...)`); the history it never writes (the reminders, a million-row day of invoices, the cycles)
+# is left as the last live run published it, and a dry run on a new home publishes every table once, empty
+DRY_RUN_TABLES = frozenset({"dunning_audit", "dunning_runs", "alerts", "snapshot_quarantine"})
+
 ANALYST_VIEWS = {
     "contact_history": """
         SELECT customer_id, any_value(customer_email) AS customer_email, email_id,
@@ -216,22 +221,65 @@ def _replace_atomically(target: Path, write: Callable[[Path], object]) -> None:
     os.replace(temporary, target)
 
 
+def _whole_manifest(directory: Path) -> dict[str, str]:
+    path = directory / WHOLE_TABLES_MANIFEST
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _published_rows(directory: Path, table: str, whole: Mapping[str, str]) -> int | None:
+    """The rows of `table` as its last publication counted them; None when it has not been published (its
+    files or its manifest entry missing)."""
+    if table in PARTITIONED_TABLES:
+        target = directory / table
+        manifest = target / "published.json"
+        if not (manifest.exists() and (target / "empty.parquet").exists()):
+            return None
+        days = json.loads(manifest.read_text())
+        if any(not (target / f"{name}.parquet").exists() for name in days):
+            return None
+        return sum(int(str(f).split(":")[0]) for f in days.values())
+    if table not in whole or not (directory / f"{table}.parquet").exists():
+        return None
+    return int(str(whole[table]).split(":")[0])
+
+
+def to_republish(home: Path, only: Iterable[str] | None) -> set[str]:
+    """The tables a publication limited to `only` (None: every table) must write: those, and any table never
+    published (so the analysts' views always have their files)."""
+    if only is None:
+        return set(PUBLISHED_TABLES)
+    directory = Path(os.path.abspath(home)) / "analytics"
+    whole = _whole_manifest(directory)
+    return set(only) | {t for t in PUBLISHED_TABLES if _published_rows(directory, t, whole) is None}
+
+
 def publish(
-    con: duckdb.DuckDBPyConnection, home: Path, day_fingerprints: Mapping[str, dict[str, str]] | None = None
+    con: duckdb.DuckDBPyConnection,
+    home: Path,
+    day_fingerprints: Mapping[str, dict[str, str]] | None = None,
+    only: Iterable[str] | None = None,
 ) -> dict[str, int]:
     """Publish the history tables as Parquet and rebuild the analysts' view file. Returns rows per table.
 
     `day_fingerprints` (table -> day -> fingerprint, as `day_fingerprints` gives them) are the days of a
     partitioned table as its source counted them, when `con` holds only the rows of the days that changed
-    (`changed_days`): a PostgreSQL ledger copies those alone, not the table's whole history."""
+    (`changed_days`): a PostgreSQL ledger copies those alone, not the table's whole history. `only`: the tables
+    to look at (a dry run's `DRY_RUN_TABLES`); the others keep their files and are counted from their last
+    publication, unless they were never published (`to_republish`)."""
     home = Path(os.path.abspath(home))  # the views name their files by absolute path: ATTACH works from anywhere
     directory = home / "analytics"
     directory.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
     whole_path = directory / WHOLE_TABLES_MANIFEST
-    published = json.loads(whole_path.read_text()) if whole_path.exists() else {}
+    published = _whole_manifest(directory)
     current: dict[str, str] = {}
+    tables = to_republish(home, only)
     for table in PUBLISHED_TABLES:
+        if table not in tables:  # as last published: not read, not rewritten
+            counts[table] = _published_rows(directory, table, published) or 0
+            if table in published:
+                current[table] = published[table]
+            continue
         if table in PARTITIONED_TABLES:
             given = (day_fingerprints or {}).get(table)
             counts[table] = _publish_by_day(con, table, PARTITIONED_TABLES[table], directory / table, given)
@@ -292,7 +340,11 @@ def _publish_by_day(
 
 
 def _write_days(con: duckdb.DuckDBPyConnection, table: str, day: str, target: Path, days: list[str]) -> None:
-    """Write the given days in one pass over the table (PARTITION_BY), then rename each file into place."""
+    """Write the given days in one pass over the table (PARTITION_BY), then rename each file into place; one day
+    (a run's own, the usual case) straight to its file (half the CPU of a partitioned write)."""
+    if len(days) == 1:
+        _write_day(con, table, day, target, days[0])
+        return
     staging = target / ".staging"
     shutil.rmtree(staging, ignore_errors=True)
     dated = [d for d in days if d != UNDATED]
@@ -308,15 +360,20 @@ def _write_days(con: duckdb.DuckDBPyConnection, table: str, day: str, target: Pa
         if len(files) == 1:
             os.replace(files[0], target / f"{name}.parquet")
         else:  # DuckDB split a large day into several files: write that day alone, as one file
-            _replace_atomically(
-                target / f"{name}.parquet",
-                _copy_to(
-                    con,
-                    f"(SELECT * FROM {table} WHERE {day} IS NOT DISTINCT FROM ?::DATE)",
-                    [None if name == UNDATED else name],
-                ),
-            )
+            _write_day(con, table, day, target, name)
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_day(con: duckdb.DuckDBPyConnection, table: str, day: str, target: Path, name: str) -> None:
+    """One day's rows (`UNDATED`: those without a day) to its file, replaced atomically."""
+    _replace_atomically(
+        target / f"{name}.parquet",
+        _copy_to(
+            con,
+            f"(SELECT * FROM {table} WHERE {day} IS NOT DISTINCT FROM ?::DATE)",
+            [None if name == UNDATED else name],
+        ),
+    )
 
 
 def _publish_view_file(target: Path, directory: Path) -> None:

@@ -1,0 +1,121 @@
+"""The Dagster instance the CLI writes (`pipelines.instance`): one kept SQLite connection per database file rather
+than a new engine per write, an earlier release's dagster.yaml upgraded, run files found through their WAL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sqlite3
+
+import dagster as dg
+
+from pipelines import instance as instance_module
+from tests.conftest import invoice
+
+
+def _count_sqlite_connects(monkeypatch) -> list[str]:
+    opened: list[str] = []
+    real = sqlite3.connect
+
+    def counting(database, *args, **kwargs):
+        opened.append(str(database))
+        return real(database, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite3, "connect", counting)
+    monkeypatch.setattr(sqlite3.dbapi2, "connect", counting)
+    return opened
+
+
+def test_a_run_writes_its_events_through_a_few_kept_sqlite_connections(deployment, monkeypatch):
+    code, _, err = deployment.run([invoice()], "2026-11-05T09:00:00Z", "--dry-run")  # the instance is created
+    assert code == 0, err
+    opened = _count_sqlite_connects(monkeypatch)
+    code, _, err = deployment.run([invoice()], "2026-11-06T09:00:00Z", "--dry-run")
+    assert code == 0, err
+    connections = len(opened)
+    instance = dg.DagsterInstance.from_config(str(deployment.home / "dagster"))
+    events = len(instance.all_logs(instance.get_run_records(limit=1)[0].dagster_run.run_id))
+    assert events > 50
+    # Dagster's own SQLite storage opens a connection for every write (about 6 per event); the kept engines open
+    # one per file (runs, schedules, the event index, the run's own file) and a few more for the storage's setup
+    assert connections <= 20, f"{connections} SQLite connections for a run of {events} events"
+
+
+def test_the_instance_is_dunnings_and_keeps_its_records_readable_by_dagsters_own(deployment):
+    code, _, err = deployment.run([invoice()], "2026-11-05T09:00:00Z", "--dry-run")
+    assert code == 0, err
+    kept = instance_module.get_instance(deployment.home)
+    try:
+        assert isinstance(kept, instance_module.DunningInstance)
+        assert isinstance(kept.event_log_storage, instance_module.KeptEventLogStorage)
+        run_id = kept.get_run_records(limit=1)[0].dagster_run.run_id
+        # Dagster's plain SQLite storage (what `dagster dev` would use without our class) reads the same files
+        plain = dg.DagsterInstance.local_temp(str(deployment.home / "dagster"))
+        assert plain.get_run_by_id(run_id).status == dg.DagsterRunStatus.SUCCESS
+        assert len(plain.all_logs(run_id)) == len(kept.all_logs(run_id))
+        # retention deletes a run's events and its file: no kept connection stays on it
+        kept.delete_run(run_id)
+        assert kept.get_run_by_id(run_id) is None
+        assert run_id not in kept.event_log_storage._engines
+    finally:
+        kept.dispose()
+
+
+def test_an_earlier_releases_dagster_yaml_is_upgraded_and_an_edited_one_kept(tmp_path):
+    home = tmp_path / "home"
+    directory = instance_module.dagster_home(home)
+    directory.mkdir(parents=True)
+    (directory / "dagster.yaml").write_text(instance_module.EARLIER_DAGSTER_YAML)
+    instance = instance_module.get_instance(home)
+    instance.dispose()
+    assert (directory / "dagster.yaml").read_text() == instance_module.DAGSTER_YAML
+    assert isinstance(instance, instance_module.DunningInstance)
+
+    edited = tmp_path / "edited"
+    directory = instance_module.dagster_home(edited)
+    directory.mkdir(parents=True)
+    mine = instance_module.EARLIER_DAGSTER_YAML.replace("enabled: false", "enabled: false  # mine", 1)
+    (directory / "dagster.yaml").write_text(mine)
+    instance = instance_module.get_instance(edited)
+    instance.dispose()
+    assert (directory / "dagster.yaml").read_text() == mine, "an operator's own dagster.yaml is never rewritten"
+    assert not isinstance(instance, instance_module.DunningInstance)
+
+
+def test_a_run_whose_events_are_still_in_the_wal_is_found_by_its_files(tmp_path):
+    runs = instance_module.dagster_home(tmp_path) / "history" / "runs"
+    runs.mkdir(parents=True)
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
+    run_id = "0b1c2d3e-0000-4000-8000-000000000001"
+    con = sqlite3.connect(runs / f"{run_id}.db")
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE t (x)")
+    con.commit()
+    old = since.timestamp() - 60  # the main file last written before the command started; its log since
+    os.utime(runs / f"{run_id}.db", (old, old))
+    con.execute("INSERT INTO t VALUES (1)")
+    con.commit()
+    assert instance_module.runs_written_since(tmp_path, since) == [run_id]
+    con.close()
+    (runs / "index.db").write_text("")
+    assert instance_module.runs_written_since(tmp_path, since) == [run_id]
+
+
+def test_dagsters_alembic_scripts_are_read_once_per_process(deployment, monkeypatch):
+    """Every storage's start and every run's new event file asked alembic for the head revision, and alembic read
+    its ~110 revision modules each time (0.16 CPU-s a time, five a run); the scripts do not change in a process."""
+    from alembic.script import ScriptDirectory
+
+    reads: list[str] = []
+    real = ScriptDirectory._load_revisions
+
+    def counting(self):
+        reads.append(self.dir)
+        return real(self)
+
+    monkeypatch.setattr(ScriptDirectory, "_load_revisions", counting)
+    monkeypatch.setattr(instance_module.KeptScriptDirectory, "_kept", {})
+    for day in ("05", "06"):  # a new instance (three storages), then a second run: a new event file, stamped
+        code, _, err = deployment.run([invoice()], f"2026-11-{day}T09:00:00Z", "--dry-run")
+        assert code == 0, err
+    assert len(reads) == 1, reads
