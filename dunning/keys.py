@@ -20,8 +20,9 @@ import hashlib
 import hmac
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.message import Message
+from typing import Any
 
 import polars as pl
 
@@ -91,6 +92,13 @@ class MessageIds:
 
     domain: str
     secrets: tuple[bytes, ...] = ()
+    # the minting secret's HMAC with the context already fed in, copied per email: the same HMAC-SHA256, without
+    # keying a new one each time (`hmac.new` per email was two thirds of minting 173,380 ids)
+    _keyed: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.secrets:
+            object.__setattr__(self, "_keyed", hmac.new(self.secrets[0], _HMAC_CONTEXT, hashlib.sha256))
 
     def __repr__(self) -> str:  # never the secret, in a log, a traceback's locals or a test's failure
         return f"MessageIds(domain={self.domain!r}, secrets=<{len(self.secrets)}>)"
@@ -101,9 +109,11 @@ class MessageIds:
 
     def email_id_of_joined(self, joined_keys: str) -> str:
         """The left part of the Message-ID of the email covering the keys `joined_keys` (`joined`)."""
-        if not self.secrets:
+        if self._keyed is None:
             return PLACEHOLDER + legacy_email_id(joined_keys)
-        return SIGNED + _mac(self.secrets[0], joined_keys)
+        mac = self._keyed.copy()
+        mac.update(joined_keys.encode())
+        return SIGNED + mac.hexdigest()[:32]
 
     def email_id(self, keys: Iterable[str]) -> str:
         return self.email_id_of_joined(joined(keys))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import hmac
 import json
 import secrets
 import threading
@@ -258,6 +259,17 @@ def test_message_ids_verify_only_under_their_secret_and_never_show_it():
     assert message_id_form(computed_by_an_attacker("in_1")) == "legacy"
     assert "first secret" not in repr(ours) and "first secret" not in str(ours)
     assert MessageIds("example.com").message_id(keys).startswith("<" + PLACEHOLDER)
+
+
+def test_a_minted_message_id_is_the_hmac_sha256_of_its_keys_under_the_secret_whatever_was_minted_before():
+    secret = b"the first secret, long enough"
+    ours = MessageIds("example.com", (secret,))
+    first, second = "dunning:in_1:1:day3,dunning:in_2:1:day3", "dunning:in_3:1:day7"
+    ours.email_id_of_joined(first)  # one email's keys are never fed into the next one's MAC
+    for joined in (second, first):
+        mac = hmac.new(secret, b"dunning message-id v1\x00" + joined.encode(), hashlib.sha256).hexdigest()[:32]
+        assert ours.email_id_of_joined(joined) == "d1." + mac
+    assert MessageIds("example.com", (secret,)) == ours, "the keyed MAC is no part of what a MessageIds is"
 
 
 @pytest.mark.slow

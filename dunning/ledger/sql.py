@@ -59,6 +59,10 @@ class SqlConnection:
     database_errors: tuple[type[BaseException], ...] = ()
     # what names this ledger in a message: its file, or the environment variable its DSN came from
     label = "the ledger"
+    # whether `insert_by_name(..., new_keys_only=...)` leaves out the rows already there by an anti-join rather than by
+    # ON CONFLICT DO NOTHING: on DuckDB (one writer process) the conflict check cost 2.5x the insert it guarded
+    # (740,100 skipped stages of a new 1M deployment: 4.2 s against 1.7 s plain, 2.7 s with the anti-join)
+    anti_join_new_keys = False
     # whether invoice_history_daily has its unique (business_date, invoice_id) index: on PostgreSQL, where runs of
     # one shard may merge the same day at once, the day is upserted on it (DuckDB has one writer process, and an
     # index over every day's rows would cost it more than the merge's hash joins)
@@ -135,13 +139,24 @@ class SqlConnection:
         on_conflict_do_nothing: bool = False,
         returning: str | None = None,
         order_by: str | None = None,
+        new_keys_only: str | None = None,
     ) -> list[tuple[Any, ...]]:
         """Insert every row of the registered frame `view` into `table`, matching columns by name (columns the
         frame lacks get their default); `order_by` is a column of the frame: rows go in, and take their locks, in
-        that order. Returns the `returning` column of the rows inserted (empty when not asked)."""
+        that order. Returns the `returning` column of the rows inserted (empty when not asked).
+
+        `new_keys_only` (the table's unique key column, unique within the frame): rows whose key the table already
+        holds are left out, as `on_conflict_do_nothing` does: by an anti-join where the backend has one writer
+        (`anti_join_new_keys`: a row another transaction commits meanwhile makes this one fail on the unique
+        constraint, which a claim counts as lost), by ON CONFLICT DO NOTHING elsewhere."""
         columns = ", ".join(quote_identifier(c) for c in self._columns[view])
         sql = f"INSERT INTO {quote_identifier(table)} ({columns}) SELECT {columns} FROM {quote_identifier(view)}"
-        if order_by is not None:
+        if new_keys_only is not None and self.anti_join_new_keys:
+            key, rows = quote_identifier(new_keys_only), quote_identifier(view)
+            sql += f" WHERE NOT EXISTS (SELECT 1 FROM {quote_identifier(table)} t WHERE t.{key} = {rows}.{key})"
+        elif new_keys_only is not None:
+            on_conflict_do_nothing = True
+        if order_by is not None and not (new_keys_only is not None and self.anti_join_new_keys):  # no lock to order
             sql += f" ORDER BY {quote_identifier(order_by)}"
         if on_conflict_do_nothing:
             sql += " ON CONFLICT DO NOTHING"

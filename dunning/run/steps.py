@@ -407,13 +407,13 @@ def first_sent(
     sent = outcomes.filter(pl.col("status") == "sent").get_column("idempotency_key")
     if sent.is_empty():
         return []
-    rows = with_email_ids(due.filter(pl.col("idempotency_key").is_in(sent.implode())), config, ids)
+    rows = due.filter(pl.col("idempotency_key").is_in(sent.implode()))
     settings = render_settings(config, clock.as_of)
     shown: list[tuple[str, str]] = []
     for _, group in rows.group_by("email_group", maintain_order=True):
         if len(shown) == limit:
             break
-        records = group.to_dicts()
+        records = with_email_ids(group, config, ids).to_dicts()  # the ids of the emails shown only
         try:
             draft = draft_for(records, sender=settings.sender, as_of=clock.as_of, locale=settings.locale,
                               templates_dir=settings.templates_for(records))  # fmt: skip

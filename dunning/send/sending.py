@@ -126,21 +126,28 @@ def with_email_ids(due: pl.DataFrame, config: DunningConfig, ids: MessageIds) ->
     missing = grouped.filter(pl.col("email_id").is_null())
     if missing.is_empty():
         return grouped
-    # the keys sorted by code point (as `sorted` and UTF-8 byte order sort them), comma-joined, signed per group
-    joined = missing.group_by("email_group").agg(pl.col("idempotency_key").sort().str.join(",").alias("keys"))
+    # the keys sorted by code point (as `sorted` and UTF-8 byte order sort them), comma-joined, signed per group;
+    # as lists sorted after the grouping (half the time of sorting inside it), on the two columns it needs
+    joined = (
+        missing.select("email_group", "idempotency_key")
+        .group_by("email_group")
+        .agg("idempotency_key")
+        .select("email_group", pl.col("idempotency_key").list.sort().list.join(",").alias("keys"))
+    )
+    mint = ids.email_id_of_joined
     new_ids = joined.select(
         "email_group",
-        pl.Series("new_email_id", [ids.email_id_of_joined(k) for k in joined.get_column("keys")], dtype=pl.String),
+        pl.Series("new_email_id", [mint(k) for k in joined.get_column("keys")], dtype=pl.String),
     )
-    return (
-        grouped.join(new_ids, on="email_group", how="left")
-        .with_columns(
-            pl.coalesce("email_id", "new_email_id").alias("email_id"),
-            pl.coalesce("message_id", pl.format("<{}@{}>", pl.col("new_email_id"), pl.lit(ids.domain))).alias(
-                "message_id"
-            ),
-        )
-        .drop("new_email_id")
+    # joined on the group column alone, not on every column of the rows
+    new_email_id = (
+        grouped.select("email_group")
+        .join(new_ids, on="email_group", how="left", maintain_order="left")
+        .get_column("new_email_id")
+    )
+    return grouped.with_columns(
+        pl.coalesce(pl.col("email_id"), new_email_id).alias("email_id"),
+        pl.coalesce(pl.col("message_id"), pl.format("<{}@{}>", new_email_id, pl.lit(ids.domain))).alias("message_id"),
     )
 
 

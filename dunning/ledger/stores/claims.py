@@ -205,7 +205,7 @@ class ClaimStore(SqlConnection):
                     inserted = self.insert_by_name(
                         "reminder_ledger",
                         "due_rows",
-                        on_conflict_do_nothing=True,
+                        new_keys_only="idempotency_key",
                         returning="idempotency_key",
                         order_by="idempotency_key",
                     )
@@ -303,10 +303,11 @@ class ClaimStore(SqlConnection):
             skipped.join(reminders.select("invoice_id"), on="invoice_id", how="semi")
             .with_columns(pl.lit(LedgerStatus.SKIPPED).alias("status"), *stamp)
             .select(*LEDGER_COLUMNS, _policy(skipped))
+            .unique("idempotency_key", maintain_order=True)  # `new_keys_only`: each key once
         )
         advanced = reminders.select("invoice_id", "cycle", "stage", "stage_days")
         with self.registered("skip_rows", skip_rows), self.registered("won_rows", advanced):
-            self.insert_by_name("reminder_ledger", "skip_rows", on_conflict_do_nothing=True, order_by="idempotency_key")
+            self.insert_by_name("reminder_ledger", "skip_rows", new_keys_only="idempotency_key", order_by="idempotency_key")
             con.execute(  # -10000: no stage on record (`plan.policies.NO_STAGE`; stages go down to -60 days)
                 """
                 UPDATE invoice_cycles SET last_stage = w.stage, last_stage_days = w.stage_days
