@@ -111,7 +111,7 @@ class MessageIds:
         """The left part of the Message-ID of the email covering the keys `joined_keys` (`joined`)."""
         if self._keyed is None:
             return PLACEHOLDER + legacy_email_id(joined_keys)
-        mac = self._keyed.copy()
+        mac: hmac.HMAC = self._keyed.copy()
         mac.update(joined_keys.encode())
         return SIGNED + mac.hexdigest()[:32]
 
