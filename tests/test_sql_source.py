@@ -273,3 +273,26 @@ def test_pulled_sql_snapshots_are_pruned_like_the_stripe_ones(tmp_path):
         path.write_text("invoice_id\n")
     assert billing_source.prune_pulled(tmp_path, dt.datetime(2026, 12, 1, tzinfo=dt.UTC), 90) == [old]
     assert new.exists() and mine.exists()
+
+
+def test_dunning_ingest_pulls_the_query_once_and_an_empty_answer_is_held_exit_7(deployment, monkeypatch, billing_db):
+    sql_home(deployment, monkeypatch, billing_db, extra="shards: 2\n")
+    code, out, err = deployment.cli("ingest", "--as-of", at())
+    assert code == 0, err
+    assert "4 rows accepted, 0 rejected" in out and "-sql.csv" in out
+    with psycopg.connect(billing_db, autocommit=True) as con:
+        con.execute("DELETE FROM billing.invoices")
+    code, out, err = deployment.cli("ingest", "--as-of", at(1))
+    assert code == 7, err
+    assert "the sql source answered with no invoices" in err and "check source.query" in err
+    assert deployment.query("SELECT kind FROM alerts") == [("source_shrank",)]
+
+
+def test_the_hourly_schedule_asks_for_a_run_with_a_sql_source(deployment, monkeypatch):
+    import dagster as dg
+
+    from tests.helpers import scheduled_requests
+
+    sql_home(deployment, monkeypatch, "postgresql://unused@127.0.0.1:1/none")
+    request = scheduled_requests(deployment.home, land=False)
+    assert isinstance(request, dg.RunRequest), request
