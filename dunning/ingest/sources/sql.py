@@ -39,6 +39,7 @@ from dunning.secret_env import read_secret, remember, scrub, shown_name
 
 MAX_MESSAGE = 400  # characters of the database's message in our one line
 QUERY_CANCELED = "57014"  # statement_timeout (or a cancel by an administrator)
+TRIM_SCALE_SINCE = 130000  # PostgreSQL 13 added `trim_scale(numeric)`
 
 
 def dsn(settings: Source, environ: Mapping[str, str] = os.environ) -> str:
@@ -106,7 +107,10 @@ def _failure(refused: Refused, doing: str, settings: Source, secrets: list[str])
 def _connect(settings: Source, conninfo: str, secrets: list[str]) -> psycopg.Connection[Any]:
     try:
         connection = psycopg.connect(
-            conninfo, connect_timeout=max(2, int(settings.timeout_seconds)), application_name="dunning"
+            conninfo,
+            connect_timeout=max(2, int(settings.timeout_seconds)),
+            application_name="dunning",
+            client_encoding="UTF8",  # the rows arrive as UTF-8 whatever the database's encoding
         )
     except psycopg.Error as error:  # libpq names the host, port and user, never the password; masked anyway
         raise _failure(
@@ -157,11 +161,15 @@ def copy_to(settings: Source, out: BinaryIO, environ: Mapping[str, str] = os.env
         try:
             with connection.transaction():
                 timeout_ms = max(1, round(settings.timeout_seconds * 1000))
-                connection.execute("SELECT set_config('statement_timeout', %s, true)", [f"{timeout_ms}ms"])
+                connection.execute(
+                    "SELECT set_config('statement_timeout', %s, true), set_config('DateStyle', 'ISO, YMD', true)",
+                    [f"{timeout_ms}ms"],
+                )
                 doing = "preparing source.query"
                 columns = snapshot_columns(describe(connection, query))
                 doing = "running source.query"
-                with connection.cursor().copy(copy_statement(query, columns)) as copy:
+                trim_scale = connection.info.server_version >= TRIM_SCALE_SINCE
+                with connection.cursor().copy(copy_statement(query, columns, trim_scale)) as copy:
                     for chunk in copy:
                         out.write(chunk)
         except psycopg.Error as error:
