@@ -136,7 +136,7 @@ def as_text(column: Column, trim_scale: bool = True) -> sql.Composable:
     oid = column.base_oid
     if oid == NUMERIC:
         template = "trim_scale({0})" if trim_scale else "CASE WHEN {0} = trunc({0}) THEN trunc({0}) ELSE {0} END"
-        expr = sql.SQL(template).format(ident)  # type: ignore[arg-type]
+        expr = sql.SQL(template).format(ident)
     elif oid == 1184:
         expr = sql.SQL("""to_char({} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')""").format(ident)
     elif oid == 1114:
