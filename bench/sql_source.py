@@ -109,7 +109,9 @@ def measure(dsn: str, rows: int, repeat: int) -> dict:
         home = Path(t)
         for name, amount in AMOUNTS.items():
             query = QUERY.format(amount=amount)
-            floor(dsn, query)  # warm: the table in shared buffers for every contender alike
+            floor(dsn, query)  # warm: the table in shared buffers, and every module imported, for each alike
+            pull(home, query)[1].unlink()
+            frame(home, query)
             floors, pulls, frames, loads, size, rows_in_frame, file_size = [], [], [], [], 0, 0, 0
             validated = (0, 0)
             for _ in range(repeat):
