@@ -301,3 +301,21 @@ def test_the_hourly_schedule_asks_for_a_run_with_a_sql_source(deployment, monkey
     sql_home(deployment, monkeypatch, "postgresql://unused@127.0.0.1:1/none")
     request = scheduled_requests(deployment.home, land=False)
     assert isinstance(request, dg.RunRequest), request
+
+
+def test_hostile_text_in_the_database_is_judged_by_the_snapshot_rules_and_the_query_is_taken_as_written(
+    tmp_path, billing_db
+):
+    with psycopg.connect(billing_db, autocommit=True) as con:
+        con.execute(
+            "UPDATE billing.accounts SET display_name = CASE account_no WHEN 7 THEN 'Ada\r\nBcc: all@example.com' "
+            "WHEN 8 THEN 'Bob \"the\", builder' ELSE display_name END"
+        )
+    # `%` and braces in the query are the operator's SQL, not placeholders
+    query = QUERY.replace("ORDER BY i.number", "WHERE a.contact LIKE '%@%' AND '{}' = '{}' ORDER BY i.number")
+    path = billing_source.pull_invoices(settings(query), tmp_path, AS_OF, {ENV: billing_db})
+    loaded = cycle.load_snapshot(path, DunningConfig())
+    [rejected] = loaded.rejected.to_dicts()
+    assert rejected["invoice_id"] == "inv-1001" and "customer_name contains a line break" in rejected["rule"]
+    names = dict(loaded.valid.select("invoice_id", "customer_name").iter_rows())
+    assert names["inv-1002"] == 'Bob "the", builder' and loaded.valid.height == 3
