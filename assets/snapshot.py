@@ -147,7 +147,9 @@ def billing_events(
     try:
         config = dunning_home.settings()
         clock = cycle_request.cycle_clock(context, config)
-        polling = not cycle_request.events_path and _pulls(config, cycle_request, clock)
+        polling = not cycle_request.events_path and billing_source.polls_events(
+            config.source, bool(cycle_request.snapshot_path), clock.reads_live_state
+        )
         received = None
         if clock.live and inbox.pending(dunning_home.root):  # what `dunning serve-webhooks` accepted since
             with dunning_home.ledger() as ledger:

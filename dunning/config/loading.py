@@ -30,9 +30,9 @@ def _describe(error: ValidationError) -> str:
 
 
 def parse_config(data: object, source: str = "config", base_dir: Path | None = None) -> DunningConfig:
-    """The config in `data`; a relative `templates_dir` is taken from `base_dir` (the config file's directory,
-    else the working directory). Its templates are checked by `dunning.run.settings`, which every command and run
-    loads the config through: the template engine is a room above this base."""
+    """The config in `data`; a relative `templates_dir` (or `source.query_file`) is taken from `base_dir` (the config
+    file's directory, else the working directory). Its templates are checked by `dunning.run.settings`, which every
+    command and run loads the config through: the template engine is a room above this base."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -53,6 +53,9 @@ def parse_config(data: object, source: str = "config", base_dir: Path | None = N
         config = config.model_copy(
             update={"store": config.store.model_copy(update={"url": resolved(config.store.url)})}
         )
+    if config.source.query_file is not None:  # read at every pull (`dunning.ingest.sources.sql`)
+        query_file = resolved(config.source.query_file)
+        config = config.model_copy(update={"source": config.source.model_copy(update={"query_file": query_file})})
     if any(p.templates_dir is not None for p in config.policies):
         policies = tuple(
             p if p.templates_dir is None else p.model_copy(update={"templates_dir": resolved(p.templates_dir)})

@@ -241,6 +241,8 @@ class DunningConfig(Strict):
             self.message_secret_env,
         ]  # fmt: skip
         names += [p.escalation.secret_env for p in self.resolved_policies() if p.escalation is not None]
+        if self.source.kind == "sql":
+            names.append(self.source.dsn_env)
         return [n for n in names if n]
 
     def token_urls(self) -> list[str]:

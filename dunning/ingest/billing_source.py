@@ -1,11 +1,12 @@
-"""Pulling from the billing source (`source: {kind: stripe}`) into files under HOME/snapshots/, so a run can be replayed
-from exactly what it saw.
+"""Pulling from the billing source (`source: {kind: stripe | sql}`) into files under HOME/snapshots/, so a run can be
+replayed from exactly what it saw.
 
-- `pull_invoices`: every invoice, written as the body of `GET /v1/invoices` (a
-  Stripe list envelope, which `dunning run --snapshot FILE` reads as it is) to
-  `HOME/snapshots/<UTC wall time>-stripe.json`; then the pulled files older than
-  `source.snapshot_retention_days` (by the time in their name) are deleted.
-  Nothing else in the directory is touched.
+- `pull_invoices`: every invoice. Stripe: written as the body of `GET /v1/invoices`
+  (a Stripe list envelope, which `dunning run --snapshot FILE` reads as it is) to
+  `HOME/snapshots/<UTC wall time>-stripe.json`; SQL: the query's rows as a CSV
+  snapshot (`sources.sql`) in `<UTC wall time>-sql.csv`. Then the pulled files
+  older than `source.snapshot_retention_days` (by the time in their name) are
+  deleted. Nothing else in the directory is touched.
 - `poll_events`: the `invoice.payment_failed` events newer than the ledger's
   cursor, written as a JSON array to `<UTC wall time>-stripe-events.json`
   (`--events FILE` reads it), with the newest id for the cursor.
@@ -16,6 +17,7 @@ no half file behind.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -23,7 +25,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import polars as pl
 
@@ -37,33 +39,41 @@ from dunning.vocabulary import SetAside
 SNAPSHOTS_DIR = "snapshots"
 EVENTS_CURSOR = "stripe:invoice.payment_failed"  # the `source_cursors` row of the payment-failed poll
 _STAMP = "%Y-%m-%dT%H%M%S.%fZ"
-PULLED_NAME = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{6}\.\d{6}Z)-stripe(-events)?\.json$")
+PULLED_NAME = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{6}\.\d{6}Z)-(?:stripe(?:-events)?\.json|sql\.csv)$")
 MAX_EVENT_ID = 200
+PULLED_KINDS = ("stripe", "sql")  # the kinds of source a run without --snapshot pulls its invoices from
 
 
 def snapshots_dir(home: Path) -> Path:
     return home / SNAPSHOTS_DIR
 
 
-def _new_path(directory: Path, wall: dt.datetime, suffix: str) -> Path:
+def _new_path(directory: Path, wall: dt.datetime, suffix: str, extension: str = "json") -> Path:
     """A name no earlier pull of this home took (two pulls in one microsecond: the later one a microsecond on)."""
     at = wall.astimezone(dt.UTC)
     while True:
-        path = directory / f"{at.strftime(_STAMP)}-{suffix}.json"
+        path = directory / f"{at.strftime(_STAMP)}-{suffix}.{extension}"
         if not path.exists():
             return path
         at += dt.timedelta(microseconds=1)
 
 
-def _write_atomically(path: Path, chunks: Iterable[str]) -> None:
+@contextlib.contextmanager
+def _atomically(path: Path) -> Iterator[BinaryIO]:
+    """A file written under a temporary name and renamed to `path` only when the block ends without an error."""
     partial = path.with_name(f".{path.name}.part")
     try:
-        with partial.open("w", encoding="utf-8") as out:
-            for chunk in chunks:
-                out.write(chunk)
+        with partial.open("wb") as out:
+            yield out
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _write_atomically(path: Path, chunks: Iterable[str]) -> None:
+    with _atomically(path) as out:
+        for chunk in chunks:
+            out.write(chunk.encode("utf-8"))
 
 
 def _list_body(invoices: Iterable[dict[str, Any]]) -> Iterator[str]:
@@ -74,8 +84,11 @@ def _list_body(invoices: Iterable[dict[str, Any]]) -> Iterator[str]:
 
 
 def pull_invoices(settings: Source, home: Path, wall: dt.datetime, environ: Mapping[str, str] = os.environ) -> Path:
-    """Every invoice of the account into a new pulled snapshot file; returns its path. BillingSourceFailed (exit 7)
-    when the API fails, ConfigError (exit 2) when the key's variable is unset."""
+    """Every invoice of the source into a new pulled snapshot file; returns its path. BillingSourceFailed (exit 7)
+    when the API or database fails, ConfigError (exit 2) when the key's variable is unset (or, `sql`, the query
+    returns the wrong columns)."""
+    if settings.kind == "sql":
+        return _pull_sql(settings, home, wall, environ)
     from dunning.ingest import stripe_api  # here: the SDK is a tenth of a second of every run's start otherwise
 
     key = stripe_api.api_key(settings, environ)
@@ -83,6 +96,17 @@ def pull_invoices(settings: Source, home: Path, wall: dt.datetime, environ: Mapp
     path = _new_path(directory, wall, "stripe")
     with stripe_api.api_errors(settings, "pulling invoices"):
         _write_atomically(path, _list_body(stripe_api.invoices(stripe_api.client(settings, key))))
+    prune_pulled(directory, wall, settings.snapshot_retention_days)
+    return path
+
+
+def _pull_sql(settings: Source, home: Path, wall: dt.datetime, environ: Mapping[str, str]) -> Path:
+    from dunning.ingest.sources import sql  # here: psycopg is not every command's import
+
+    directory = private_dir(snapshots_dir(home))  # customers' addresses and balances: the owner's alone
+    path = _new_path(directory, wall, "sql", "csv")
+    with _atomically(path) as out:
+        sql.copy_to(settings, out, environ)
     prune_pulled(directory, wall, settings.snapshot_retention_days)
     return path
 
@@ -163,9 +187,14 @@ def newest_event(settings: Source, as_of: dt.datetime, environ: Mapping[str, str
 
 
 def pulls_from_source(settings: Source, snapshot_given: bool, reads_live_state: bool) -> bool:
-    """Whether a run pulls its invoices and polls its events: a `stripe` source and no snapshot given (`--snapshot`
-    always wins: a run given a file talks to no API), and not a backfill (a past day is not in today's API)."""
-    return settings.kind == "stripe" and not snapshot_given and reads_live_state
+    """Whether a run pulls its invoices: a `stripe` or `sql` source and no snapshot given (`--snapshot` always wins:
+    a run given a file talks to no API), and not a backfill (a past day is not in today's API)."""
+    return settings.kind in PULLED_KINDS and not snapshot_given and reads_live_state
+
+
+def polls_events(settings: Source, snapshot_given: bool, reads_live_state: bool) -> bool:
+    """Whether a run also polls the source's payment-failed events: only a pulling `stripe` source has them."""
+    return settings.kind == "stripe" and pulls_from_source(settings, snapshot_given, reads_live_state)
 
 
 def with_pending(events: pl.DataFrame, pending: pl.DataFrame) -> pl.DataFrame:

@@ -52,7 +52,7 @@ def refuse_empty(
         )
     message = (
         f"the {source} source answered with no invoices{before}: held, nothing applied, the last snapshot stands; "
-        "check the account and the API key"
+        + ("check source.query and the database it reads" if source == "sql" else "check the account and the API key")
     )
     _alert_once(ledger, config, message, live, run_id, as_of, {"invoices": 0, "before": count})
     raise SourceHeld(message)

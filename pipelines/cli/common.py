@@ -148,8 +148,15 @@ def source_ready(config: DunningConfig) -> None:
 
     if config.source.kind == "none":
         raise UserInputError(
-            "no snapshot: pass --snapshot PATH, or configure a billing source to pull from (source: {kind: stripe})"
+            "no snapshot: pass --snapshot PATH, or configure a billing source to pull from (source: {kind: stripe}, "
+            "or {kind: sql})"
         )
+    if config.source.kind == "sql":  # the connection string's variable and the query, before Dagster starts
+        from dunning.ingest.sources import sql
+
+        sql.dsn(config.source)
+        sql.query_text(config.source)
+        return
     from dunning.ingest import stripe_api  # here: the SDK is a tenth of a second of every run's start otherwise
 
     stripe_api.api_key(config.source)
