@@ -30,6 +30,7 @@ from dunning.config import DunningConfig
 from dunning.email.message_ids import message_ids
 from dunning.email.render import draft_for
 from dunning.errors import InvalidRowsHalt, SnapshotError
+from dunning.fees import cycle as fee_cycle
 from dunning.ingest.events import event_keys
 from dunning.ingest.snapshot_rules import DUPLICATED
 from dunning.ingest.store import part_stamp
@@ -210,6 +211,8 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
         settle = settle_rows(shard.keep(ledger.unknown_sends(include_claimed=True)), cycled, exclusions, config)
     if not clock.reads_live_state:  # a backfill: what the stages would have sent that day, whenever in the day
         return cycle.plan_cycle(cycled, config, failed, notices, exclusions)
+    if clock.live and run_id is not None and not ledger.pause_state().paused:
+        fee_cycle.settle_waits(ledger, cycled, config, clock.as_of, run_id)  # interest that waited for its rate
     invoices = plan_invoices(ledger, cycled, config, clock)
     escalations, stopped = plan_escalation_step(ledger, cycled, config, clock)
     plan = cycle.plan_cycle(cycled, config, failed, notices, exclusions, invoices, settle, escalations)
@@ -342,10 +345,11 @@ def send_step(
         resolved = resolve_unknown(
             ledger, provider, config.provider, now(), config.retry.backoff_minutes, settle, config.alerts, run_id,
         )  # fmt: skip
+        charges, charge_waits = fee_cycle.charges_for(ledger, due, config, clock.as_of)
         report, outcomes = send_due(
             ledger, provider, due, cycle.skipped_rows(plan), config=config, run_id=run_id, as_of=clock.as_of,
             now=now, cap=cycle.claim_cap(clock.as_of, config), progress=progress, render=render,
-            render_processes=render_processes, journal_dir=journal_dir,
+            render_processes=render_processes, journal_dir=journal_dir, charges=charges, charge_waits=charge_waits,
         )  # fmt: skip
         ledger.commit_cursor(run_id, now())  # this run's polled events have their notices claimed: poll on from them
     handed, handed_outcomes = escalating.hand_over_escalations(
@@ -355,6 +359,8 @@ def send_step(
     handed.resubmitted, handed.held = resubmitted.resubmitted, resubmitted.held
     if not simulate_escalations:
         handed.refused = escalation_refusals.page_refusals(ledger, config, run_id=run_id, as_of=clock.as_of)
+        for kind, message, details in fee_cycle.stale_table_alerts(ledger, ledger.charge_waits(), config, clock.as_of):
+            raise_alert(ledger, config.alerts, Alert(kind, message, clock.as_of, run_id, details, "warning"))
     outcomes = pl.concat([outcomes, handed_outcomes.select(outcomes.columns).cast(outcomes.schema)])
     first = first_sent(due, outcomes, config, clock, message_ids(ledger, config))
     alert_suppressed_contacts(ledger, plan, outcomes, config, run_id, now())
