@@ -6,12 +6,15 @@ an email says about the charges it claims.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 import polars as pl
+import stripe
 
 from dunning.config import DunningConfig
 from dunning.fees import amounts, planning
+from dunning.fees.posting import PostReport, post_charges
 from dunning.fees.rates import TABLE_NAME, table_for
 from dunning.ledger.base import Ledger
 from dunning.plan.policy import business_date
@@ -127,3 +130,27 @@ def stale_table_alerts(
         found.append((RATE_TABLE_STALE, message, {"reference": name, "valid_through": through.isoformat(),
                                                   "table": TABLE_NAME}))  # fmt: skip
     return found
+
+
+FEES_NOT_POSTED = "fees_not_posted"  # the alert's kind: approved charges that could not be posted
+
+
+def post_approved(
+    ledger: Ledger, config: DunningConfig, *, run_id: str, as_of: dt.datetime, now: Callable[[], dt.datetime]
+) -> tuple[PostReport, tuple[str, str, dict[str, Any]] | None]:
+    """Post the approved charges to Stripe with the source's `api_base` and key (`posting.post_charges`); a key that
+    cannot be read leaves them approved and returns the alert to raise (kind, message, details) instead."""
+    from dunning.errors import ConfigError
+    from dunning.ingest.stripe_api import api_key, client
+
+    def stripe_client() -> stripe.StripeClient:
+        return client(config.source, api_key(config.source))
+
+    settle_after = dt.timedelta(minutes=config.claim_lease_minutes)
+    try:
+        report = post_charges(ledger, config, run_id=run_id, as_of=as_of, now=now, client=stripe_client,
+                              settle_after=settle_after)  # fmt: skip
+    except ConfigError as error:
+        message = f"approved fees were not posted to Stripe (they stay approved for the next run): {error}"
+        return PostReport(), (FEES_NOT_POSTED, message[:500], {"source": "stripe"})
+    return report, None

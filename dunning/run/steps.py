@@ -31,6 +31,7 @@ from dunning.email.message_ids import message_ids
 from dunning.email.render import draft_for
 from dunning.errors import InvalidRowsHalt, SnapshotError
 from dunning.fees import cycle as fee_cycle
+from dunning.fees.posting import PostReport
 from dunning.ingest.events import event_keys
 from dunning.ingest.snapshot_rules import DUPLICATED
 from dunning.ingest.store import part_stamp
@@ -313,6 +314,7 @@ class SendStepResult:
     unknown_settled: Settled = field(default_factory=Settled)
     first_emails: list[tuple[str, str]] = field(default_factory=list)  # (recipient, subject) of the first sent
     escalations: EscalationReport = field(default_factory=EscalationReport)
+    fees: PostReport = field(default_factory=PostReport)  # late fees posted to the billing system
 
 
 def send_step(
@@ -326,7 +328,8 @@ def send_step(
     runs holding claims are known to have ended; `render_processes` > 1 renders in worker processes
     (`dunning.send.render_pool`); `journal_dir` keeps this run's hand-over journal and is where the journals of dead
     runs are read (`dunning.send.handover`). Escalations go after the emails (`dunning.send.escalating`), then the
-    refusals for good are paged (`dunning.send.escalation_refusals`); `simulate_escalations` (the resume guard's
+    refusals for good are paged (`dunning.send.escalation_refusals`), then approved late fees are posted
+    (`dunning.fees.posting`); `simulate_escalations` (the resume guard's
     double pass) answers each escalation `sent` without a request, reads no secret and pages nothing."""
     due = cycle.sendable_due(plan)
     handovers = cycle.escalations_due(plan)
@@ -357,14 +360,17 @@ def send_step(
     )  # fmt: skip
     resubmitted = escalating.resubmit_unknown(ledger, settle, config, hooks, run_id=run_id, now=now)
     handed.resubmitted, handed.held = resubmitted.resubmitted, resubmitted.held
+    fees = PostReport()
     if not simulate_escalations:
         handed.refused = escalation_refusals.page_refusals(ledger, config, run_id=run_id, as_of=clock.as_of)
-        for kind, message, details in fee_cycle.stale_table_alerts(ledger, ledger.charge_waits(), config, clock.as_of):
+        fee_alerts = fee_cycle.stale_table_alerts(ledger, ledger.charge_waits(), config, clock.as_of)
+        fees, not_posted = fee_cycle.post_approved(ledger, config, run_id=run_id, as_of=clock.as_of, now=now)
+        for kind, message, details in fee_alerts + ([not_posted] if not_posted else []):
             raise_alert(ledger, config.alerts, Alert(kind, message, clock.as_of, run_id, details, "warning"))
     outcomes = pl.concat([outcomes, handed_outcomes.select(outcomes.columns).cast(outcomes.schema)])
     first = first_sent(due, outcomes, config, clock, message_ids(ledger, config))
     alert_suppressed_contacts(ledger, plan, outcomes, config, run_id, now())
-    return SendStepResult(report, outcomes, pause, stale, resolved, first, handed)
+    return SendStepResult(report, outcomes, pause, stale, resolved, first, handed, fees)
 
 
 CONTACT_SUPPRESSED = "contact_suppressed"

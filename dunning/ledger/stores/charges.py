@@ -123,8 +123,9 @@ class ChargeStore(SqlConnection):
     def charges_to_post(self, as_of: dt.datetime, max_attempts: int) -> pl.DataFrame:
         """Approved charges, failed ones whose backoff is over, and unknown ones (to settle by lookup)."""
         return self.frame(
-            f"SELECT {LISTED}, external_item_id, next_attempt_at FROM charges WHERE status IN ('approved', 'unknown') "
-            "OR (status = 'failed' AND attempts < ? AND (next_attempt_at IS NULL OR next_attempt_at <= ?)) "
+            f"SELECT {LISTED}, external_item_id, next_attempt_at, updated_at FROM charges "
+            "WHERE status IN ('approved', 'unknown') OR (status = 'failed' AND attempts < ? "
+            "AND (next_attempt_at IS NULL OR next_attempt_at <= ?)) "
             "ORDER BY invoice_id, cycle, charge_key",
             [max_attempts, as_of],
         )
