@@ -227,3 +227,48 @@ def test_a_paid_invoice_is_never_charged_and_a_waiting_reminder_makes_its_charge
     assert [c["charge_key"] for c in charges_of(deployment)] == [
         "fee:in_wait:1:compensation", "fee:in_wait:1:interest",
     ]  # fmt: skip
+
+
+def test_a_stale_rate_table_makes_only_the_interest_wait_with_one_alert_naming_the_table(deployment):
+    config = write_config(deployment.root, {"fees": {"preset": "eu_b2b"}})  # the shipped ECB rates end 2026-06-30
+    rows = [invoice(invoice_id="in_s", customer_id="cus_s", currency="EUR", customer_type="business")]
+    deployment.run_in_process(rows, "2026-11-20T09:00:00Z", config)
+    deployment.run_in_process(rows, "2026-11-21T09:00:00Z", config)
+    assert [c["kind"] for c in charges_of(deployment)] == ["compensation"]  # the compensation does not wait
+    alerts = deployment.query("SELECT kind, message FROM alerts WHERE kind = 'rate_table_stale'")
+    assert len(alerts) == 1, alerts
+    assert "dunning/fees/reference_rates.json" in alerts[0][1] and "ecb_mro" in alerts[0][1]
+    assert "2026-06-30" in alerts[0][1] and "rates:" in alerts[0][1]
+    audit = deployment.query("SELECT count(*) FROM charge_waits WHERE reason = 'rate_unknown'")
+    assert audit == [(1,)]
+    # the operator adds the rate: the next run claims the interest, to its own day, once
+    config = write_config(
+        deployment.root,
+        {"fees": {"preset": "eu_b2b"}, "rates": [{"reference": "ecb_mro", "from": "2026-07-01", "percent": 2.15}]},
+    )
+    deployment.run_in_process(rows, "2026-11-22T09:00:00Z", config)
+    deployment.run_in_process(rows, "2026-11-23T09:00:00Z", config)
+    charges = charges_of(deployment)
+    assert [c["kind"] for c in charges] == ["compensation", "interest"]
+    assert charges[1]["amount_minor"] == round(10_000 * 0.1015 * 21 / 365)  # 2 to 22 November at 2.15 + 8
+    assert deployment.query("SELECT count(*) FROM charge_waits") == [(0,)]
+
+
+def test_a_fee_invoice_is_dunned_but_never_charged_a_fee_and_a_new_cycle_may_claim_again(deployment):
+    config = write_config(deployment.root, EU)
+    rows = [invoice(invoice_id="in_r", customer_id="cus_r", currency="EUR", customer_type="business")]
+    deployment.run_in_process(rows, "2026-11-20T09:00:00Z", config)
+    with_fee = [*rows, invoice(invoice_id="in_fee1", customer_id="cus_r", currency="EUR", customer_type="business",
+                               amount_due=4100, due_date="2026-11-01")]  # fmt: skip
+    import duckdb
+
+    con = duckdb.connect(str(deployment.home / "dunning.duckdb"))
+    con.execute("UPDATE charges SET status = 'posted', external_id = 'in_fee1'")
+    con.close()
+    paid = [dict(rows[0], status="paid", amount_paid=10_000), with_fee[1]]
+    deployment.run_in_process(paid, "2026-11-21T09:00:00Z", config)  # in_r paid: its cycle closes
+    reopened = [dict(rows[0], due_date="2026-12-01"), with_fee[1]]
+    deployment.run_in_process(reopened, "2026-12-20T09:00:00Z", config)
+    keys = [c["charge_key"] for c in charges_of(deployment)]
+    assert keys == ["fee:in_r:1:compensation", "fee:in_r:1:interest", "fee:in_r:2:compensation", "fee:in_r:2:interest"]
+    assert any(r["invoice_id"] == "in_fee1" for r in deployment.ledger("status = 'sent'"))  # dunned like any invoice

@@ -28,8 +28,8 @@ CHARGE_SCHEMA = pl.Schema(
     }
 )  # fmt: skip
 WAITING_SCHEMA = pl.Schema(
-    {"reminder_key": pl.String, "invoice_id": pl.String, "cycle": pl.Int32, "kind": pl.String, "reason": pl.String,
-     "reference": pl.String}
+    {"charge_key": pl.String, "reminder_key": pl.String, "invoice_id": pl.String, "cycle": pl.Int32,
+     "kind": pl.String, "reason": pl.String, "reference": pl.String}
 )  # fmt: skip
 CUSTOMER_TYPES = ("business", "consumer")
 
@@ -110,7 +110,7 @@ def plan_charges(
                 continue
             seen.add(key)
             if isinstance(item, amounts.Waiting):
-                waiting.append({"reminder_key": row["idempotency_key"], "invoice_id": row["invoice_id"],
+                waiting.append({"charge_key": key, "reminder_key": row["idempotency_key"], "invoice_id": row["invoice_id"],
                                 "cycle": row["cycle"], "kind": item.kind, "reason": item.reason,
                                 "reference": item.reference})  # fmt: skip
                 continue
