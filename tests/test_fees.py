@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from dunning.config import parse_config
+from dunning.email.context import format_amount
 from dunning.errors import ConfigError
 from dunning.fees import amounts
 from dunning.fees.planning import claim_days
@@ -272,3 +273,35 @@ def test_a_fee_invoice_is_dunned_but_never_charged_a_fee_and_a_new_cycle_may_cla
     keys = [c["charge_key"] for c in charges_of(deployment)]
     assert keys == ["fee:in_r:1:compensation", "fee:in_r:1:interest", "fee:in_r:2:compensation", "fee:in_r:2:interest"]
     assert any(r["invoice_id"] == "in_fee1" for r in deployment.ledger("status = 'sent'"))  # dunned like any invoice
+
+
+def _body(message) -> str:
+    return message.get_body(("plain",)).get_content()
+
+
+@pytest.mark.parametrize(
+    ("preset", "currency", "locale", "said"),
+    [
+        ("eu_b2b", "EUR", "en_US", "under Directive 2011/7/EU"),
+        ("uk", "GBP", "en_GB", "under the Late Payment of Commercial Debts (Interest) Act 1998"),
+        ("de", "EUR", "de_DE", "nach § 288 BGB"),
+    ],
+)
+def test_the_claiming_email_lists_each_fee_the_total_and_the_legal_basis(deployment, preset, currency, locale, said):
+    config = write_config(deployment.root, {"fees": {"preset": preset}, "rates_valid_through": {
+        "ecb_mro": "2027-12-31", "de_basiszins": "2027-12-31", "boe_base": "2027-12-31"}})  # fmt: skip
+    rows = [invoice(invoice_id="in_m", customer_id="cus_m", currency=currency, customer_type="business",
+                    customer_locale=locale, amount_due=50_000)]  # fmt: skip
+    deployment.run_in_process(rows, "2026-11-10T09:00:00Z", config)  # day 9: day7's email claims nothing
+    deployment.run_in_process(rows, "2026-11-16T09:00:00Z", config)  # day 15: day14 claims the fees
+    first, claiming = deployment.outbox()
+    assert said not in _body(first) and said in _body(claiming)
+    assert said in claiming.get_body(("html",)).get_content()
+    body = _body(claiming)
+    charges = {c["kind"]: c["amount_minor"] for c in charges_of(deployment)}
+    labels = amounts.LABELS["de" if locale.startswith("de") else "en"]
+    for kind, minor in charges.items():
+        assert f"{labels[kind]}: {format_amount(minor, currency, locale)}" in body
+    assert format_amount(50_000, currency, locale) in body  # the invoice's own remaining balance, as it was
+    assert format_amount(50_000 + sum(charges.values()), currency, locale) in body  # the total claimed
+    assert charges["compensation"] == 4000

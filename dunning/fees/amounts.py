@@ -23,6 +23,10 @@ INTEREST = "interest"
 KINDS = (COMPENSATION, INTEREST)
 RATE_UNKNOWN = "rate_unknown"  # the audit's reason when interest waits for the rate table
 DAYS_PER_YEAR = Decimal(365)
+LABELS = {  # what an email calls each kind, by language
+    "en": {COMPENSATION: "Late payment compensation", INTEREST: "Statutory interest"},
+    "de": {COMPENSATION: "Verzugspauschale", INTEREST: "Verzugszinsen"},
+}
 
 # the preset's interest per customer type (None: no statutory interest for that type)
 _PRESET_INTEREST: dict[str, dict[str, Interest | None]] = {

@@ -21,10 +21,6 @@ from dunning.plan.policy import business_date
 from dunning.safe_text import for_terminal
 
 RATE_TABLE_STALE = "rate_table_stale"  # the alert's kind
-LABELS = {
-    "en": {amounts.COMPENSATION: "Late payment compensation", amounts.INTEREST: "Statutory interest"},
-    "de": {amounts.COMPENSATION: "Verzugspauschale", amounts.INTEREST: "Verzugszinsen"},
-}
 
 
 def charges_for(
@@ -46,7 +42,7 @@ def fee_lines(charges: pl.DataFrame | None, claimed: set[str], law: dict[str, st
         return lines
     for row in charges.filter(pl.col("charge_key").is_in(sorted(claimed))).iter_rows(named=True):
         lines.setdefault(row["reminder_key"], []).append({
-            "kind": row["kind"], "label": LABELS["en"][row["kind"]], "amount_minor": row["amount_minor"],
+            "kind": row["kind"], "label": amounts.LABELS["en"][row["kind"]], "amount_minor": row["amount_minor"],
             "currency": row["currency"], "basis": row["basis"], "law": law.get(row["policy"]),
         })  # fmt: skip
     return lines
