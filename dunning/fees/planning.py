@@ -110,9 +110,9 @@ def plan_charges(
                 continue
             seen.add(key)
             if isinstance(item, amounts.Waiting):
-                waiting.append({"charge_key": key, "reminder_key": row["idempotency_key"], "invoice_id": row["invoice_id"],
-                                "cycle": row["cycle"], "kind": item.kind, "reason": item.reason,
-                                "reference": item.reference})  # fmt: skip
+                waiting.append({"charge_key": key, "reminder_key": row["idempotency_key"],
+                                "invoice_id": row["invoice_id"], "cycle": row["cycle"], "kind": item.kind,
+                                "reason": item.reason, "reference": item.reference})  # fmt: skip
                 continue
             charges.append({
                 "charge_key": key, "reminder_key": row["idempotency_key"], "invoice_id": row["invoice_id"],
