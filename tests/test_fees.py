@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+import polars as pl
 import pytest
 import yaml
 
@@ -305,3 +306,28 @@ def test_the_claiming_email_lists_each_fee_the_total_and_the_legal_basis(deploym
     assert format_amount(50_000, currency, locale) in body  # the invoice's own remaining balance, as it was
     assert format_amount(50_000 + sum(charges.values()), currency, locale) in body  # the total claimed
     assert charges["compensation"] == 4000
+
+
+def test_the_audit_holds_fees_claimed_against_allowed_and_recovery_by_stage_counts_them(deployment):
+    from dunning.ledger.backends.duckdb_ledger import open_ledger
+    from dunning.report.fee_audit import claimed_against_allowed
+
+    config = write_config(deployment.root, EU)
+    rows = [invoice(invoice_id="in_a", customer_id="cus_a", currency="EUR", customer_type="business")]
+    deployment.run_in_process(rows, "2026-11-20T09:00:00Z", config)
+    audit = deployment.query("SELECT idempotency_key, outcome, reason FROM dunning_audit WHERE kind = 'fee' "
+                             "ORDER BY 1")  # fmt: skip
+    assert audit == [("fee:in_a:1:compensation", "claimed", "compensation"), ("fee:in_a:1:interest", "claimed",
+                                                                              "interest")]  # fmt: skip
+    settings = parse_config(EU, "eu.yaml")
+    with open_ledger(deployment.home / "dunning.duckdb") as ledger:
+        verdict = claimed_against_allowed(ledger.charges(), settings)
+        assert (verdict["consumer_charged"], verdict["charged_twice"], verdict["above_the_law"]) == (0, 0, 0)
+        ledger.con.execute("UPDATE charges SET amount_minor = 5000, customer_type = 'consumer' "
+                           "WHERE kind = 'compensation'")  # fmt: skip
+        verdict = claimed_against_allowed(ledger.charges(), settings)
+        assert (verdict["consumer_charged"], verdict["above_the_law"]) == (1, 1)
+        ledger.con.execute("UPDATE charges SET amount_minor = 4000, customer_type = 'business'")
+        recovery = ledger.recovery_by_stage().filter(pl.col("stage") == "day14").to_dicts()
+    claimed = sum(c["amount_minor"] for c in charges_of(deployment))
+    assert recovery[0]["fees_claimed_minor"] == claimed and recovery[0]["fees_collected_minor"] == 0

@@ -24,7 +24,8 @@ CHARGE_SCHEMA = pl.Schema(
     {
         "charge_key": pl.String, "reminder_key": pl.String, "invoice_id": pl.String, "customer_id": pl.String,
         "cycle": pl.Int32, "kind": pl.String, "amount_minor": pl.Int64, "currency": pl.String, "basis": pl.String,
-        "status": pl.String, "policy": pl.String, "stage": pl.String,
+        "status": pl.String, "policy": pl.String, "stage": pl.String, "customer_type": pl.String,
+        "balance_minor": pl.Int64,
     }
 )  # fmt: skip
 WAITING_SCHEMA = pl.Schema(
@@ -119,6 +120,6 @@ def plan_charges(
                 "customer_id": row["customer_id"], "cycle": row["cycle"], "kind": item.kind,
                 "amount_minor": item.amount_minor, "currency": item.currency, "basis": item.basis,
                 "status": "approved" if fees.mode == "charge" else "proposed", "policy": policy.name,
-                "stage": row["stage"],
+                "stage": row["stage"], "customer_type": kind_of, "balance_minor": remaining,
             })  # fmt: skip
     return pl.DataFrame(charges, schema=CHARGE_SCHEMA), pl.DataFrame(waiting, schema=WAITING_SCHEMA)

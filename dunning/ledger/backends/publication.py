@@ -73,6 +73,7 @@ PUBLISHED_TABLES = (
     "suppressions",
     "suppression_alerts",
     "delivery_events",
+    "charges",
 )
 
 ANALYST_VIEWS = {

@@ -399,6 +399,8 @@ DDL = (
         status VARCHAR NOT NULL CHECK (status IN ('proposed', 'approved', 'posted', 'failed', 'unknown', 'waived')),
         policy VARCHAR,
         stage VARCHAR,
+        customer_type VARCHAR,
+        balance_minor BIGINT,
         reminder_key VARCHAR,
         run_id VARCHAR,
         claimed_at TIMESTAMPTZ NOT NULL,

@@ -18,12 +18,13 @@ from dunning.ledger.sql import SqlConnection
 
 CHARGE_COLUMNS = (
     "charge_key", "invoice_id", "customer_id", "cycle", "kind", "amount_minor", "currency", "basis", "status",
-    "policy", "stage", "reminder_key", "run_id", "claimed_at",
+    "policy", "stage", "customer_type", "balance_minor", "reminder_key", "run_id", "claimed_at",
 )  # fmt: skip
 WAIT_COLUMNS = ("charge_key", "invoice_id", "cycle", "kind", "reason", "reference", "reminder_key", "since")
 LISTED = (
     "charge_key, invoice_id, customer_id, cycle, kind, amount_minor, currency, basis, status, policy, stage, "
-    "external_id, claimed_at, decided_at, decided_by, note, posted_at, attempts, last_error"
+    "external_id, claimed_at, decided_at, decided_by, note, posted_at, attempts, last_error, customer_type, "
+    "balance_minor, run_id"
 )
 
 
@@ -138,10 +139,10 @@ class ChargeStore(SqlConnection):
             return {
                 str(k)
                 for (k,) in self.con.execute(
-                    "UPDATE charges SET status = 'unknown', run_id = ?, updated_at = ?, attempts = attempts + 1 "
+                    "UPDATE charges SET status = 'unknown', updated_at = ?, attempts = attempts + 1 "
                     "WHERE status IN ('approved', 'failed') AND charge_key IN (SELECT charge_key FROM posting_keys) "
                     "RETURNING charge_key",
-                    [run_id, at],
+                    [at],
                 ).fetchall()
             }
 
