@@ -17,6 +17,7 @@ import polars as pl
 from dunning.config import DunningConfig
 from dunning.email.locales import with_customer_locales
 from dunning.email.pay_links import with_payment_urls
+from dunning.fees.planning import fees_configured
 from dunning.ingest.snapshot import read_snapshot
 from dunning.ingest.snapshot_rules import summarize_rejections, validate_snapshot
 from dunning.ledger.base import Ledger
@@ -24,7 +25,6 @@ from dunning.ledger.stores.claims import ClaimCap
 from dunning.plan.breaker import BreakerVerdict, breaker_window, evaluate_breaker
 from dunning.plan.exclusions import WAITING_HOLDS, hold_expr
 from dunning.plan.policy import assign_cycles, plan_reminders, plan_retries
-from dunning.fees.planning import fees_configured
 from dunning.report.audit import build_audit, summarize
 from dunning.report.fee_audit import fee_audit_rows
 from dunning.send.alerts import Alert, raise_alert
