@@ -92,7 +92,8 @@ def settle_waits(
             "customer_id": row["customer_id"], "cycle": row["cycle"], "kind": found.kind,
             "amount_minor": found.amount_minor, "currency": found.currency, "basis": found.basis,
             "status": "approved" if fees.mode == "charge" else "proposed", "policy": policy.name if policy else None,
-            "stage": str(wait["reminder_key"] or "").rsplit(":", 1)[-1] or None, "customer_type": planning.customer_type_of(row.get("customer_type"), fees),
+            "stage": str(wait["reminder_key"] or "").rsplit(":", 1)[-1] or None,
+            "customer_type": planning.customer_type_of(row.get("customer_type"), fees),
             "balance_minor": int(row["remaining_minor"]),
         })  # fmt: skip
     if not claim and not dropped:
