@@ -6,6 +6,7 @@ import json
 
 import yaml
 
+from dunning.email.context import format_amount
 from tests.conftest import invoice
 
 CONFIG = {"fees": {"preset": "eu_b2b"}, "rates_valid_through": {"ecb_mro": "2027-12-31"}}
@@ -41,3 +42,9 @@ def test_preview_shows_the_fees_a_run_would_claim_then_the_run_claims_them_once_
     assert "proposed fee:in_cli:1:compensation: 40.00 EUR" in out
     code, out, _ = deployment.cli("fees")
     assert code == 0 and "fee:in_cli:1:compensation" in out and "2 proposed" in out
+    report = deployment.root / "report.html"
+    code, _, err = deployment.cli("report", "--out", str(report))
+    assert code == 0, err
+    page = report.read_text(encoding="utf-8")
+    claimed = sum(a for (a,) in deployment.query("SELECT amount_minor FROM charges"))
+    assert "Fees claimed" in page and f"<td>{format_amount(claimed, 'EUR')}</td>" in page
