@@ -137,3 +137,15 @@ def test_a_waived_charge_is_never_posted_and_export_is_csv_injection_safe(deploy
     exported = list(csv.DictReader(out_file.open(encoding="utf-8")))
     assert {r["status"] for r in exported} == {"approved"}
     assert all(r["invoice_id"].startswith("'=") for r in exported)
+
+
+def test_a_key_that_cannot_be_read_leaves_the_charges_approved_with_one_alert(deployment, stripe_fake, monkeypatch):
+    config = config_for(deployment.root, stripe_fake)
+    monkeypatch.delenv("STRIPE_API_KEY")
+    deployment.run_in_process(ROWS, AS_OF, config)
+    assert {c["status"] for c in charges_of(deployment)} == {"approved"} and stripe_fake.posts == []
+    [(message,)] = deployment.query("SELECT message FROM alerts WHERE kind = 'fees_not_posted'")
+    assert "STRIPE_API_KEY" in message
+    monkeypatch.setenv("STRIPE_API_KEY", KEY)
+    deployment.run_in_process(ROWS, "2026-11-21T09:00:00Z", config)
+    assert_one_fee_invoice(stripe_fake, deployment)

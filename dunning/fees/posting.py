@@ -134,7 +134,7 @@ def post_charges(
 ) -> PostReport:  # fmt: skip
     """Post every approved charge (and failed ones whose backoff is over) of a policy with `post_to: stripe`, and
     settle `unknown` ones left at least `settle_after` (wall clock) ago. `client` is called only when there is
-    something to post."""
+    something to post, before any charge is claimed."""
     report = PostReport()
     policies = posting_policies(config)
     if not policies:
@@ -143,7 +143,7 @@ def post_charges(
     if todo.is_empty():
         return report
     wall = now()
-    api: stripe.StripeClient | None = None
+    api = client()  # the key is read before anything is claimed: a missing one leaves every charge approved
     by_policy = {p.name: p for p in config.resolved_policies()}
     for (_, _), group in todo.group_by("invoice_id", "cycle", maintain_order=True):
         rows = group.to_dicts()
@@ -154,7 +154,6 @@ def post_charges(
         if not mine:
             continue
         fees = by_policy[str(mine[0]["policy"])].fees
-        api = api or client()
         keys = [r["charge_key"] for r in mine]
         try:
             fee_invoice = _post_group(api, ledger, mine, settle=bool(stale), now=now,
