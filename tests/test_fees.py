@@ -331,3 +331,27 @@ def test_the_audit_holds_fees_claimed_against_allowed_and_recovery_by_stage_coun
         recovery = ledger.recovery_by_stage().filter(pl.col("stage") == "day14").to_dicts()
     claimed = sum(c["amount_minor"] for c in charges_of(deployment))
     assert recovery[0]["fees_claimed_minor"] == claimed and recovery[0]["fees_collected_minor"] == 0
+
+
+def test_a_claiming_email_that_failed_lists_its_fees_again_when_retried(deployment):
+    from email.message import Message
+
+    from dunning.send.providers.base import EmailProvider, SendOutcome
+    from dunning.vocabulary import SendStatus
+
+    class RefusingProvider(EmailProvider):  # a fake provider that definitely refuses every email (a 5xx answer)
+        name = "refusing"
+
+        def send(self, message: Message) -> SendOutcome:
+            return SendOutcome(SendStatus.FAILED, str(message["Message-ID"]), "550 refused (test)")
+
+    config = write_config(deployment.root, EU)
+    rows = [invoice(invoice_id="in_f", customer_id="cus_f", currency="EUR", customer_type="business")]
+    from tests.in_process import run_cycle
+
+    run_cycle(deployment.home, deployment.snapshot(rows), "2026-11-20T09:00:00Z", config, provider=RefusingProvider)
+    assert deployment.ledger("kind = 'reminder'")[0]["status"] == "failed" and len(charges_of(deployment)) == 2
+    deployment.run_in_process(rows, "2026-11-21T09:00:00Z", config)  # the retry, after its backoff
+    [email] = deployment.outbox()
+    assert "Late payment compensation: " in _body(email) and "Directive 2011/7/EU" in _body(email)
+    assert len(charges_of(deployment)) == 2

@@ -26,6 +26,7 @@ def test_preview_shows_the_fees_a_run_would_claim_then_the_run_claims_them_once_
     code, out, err = deployment.cli("run", "--snapshot", str(snapshot), "--as-of", "2026-11-20T09:00:00Z",
                                     "--config", str(config))  # fmt: skip
     assert code == 0, err
+    assert "late fees claimed: 2 (proposed 2); `dunning fees approve --all`" in out
     code, out, err = deployment.cli("run", "--snapshot", str(snapshot), "--as-of", "2026-11-21T09:00:00Z",
                                     "--config", str(config))  # fmt: skip
     assert code == 0, err

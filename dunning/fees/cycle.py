@@ -19,6 +19,7 @@ from dunning.fees.rates import TABLE_NAME, table_for
 from dunning.ledger.base import Ledger
 from dunning.plan.policy import business_date
 from dunning.safe_text import for_terminal
+from dunning.vocabulary import EmailKind, PlanRole
 
 RATE_TABLE_STALE = "rate_table_stale"  # the alert's kind
 
@@ -32,6 +33,21 @@ def charges_for(
     invoices = due.get_column("invoice_id").unique().to_list()
     on_record = ledger.charge_keys_on_record(invoices)
     return planning.plan_charges(due, config, as_of, on_record=on_record, fee_invoices=ledger.fee_invoice_ids())
+
+
+def retried_fee_lines(ledger: Ledger, due: pl.DataFrame, config: DunningConfig) -> dict[str, list[Any]]:
+    """Per retried reminder key, the charges its first claim claimed (not waived): a claiming email that failed and
+    is sent again lists them again."""
+    if due.is_empty() or "role" not in due.columns or not planning.fees_configured(config):
+        return {}
+    retried = due.filter((pl.col("role") == PlanRole.RETRY) & (pl.col("kind") == EmailKind.REMINDER))
+    if retried.is_empty():
+        return {}
+    keys = set(retried.get_column("idempotency_key").to_list())
+    on_record = ledger.charges().filter(pl.col("reminder_key").is_in(sorted(keys)) & (pl.col("status") != "waived"))
+    if on_record.is_empty():
+        return {}
+    return fee_lines(on_record, set(on_record.get_column("charge_key").to_list()), laws(config))
 
 
 def fee_lines(charges: pl.DataFrame | None, claimed: set[str], law: dict[str, str | None]) -> dict[str, list[Any]]:

@@ -353,6 +353,7 @@ def send_step(
             ledger, provider, due, cycle.skipped_rows(plan), config=config, run_id=run_id, as_of=clock.as_of,
             now=now, cap=cycle.claim_cap(clock.as_of, config), progress=progress, render=render,
             render_processes=render_processes, journal_dir=journal_dir, charges=charges, charge_waits=charge_waits,
+            retried_fees=fee_cycle.retried_fee_lines(ledger, due, config),
         )  # fmt: skip
         ledger.commit_cursor(run_id, now())  # this run's polled events have their notices claimed: poll on from them
     handed, handed_outcomes = escalating.hand_over_escalations(

@@ -289,11 +289,13 @@ def send_due(
     journal_dir: str | None = None,
     charges: pl.DataFrame | None = None,
     charge_waits: pl.DataFrame | None = None,
+    retried_fees: dict[str, list[Any]] | None = None,
 ) -> tuple[SendReport, pl.DataFrame]:
     """Claim and send `due` (rows with email ids); returns the report and one outcome per due key.
 
     `charges` and `charge_waits` (`dunning.fees.cycle.charges_for`): the late fees riding on the due reminders,
-    claimed in each chunk's claim transaction with their reminder; an email lists the charges its claim won.
+    claimed in each chunk's claim transaction with their reminder; an email lists the charges its claim won, and a
+    retried claiming email those its first claim won (`retried_fees`).
 
     Every hand-over passes the run's gate (`dunning.send.handover`): it is journaled in `journal_dir` (when given)
     first, and refused once this run's claim lease has ended. At the first error of the ledger itself nothing
@@ -335,7 +337,7 @@ def send_due(
         result = _claim_and_send(
             ledger, provider, due, skipped, config=config, run_id=run_id, as_of=as_of, now=now, cap=cap,
             progress=progress, local=local, pool=pool, total_emails=total_emails, deadline=deadline,
-            outstanding=outstanding, ids=ids, charges=charges, charge_waits=charge_waits,
+            outstanding=outstanding, ids=ids, charges=charges, charge_waits=charge_waits, retried_fees=retried_fees,
         )  # fmt: skip
     except BaseException as error:
         deadline.stop()  # nothing more leaves, from this process or a render worker
@@ -398,6 +400,7 @@ def _claim_and_send(
     ids: MessageIds,
     charges: pl.DataFrame | None = None,
     charge_waits: pl.DataFrame | None = None,
+    retried_fees: dict[str, list[Any]] | None = None,
 ) -> tuple[SendReport, pl.DataFrame]:
     """Chunk by chunk: claim (one transaction), hand over, record (one UPDATE).
 
@@ -437,7 +440,7 @@ def _claim_and_send(
         claim = ledger.claim(chunk, chunk_skipped, run_id, as_of, cap, lease_until=renewed_at[0] + lease,
                              charges=chunk_charges, charge_waits=chunk_waits)  # fmt: skip
         report.charges += len(claim.charges)
-        claimed_fees = fee_lines(chunk_charges, claim.charges, fee_laws)
+        claimed_fees = {**(retried_fees or {}), **fee_lines(chunk_charges, claim.charges, fee_laws)}
         deadline.cap(renewed_at[0] + lease, lease, renewed_at[0])
         won = claim.won
         report.claimed += len(won)

@@ -24,7 +24,7 @@ WAIT_COLUMNS = ("charge_key", "invoice_id", "cycle", "kind", "reason", "referenc
 LISTED = (
     "charge_key, invoice_id, customer_id, cycle, kind, amount_minor, currency, basis, status, policy, stage, "
     "external_id, claimed_at, decided_at, decided_by, note, posted_at, attempts, last_error, customer_type, "
-    "balance_minor, run_id"
+    "balance_minor, run_id, reminder_key"
 )
 
 
