@@ -143,6 +143,7 @@ def test_a_key_that_cannot_be_read_leaves_the_charges_approved_with_one_alert(de
     config = config_for(deployment.root, stripe_fake)
     monkeypatch.delenv("STRIPE_API_KEY")
     deployment.run_in_process(ROWS, AS_OF, config)
+    deployment.run_in_process(ROWS, "2026-11-20T10:00:00Z", config)
     assert {c["status"] for c in charges_of(deployment)} == {"approved"} and stripe_fake.posts == []
     [(message,)] = deployment.query("SELECT message FROM alerts WHERE kind = 'fees_not_posted'")
     assert "STRIPE_API_KEY" in message

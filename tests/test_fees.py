@@ -355,3 +355,12 @@ def test_a_claiming_email_that_failed_lists_its_fees_again_when_retried(deployme
     [email] = deployment.outbox()
     assert "Late payment compensation: " in _body(email) and "Directive 2011/7/EU" in _body(email)
     assert len(charges_of(deployment)) == 2
+
+
+def test_a_claim_stage_passed_by_catch_up_claims_with_the_higher_stage(deployment):
+    config = write_config(deployment.root, {**EU, "fees": {"preset": "eu_b2b", "claim_at_stage": "day7"}})
+    rows = [invoice(invoice_id="in_k", customer_id="cus_k", currency="EUR", customer_type="business")]
+    deployment.run_in_process(rows, "2026-11-21T09:00:00Z", config)  # first seen 20 days overdue: day7 skipped
+    assert {r["stage"]: r["status"] for r in deployment.ledger()} == {"day3": "skipped", "day7": "skipped",
+                                                                       "day14": "sent"}  # fmt: skip
+    assert {c["reminder_key"] for c in charges_of(deployment)} == {"dunning:in_k:1:day14"}

@@ -165,6 +165,9 @@ def post_approved(
         report = post_charges(ledger, config, run_id=run_id, as_of=as_of, now=now, client=stripe_client,
                               settle_after=settle_after)  # fmt: skip
     except ConfigError as error:
-        message = f"approved fees were not posted to Stripe (they stay approved for the next run): {error}"
-        return PostReport(), (FEES_NOT_POSTED, message[:500], {"source": "stripe"})
+        message = f"approved fees were not posted to Stripe (they stay approved for the next run): {error}"[:500]
+        open_alert = ledger.open_alert(FEES_NOT_POSTED)
+        if open_alert is not None and open_alert.get("message") == message:
+            return PostReport(), None  # paged once while the same cause stands
+        return PostReport(), (FEES_NOT_POSTED, message, {"source": "stripe"})
     return report, None
