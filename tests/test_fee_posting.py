@@ -150,3 +150,24 @@ def test_a_key_that_cannot_be_read_leaves_the_charges_approved_with_one_alert(de
     monkeypatch.setenv("STRIPE_API_KEY", KEY)
     deployment.run_in_process(ROWS, "2026-11-21T09:00:00Z", config)
     assert_one_fee_invoice(stripe_fake, deployment)
+
+
+def test_interest_that_waited_for_its_rate_goes_on_a_fee_invoice_of_its_own(deployment, stripe_fake):
+    body = yaml.safe_load(config_for(deployment.root, stripe_fake).read_text())
+    body.pop("rates_valid_through")  # the shipped ECB rates end 2026-06-30: the interest waits
+    config = deployment.root / "config.yaml"
+    config.write_text(yaml.safe_dump(body), encoding="utf-8")
+    deployment.run_in_process(ROWS, AS_OF, config)
+    [first] = stripe_fake.fee_invoices()
+    assert [i["metadata"]["dunning_charge_key"] for i in stripe_fake.items_of(first["id"])] == [
+        "fee:in_late:1:compensation"
+    ]
+    body["rates"] = [{"reference": "ecb_mro", "from": "2026-07-01", "percent": 2.15}]
+    config.write_text(yaml.safe_dump(body), encoding="utf-8")
+    deployment.run_in_process(ROWS, "2026-11-21T09:00:00Z", config)
+    first_again, second = stripe_fake.fee_invoices()
+    assert first_again["id"] == first["id"] and first_again["status"] == second["status"] == "open"
+    assert [i["metadata"]["dunning_charge_key"] for i in stripe_fake.items_of(second["id"])] == [
+        "fee:in_late:1:interest"
+    ]
+    assert {c["status"] for c in charges_of(deployment)} == {"posted"}

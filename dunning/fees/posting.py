@@ -72,21 +72,23 @@ def _metadata(stripe_object: Any) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def _find_fee_invoice(client: stripe.StripeClient, customer: str, key: str, known: str | None) -> Any:
-    """The fee invoice of `key`: by the id kept, else among the customer's invoices by its metadata."""
+def _find_fee_invoice(client: stripe.StripeClient, customer: str, key: str, known: str | None, taken: set[str]) -> Any:
+    """The fee invoice of `key`: by the id kept, else among the customer's invoices by its metadata, leaving out
+    those that already carry charges posted earlier (`taken`: a charge that waited for its rate goes on a fee
+    invoice of its own)."""
     if known:
         return _call("looking up the fee invoice", lambda: client.v1.invoices.retrieve(known))
     listed = _call("listing the customer's invoices",
                    lambda: client.v1.invoices.list({"customer": customer, "limit": 100}))  # fmt: skip
     for invoice in _call("listing the customer's invoices", lambda: list(listed.auto_paging_iter())):
-        if _metadata(invoice).get(FEE_INVOICE_METADATA) == key:
+        if _metadata(invoice).get(FEE_INVOICE_METADATA) == key and invoice.id not in taken:
             return invoice
     return None
 
 
 def _post_group(
     client: stripe.StripeClient, ledger: Ledger, rows: list[dict[str, Any]], *, settle: bool, days_until_due: int,
-    now: Callable[[], dt.datetime],
+    now: Callable[[], dt.datetime], taken: set[str],
 ) -> str:  # fmt: skip
     """One fee invoice for the charges `rows` (one invoice and cycle, all `unknown` and this run's): found or made,
     its items found or made, finalized. Returns its id; raises _Lost or _Refused."""
@@ -94,7 +96,7 @@ def _post_group(
     key = fee_invoice_key(first["invoice_id"], first["cycle"])
     customer = str(first["customer_id"])
     known = next((r["external_id"] for r in rows if r.get("external_id")), None)
-    invoice = _find_fee_invoice(client, customer, key, known) if (settle or known) else None
+    invoice = _find_fee_invoice(client, customer, key, known, taken) if (settle or known) else None
     if invoice is None:
         params: dict[str, Any] = {
             "customer": customer, "collection_method": "send_invoice", "days_until_due": days_until_due,
@@ -102,7 +104,12 @@ def _post_group(
             "description": f"Late payment charges for invoice {first['invoice_id']}",
             "metadata": {FEE_INVOICE_METADATA: key},
         }  # fmt: skip
-        invoice = _call("creating the fee invoice", lambda: client.v1.invoices.create(params, {"idempotency_key": key}))  # type: ignore[arg-type]
+        # one key per set of charges: a charge approved later (interest that waited) gets a fee invoice of its own
+        once = f"{key}:{','.join(sorted(str(r['kind']) for r in rows))}"
+        invoice = _call(
+            "creating the fee invoice",
+            lambda: client.v1.invoices.create(params, {"idempotency_key": once}),  # type: ignore[arg-type]
+        )
     keys = [r["charge_key"] for r in rows]
     ledger.note_external(keys, str(invoice.id), {}, now())
     listed = _call("listing the fee invoice's items",
@@ -124,7 +131,7 @@ def _post_group(
     ledger.note_external(keys, str(invoice.id), {k: str(v) for k, v in items.items() if k}, now())
     if invoice.status == "draft":
         _call("finalizing the fee invoice", lambda: client.v1.invoices.finalize_invoice(
-            invoice.id, {"auto_advance": False}, {"idempotency_key": f"{key}:finalize"}))  # fmt: skip
+            invoice.id, {"auto_advance": False}, {"idempotency_key": f"{invoice.id}:finalize"}))  # fmt: skip
     return str(invoice.id)
 
 
@@ -145,6 +152,7 @@ def post_charges(
     wall = now()
     api = client()  # the key is read before anything is claimed: a missing one leaves every charge approved
     by_policy = {p.name: p for p in config.resolved_policies()}
+    posted = ledger.charges(("posted",))
     for (_, _), group in todo.group_by("invoice_id", "cycle", maintain_order=True):
         rows = group.to_dicts()
         left = [r for r in rows if r["status"] == "unknown"]
@@ -155,8 +163,11 @@ def post_charges(
             continue
         fees = by_policy[str(mine[0]["policy"])].fees
         keys = [r["charge_key"] for r in mine]
+        taken = {str(r["external_id"]) for r in posted.filter(
+            (pl.col("invoice_id") == mine[0]["invoice_id"]) & (pl.col("cycle") == mine[0]["cycle"])
+        ).iter_rows(named=True) if r["external_id"]}  # fmt: skip
         try:
-            fee_invoice = _post_group(api, ledger, mine, settle=bool(stale), now=now,
+            fee_invoice = _post_group(api, ledger, mine, settle=bool(stale), now=now, taken=taken,
                                       days_until_due=fees.days_until_due if fees else 14)  # fmt: skip
         except _Refused as error:
             backoff = dt.timedelta(minutes=config.retry.backoff_minutes * 2 ** max(0, _attempts(mine) - 1))
