@@ -364,3 +364,20 @@ def test_a_claim_stage_passed_by_catch_up_claims_with_the_higher_stage(deploymen
     assert {r["stage"]: r["status"] for r in deployment.ledger()} == {"day3": "skipped", "day7": "skipped",
                                                                        "day14": "sent"}  # fmt: skip
     assert {c["reminder_key"] for c in charges_of(deployment)} == {"dunning:in_k:1:day14"}
+
+
+def test_templates_see_fees_interest_to_date_and_total_claimed_and_the_remaining_balance_unchanged():
+    from dunning.email.context import reminder_context
+    from tests.helpers import reminder_row
+
+    fees = [{"kind": "compensation", "amount_minor": 4000, "currency": "EUR", "basis": "b", "law": "§ 288 BGB"},
+            {"kind": "interest", "amount_minor": 123, "currency": "EUR", "basis": "b", "law": "§ 288 BGB"}]  # fmt: skip
+    row = reminder_row(currency="EUR", amount_minor=50_000, fees=fees)
+    context = reminder_context([row], dt.datetime(2026, 11, 20, tzinfo=dt.UTC), "de_DE")
+    line = context["invoices"][0]
+    assert [f["label"] for f in line["fees"]] == ["Verzugspauschale", "Verzugszinsen"]
+    assert line["remaining"] == format_amount(50_000, "EUR", "de_DE")
+    assert context["interest_to_date"] == format_amount(123, "EUR", "de_DE")
+    assert context["total_claimed"] == format_amount(54_123, "EUR", "de_DE") and context["fee_law"] == "§ 288 BGB"
+    plain = reminder_context([reminder_row()], dt.datetime(2026, 11, 20, tzinfo=dt.UTC), "en_US")
+    assert plain["fees"] == [] and plain["total_claimed"] is None and plain["interest_to_date"] is None

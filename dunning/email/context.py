@@ -218,6 +218,9 @@ def reminder_context(rows: Sequence[dict[str, Any]], as_of: dt.datetime, locale:
     return {
         "fees": fees,
         "fee_law": next((f["law"] for f in fees if f.get("law")), None),
+        # of a one-invoice email (per invoice in `invoices` otherwise): the interest claimed and the total claimed
+        "interest_to_date": invoices[0]["interest_to_date"] if len(invoices) == 1 else None,
+        "total_claimed": invoices[0]["total_claimed"] if len(invoices) == 1 else None,
         "customer_name": rows[0].get("customer_name"),
         "tone": str(reminder_tone(rows)),
         "first_contact": first_contact(rows),
