@@ -48,6 +48,7 @@ def dunning_audit(
             snapshot_path=cycle_request.snapshot_path or ledger.applied_snapshot_path(context.run.run_id),
             rejected_rows=rejected_in_this_run(context),
             rows_read=snapshot_count(context, "rows_read"),
+            config=config,
         )
         recovery = ledger.recovery_by_stage() if clock.live else None
         if clock.live:  # the state this run leaves, for a later hour to compare with (`dunning.plan.unchanged`)

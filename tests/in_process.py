@@ -98,7 +98,7 @@ def run_cycle(
         )  # fmt: skip
         audit = cycle.audit_cycle(
             ledger, applied.cycled, plan, result.outcomes, run_id=run_id, as_of=clock.as_of, dry_run=False,
-            snapshot_path=str(snapshot),
+            snapshot_path=str(snapshot), config=config,
         )  # fmt: skip
         if skip_unchanged:
             unchanged.finish(ledger, run_id, result.outcomes, shard, applied.cycled, plan)

@@ -15,6 +15,15 @@ What it does as Stripe does (https://docs.stripe.com/api/pagination):
   `Stripe-Should-Retry`; `malformed = True` answers 200 with a body that is not
   JSON.
 
+Writes, for fee invoices (`dunning.fees.posting`), as Stripe takes them (form-encoded bodies, `metadata[k]=v`):
+`POST /v1/invoices` (a draft; `customer`, `collection_method`, `days_until_due`, `pending_invoice_items_behavior`,
+`metadata`), `POST /v1/invoiceitems` (`invoice=` attaches it to a draft only, as Stripe does), `POST
+/v1/invoices/{id}/finalize` (the draft becomes `open`, its `amount_due` the sum of its items), `GET
+/v1/invoices/{id}`, `GET /v1/invoices?customer=`, `GET /v1/invoiceitems?invoice=`. An `Idempotency-Key` replays
+the first answer; `forget_idempotency_keys()` is Stripe pruning them after 24 hours. `drop_after_accept[path] = N`:
+the next N POSTs to `path` are carried out and then the connection is closed without an answer (the answer lost
+after Stripe accepted the request).
+
 Every request is recorded in `requests` as (path, query parameters, authorization header).
 """
 
@@ -91,6 +100,10 @@ class FakeStripe:
         self.rate_limited = 0
         self.malformed = False
         self.requests: list[tuple[str, dict[str, str], str]] = []
+        self.invoice_items: list[dict[str, Any]] = []
+        self.idempotent: dict[str, tuple[int, Any]] = {}
+        self.drop_after_accept: dict[str, int] = {}
+        self.posts: list[tuple[str, dict[str, str]]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -126,8 +139,15 @@ class FakeStripe:
         if authorization != f"Bearer {self.key}":
             given = authorization.removeprefix("Bearer ")
             return 401, _error("invalid_request_error", f"Invalid API Key provided: {given}")
+        if path.startswith("/v1/invoices/"):
+            found = [i for i in self.invoices if i["id"] == path.removeprefix("/v1/invoices/")]
+            return (200, found[0]) if found else (404, _error("invalid_request_error", "No such invoice"))
+        if path == "/v1/invoiceitems":
+            with self._lock:
+                items = [i for i in self.invoice_items if i.get("invoice") == params.get("invoice")]
+            return self._page(path, sorted(items, key=lambda o: (o["created"], o["id"]), reverse=True), params)
         if path == "/v1/invoices":
-            items = self.invoices
+            items = [i for i in self.invoices if "customer" not in params or _customer_id(i) == params["customer"]]
         elif path == "/v1/events":
             types = {v for k, v in params.items() if k.startswith("types[")} or (
                 {params["type"]} if "type" in params else None
@@ -136,6 +156,77 @@ class FakeStripe:
         else:
             return 404, _error("invalid_request_error", f"Unrecognized request URL (GET: {path})")
         return self._page(path, sorted(items, key=lambda o: (o["created"], o["id"]), reverse=True), params)
+
+    def forget_idempotency_keys(self) -> None:
+        """Stripe prunes idempotency keys after 24 hours: a request repeated later is carried out again."""
+        with self._lock:
+            self.idempotent.clear()
+
+    def fee_invoices(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [i for i in self.invoices if "dunning_fee_invoice" in (i.get("metadata") or {})]
+
+    def items_of(self, invoice_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [i for i in self.invoice_items if i.get("invoice") == invoice_id]
+
+    def post(self, path: str, form: dict[str, str], authorization: str, key: str | None) -> tuple[int, Any, bool]:
+        """(status, body, drop): the answer to a POST, and whether the connection is closed instead of answering."""
+        if authorization != f"Bearer {self.key}":
+            return 401, _error("invalid_request_error", "Invalid API Key provided"), False
+        with self._lock:
+            self.posts.append((path, form))
+            if key is not None and key in self.idempotent:
+                status, body = self.idempotent[key]
+                return status, body, False
+            status, body = self._write(path, form)
+            if key is not None:
+                self.idempotent[key] = (status, copy.deepcopy(body))
+            drop = self.drop_after_accept.get(path, 0) > 0
+            if drop:
+                self.drop_after_accept[path] -= 1
+        return status, body, drop
+
+    def _write(self, path: str, form: dict[str, str]) -> tuple[int, Any]:
+        metadata = {k[len("metadata[") : -1]: v for k, v in form.items() if k.startswith("metadata[")}
+        now = int(dt.datetime.now(dt.UTC).timestamp())
+        if path == "/v1/invoices":
+            customer = form.get("customer")
+            known = next((i for i in self.invoices if _customer_id(i) == customer), None)
+            invoice = {
+                "id": f"in_fee{len(self.invoices):05d}", "object": "invoice", "customer": customer,
+                "customer_email": known.get("customer_email") if known else None,
+                "customer_name": known.get("customer_name") if known else None, "currency": None,
+                "amount_due": 0, "amount_paid": 0, "amount_remaining": 0, "status": "draft",
+                "collection_method": form.get("collection_method"),
+                "days_until_due": int(form.get("days_until_due", 0)),
+                "pending_invoice_items_behavior": form.get("pending_invoice_items_behavior"), "auto_advance": False,
+                "metadata": metadata, "created": now, "period_start": now, "period_end": now, "due_date": None,
+                "description": form.get("description"),
+            }  # fmt: skip
+            self.invoices.append(invoice)
+            return 200, invoice
+        if path == "/v1/invoiceitems":
+            invoice = next((i for i in self.invoices if i["id"] == form.get("invoice")), None)
+            if invoice is None or invoice["status"] != "draft":
+                return 400, _error("invalid_request_error", "Invoice items can only be added to draft invoices",
+                                   "invoice_not_editable", "invoice")  # fmt: skip
+            item = {"id": f"ii_fake{len(self.invoice_items):05d}", "object": "invoiceitem", "invoice": invoice["id"],
+                    "customer": form.get("customer"), "amount": int(form["amount"]), "currency": form.get("currency"),
+                    "description": form.get("description"), "metadata": metadata, "created": now}  # fmt: skip
+            self.invoice_items.append(item)
+            invoice["currency"] = item["currency"]
+            return 200, item
+        if path.startswith("/v1/invoices/") and path.endswith("/finalize"):
+            invoice_id = path.removeprefix("/v1/invoices/").removesuffix("/finalize")
+            invoice = next((i for i in self.invoices if i["id"] == invoice_id), None)
+            if invoice is None or invoice["status"] != "draft":
+                return 400, _error("invalid_request_error", "This invoice is already finalized", "invoice_not_editable")
+            total = sum(i["amount"] for i in self.invoice_items if i["invoice"] == invoice_id)
+            invoice.update(status="open", amount_due=total, amount_remaining=total,
+                           due_date=now + 86400 * int(invoice["days_until_due"] or 0))  # fmt: skip
+            return 200, invoice
+        return 404, _error("invalid_request_error", f"Unrecognized request URL (POST: {path})")
 
     @staticmethod
     def _page(path: str, items: list[dict[str, Any]], params: dict[str, str]) -> tuple[int, Any]:
@@ -175,10 +266,34 @@ class FakeStripe:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
+                length = int(self.headers.get("Content-Length") or 0)
+                form = {k: v[-1] for k, v in parse_qs(self.rfile.read(length).decode(), keep_blank_values=True).items()}
+                status, body, drop = fake.post(
+                    urlsplit(self.path).path, form, self.headers.get("Authorization", ""),
+                    self.headers.get("Idempotency-Key"),
+                )  # fmt: skip
+                if drop:  # carried out, then the answer is lost: the connection closes without a byte
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Request-Id", "req_fake")
+                self.end_headers()
+                self.wfile.write(data)
+
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: the tests read `requests`
                 pass
 
         return Handler
+
+
+def _customer_id(invoice: dict[str, Any]) -> object:
+    customer = invoice.get("customer")
+    return customer.get("id") if isinstance(customer, dict) else customer
 
 
 def _created_matches(obj: dict[str, Any], params: dict[str, str]) -> bool:

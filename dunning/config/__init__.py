@@ -27,6 +27,7 @@ from dunning.config.base import (
     Strict,
 )
 from dunning.config.feedback import Feedback
+from dunning.config.fees import Compensation, Fees, Interest, RateEntry
 from dunning.config.loading import load_config, load_ledger_settings, parse_config
 from dunning.config.policies import FirstContactTone, Policy, ResolvedPolicy
 from dunning.config.providers import PROVIDER_KEY_MEMORY_HOURS, STRUCTURAL_HEADERS, Provider
@@ -39,9 +40,9 @@ from dunning.config.storage import LedgerSettings, Retention, Store
 
 __all__ = [
     "DEFAULT_POLICY", "DEFAULT_STAGES", "ENV_NAME", "GROUP_NAME", "MAX_HOURS", "MIN_STAGE_DAYS", "NAME_PATTERN",
-    "PROVIDER_KEY_MEMORY_HOURS", "STRUCTURAL_HEADERS", "WEEKDAYS", "Alerts", "Breaker", "Count", "DunningConfig",
-    "EnvName", "Escalation", "Events", "Feedback", "FirstContactTone", "Flag", "Holidays", "InvoiceEmails",
-    "LedgerSettings", "MinorAmount", "Number", "Policy", "PolicyMatch", "Provider", "ResolvedPolicy", "Retention",
-    "Retry", "Schedule", "SendWindow", "Source", "Stage", "Store", "Strict", "check_stages", "load_config",
-    "load_ledger_settings", "parse_config",
+    "PROVIDER_KEY_MEMORY_HOURS", "STRUCTURAL_HEADERS", "WEEKDAYS", "Alerts", "Breaker", "Compensation", "Count",
+    "DunningConfig", "EnvName", "Escalation", "Events", "Feedback", "Fees", "FirstContactTone", "Flag", "Holidays",
+    "Interest", "InvoiceEmails", "LedgerSettings", "MinorAmount", "Number", "Policy", "PolicyMatch", "Provider",
+    "RateEntry", "ResolvedPolicy", "Retention", "Retry", "Schedule", "SendWindow", "Source", "Stage", "Store",
+    "Strict", "check_stages", "load_config", "load_ledger_settings", "parse_config",
 ]  # fmt: skip

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dunning.config.base import MAX_HOURS, NAME_PATTERN, Number, Strict
+from dunning.config.fees import Fees
 from dunning.config.schedule import Escalation, PolicyMatch, SendWindow
 from dunning.config.stages import Stage
 
@@ -38,6 +39,8 @@ class Policy(Strict):
     templates_dir: str | None = Field(default=None, min_length=1, max_length=4096)
     """Its own templates, overriding the packaged ones by name (unset: the top level's `templates_dir`); relative
     to the config file."""
+    fees: Fees | None = None
+    """Its own fees and interest (`null`: none; unset: the top level's)."""
 
 
 class ResolvedPolicy(BaseModel):
@@ -53,3 +56,4 @@ class ResolvedPolicy(BaseModel):
     first_contact_tone: FirstContactTone
     escalation: Escalation | None
     templates_dir: str | None
+    fees: Fees | None = None

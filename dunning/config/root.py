@@ -4,6 +4,7 @@ policy resolved, the secrets it names, the policy id)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -13,6 +14,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from dunning.config.alerts import Alerts
 from dunning.config.base import MAX_HOURS, Count, EnvName, MinorAmount, Number, Strict
 from dunning.config.feedback import Feedback
+from dunning.config.fees import Fees, RateEntry, TableReference
 from dunning.config.policies import FirstContactTone, Policy, ResolvedPolicy
 from dunning.config.providers import Provider
 from dunning.config.schedule import DEFAULT_POLICY, Escalation, PolicyMatch, Schedule, SendWindow
@@ -71,6 +73,14 @@ class DunningConfig(Strict):
     escalation: Escalation | None = None
     """A signed webhook to a collections system once per invoice and cycle, `after_days` past due (none: no
     escalation)."""
+    fees: Fees | None = None
+    """Late fees and statutory interest (none by default): a preset (`eu_b2b`, `de`, `uk`) or your own amounts, claimed
+    once per invoice and cycle with one stage's reminder (`dunning.fees`)."""
+    rates: tuple[RateEntry, ...] = ()
+    """Reference rates that extend or override the shipped table (`{reference, from, percent}`)."""
+    rates_valid_through: dict[TableReference, dt.date] = Field(default_factory=dict)
+    """Per reference, the last day its rates are known (moves the shipped table's `valid_through`); past it interest
+    waits (`rate_unknown`)."""
     policies: tuple[Policy, ...] = ()
     """Collections policies by segment, currency and amount, first match wins; an invoice no policy matches follows
     the top-level settings (policy `default`)."""
@@ -203,6 +213,14 @@ class DunningConfig(Strict):
                         f"{key}: stage {stage.name!r} is at {stage.days_overdue} days here and at {days} in {where}: "
                         "a stage's name is part of its emails' keys, so one name is one day in every policy"
                     )
+        for resolved in self.resolved_policies():
+            fees = resolved.fees
+            claims_at = fees.claim_at_stage if fees is not None else None
+            if claims_at is not None and claims_at not in {s.name for s in resolved.stages}:
+                raise ValueError(
+                    f"fees.claim_at_stage: {claims_at!r} is not a stage of policy {resolved.name!r} "
+                    f"(its stages: {', '.join(s.name for s in resolved.stages)})"
+                )
         return self
 
     def resolved_policies(self) -> tuple[ResolvedPolicy, ...]:
@@ -210,7 +228,7 @@ class DunningConfig(Strict):
         top = ResolvedPolicy(
             name=DEFAULT_POLICY, match=PolicyMatch(), stages=self.stages, send_window=self.send_window,
             min_hours_between_reminders=self.min_hours_between_reminders, first_contact_tone=self.first_contact_tone,
-            escalation=self.escalation, templates_dir=self.templates_dir,
+            escalation=self.escalation, templates_dir=self.templates_dir, fees=self.fees,
         )  # fmt: skip
         resolved = []
         for policy in self.policies:
@@ -263,6 +281,8 @@ class DunningConfig(Strict):
             decisive["exclude_auto_advance_false"] = True
         if self.invoice_emails.enabled:
             decisive["invoice_emails"] = True
+        if self.fees is not None or self.rates or self.rates_valid_through:  # only when used: others keep their id
+            decisive["fees"] = repr(self.model_dump(include={"fees", "rates", "rates_valid_through"}, mode="json"))
         schedule = self.model_dump(
             include={"first_contact_tone", "min_hours_between_reminders", "send_window", "escalation", "policies"},
             mode="json", exclude_defaults=True,

@@ -28,6 +28,7 @@ import babel.numbers
 
 from dunning.email.locales import language_of
 from dunning.email.pay_links import https_url
+from dunning.fees.amounts import INTEREST, LABELS
 from dunning.plan import invoice_emails
 from dunning.vocabulary import EmailKind, Tone
 
@@ -179,23 +180,47 @@ def reminder_tone(rows: Sequence[dict[str, Any]]) -> Tone:
 
 
 def _reminder_line(r: dict[str, Any], locale: str) -> dict[str, Any]:
-    """An invoice of a reminder: its line, and its place in the cycle."""
+    """An invoice of a reminder: its line, its place in the cycle, and the late fees this email claims on it
+    (`dunning.fees`): `fees` (each `kind`, `label`, `amount_minor`, `currency`, `amount`, `basis`),
+    `interest_to_date` (the interest claimed, formatted, or None) and `total_claimed` (the remaining balance and the
+    fees, formatted, or None without fees). `remaining` stays the invoice's own remaining balance."""
     line = _invoice_line(r, locale)
     days = int(r["days_overdue"])
+    fees = [_fee_line(f, locale) for f in r.get("fees") or []]
+    interest = [f for f in fees if f["kind"] == INTEREST]
+    same = [f["amount_minor"] for f in fees if f["currency"] == r["currency"]]
     line.update(
         stage=r.get("stage"),
         stage_index=r.get("stage_rank"),
         stage_count=r.get("stage_count"),
         reminders_sent_before=int(r.get("reminders_sent_before") or 0),
         days_until_due=-days,
+        fees=fees,
+        interest_to_date=interest[0]["amount"] if interest else None,
+        total_claimed=format_amount(int(r["amount_minor"]) + sum(same), r["currency"], locale) if fees else None,
     )
     return line
+
+
+def _fee_line(fee: dict[str, Any], locale: str) -> dict[str, Any]:
+    labels = LABELS.get(language_of(locale), LABELS["en"])
+    return {
+        "kind": fee["kind"], "label": labels.get(fee["kind"], fee["kind"]), "amount_minor": fee["amount_minor"],
+        "currency": fee["currency"], "amount": format_amount(int(fee["amount_minor"]), fee["currency"], locale),
+        "basis": fee.get("basis"), "law": fee.get("law"),
+    }  # fmt: skip
 
 
 def reminder_context(rows: Sequence[dict[str, Any]], as_of: dt.datetime, locale: str) -> Context:
     """One reminder: `rows` are its invoices, one per row, sorted by invoice id."""
     invoices = [_reminder_line(r, locale) for r in rows]
+    fees = [dict(f, invoice_id=i["invoice_id"]) for i in invoices for f in i["fees"]]
     return {
+        "fees": fees,
+        "fee_law": next((f["law"] for f in fees if f.get("law")), None),
+        # of a one-invoice email (per invoice in `invoices` otherwise): the interest claimed and the total claimed
+        "interest_to_date": invoices[0]["interest_to_date"] if len(invoices) == 1 else None,
+        "total_claimed": invoices[0]["total_claimed"] if len(invoices) == 1 else None,
         "customer_name": rows[0].get("customer_name"),
         "tone": str(reminder_tone(rows)),
         "first_contact": first_contact(rows),

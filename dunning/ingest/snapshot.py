@@ -34,9 +34,11 @@ REQUIRED_COLUMNS = (
 # `invoice_lines` (JSON lines for the invoice email) is checked when an email shows it (`invoice_emails.invoice_lines`)
 # `segment` only chooses a policy (`plan.policies`), never shown; `customer_timezone` (an IANA name) places the send
 # window in the customer's time zone (`plan.schedule`): an unknown one falls back to the business zone, counted
+# `customer_type` (`business|consumer`, any case) decides which late fees the law allows (`dunning.fees`); anything
+# else is `fees.default_customer_type`
 OPTIONAL_COLUMNS = (
     "customer_name", "billing_period", "snapshot_at", "auto_advance", "payment_url", "customer_locale", "invoice_lines",
-    "segment", "customer_timezone",
+    "segment", "customer_timezone", "customer_type",
 )  # fmt: skip
 PARSED_COLUMNS = ("amount_due", "amount_paid", "due_date")
 

@@ -39,6 +39,7 @@ SNAPSHOT_FIELDS = (
     "invoice_lines",
     "segment",
     "customer_timezone",
+    "customer_type",
 )
 
 
@@ -75,6 +76,18 @@ def _segment(customer: Any) -> object:
     metadata = customer.get("metadata") if isinstance(customer, dict) else None
     segment = metadata.get("dunning_segment") if isinstance(metadata, dict) else None
     return segment if isinstance(segment, str) else None
+
+
+def _customer_type(customer: Any) -> object:
+    """`business` or `consumer` when the expanded customer says: its `metadata.dunning_customer_type` first, else
+    `tax_exempt: reverse` (a reverse-charge customer is a business); else unknown (`fees.default_customer_type`)."""
+    if not isinstance(customer, dict):
+        return None
+    metadata = customer.get("metadata")
+    said = metadata.get("dunning_customer_type") if isinstance(metadata, dict) else None
+    if isinstance(said, str) and said.strip().lower() in ("business", "consumer"):
+        return said.strip().lower()
+    return "business" if customer.get("tax_exempt") == "reverse" else None
 
 
 def _lines(lines: Any) -> str | None:
@@ -120,6 +133,7 @@ def invoice_row(invoice: dict[str, Any], zone: ZoneInfo) -> dict[str, Any]:
         "invoice_lines": _lines(invoice.get("lines")),
         "segment": _segment(invoice.get("customer")),
         "customer_timezone": None,  # Stripe keeps no time zone for a customer; a send window uses the business zone
+        "customer_type": _customer_type(invoice.get("customer")),
     }
     return {k: (None if v is None else str(v)) for k, v in row.items()}
 

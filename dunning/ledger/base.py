@@ -108,7 +108,35 @@ class Ledger(AlertStore, Protocol):
         cap: ClaimCap | None = None,
         lease_until: dt.datetime | None = None,
         bodies: pl.DataFrame | None = None,
+        charges: pl.DataFrame | None = None,
+        charge_waits: pl.DataFrame | None = None,
     ) -> ClaimResult: ...
+
+    # charges: late fees and statutory interest (`ledger.stores.charges`)
+    def charges(self, statuses: tuple[str, ...] = ()) -> pl.DataFrame: ...
+
+    def charge_keys_on_record(self, invoice_ids: list[str]) -> set[str]: ...
+
+    def fee_invoice_ids(self) -> set[str]: ...
+
+    def charge_waits(self) -> pl.DataFrame: ...
+
+    def claim_waited(self, charges: pl.DataFrame, dropped: list[str], run_id: str, at: dt.datetime) -> set[str]: ...
+
+    def decide_charges(
+        self, *, approve: bool, invoice_id: str | None, by: str, at: dt.datetime, note: str | None = None
+    ) -> list[str]: ...
+
+    def charges_to_post(self, as_of: dt.datetime, max_attempts: int) -> pl.DataFrame: ...
+
+    def claim_post(self, keys: list[str], run_id: str, at: dt.datetime) -> set[str]: ...
+
+    def note_external(self, keys: list[str], external_id: str, item_ids: dict[str, str], at: dt.datetime) -> None: ...
+
+    def record_post(
+        self, keys: list[str], status: str, *, at: dt.datetime, error: str | None = None,
+        retry_at: dt.datetime | None = None,
+    ) -> int: ...  # fmt: skip
 
     def record_outcomes(
         self,

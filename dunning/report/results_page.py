@@ -141,7 +141,9 @@ def render_page(results: Results, generated: dt.datetime) -> str:
     env.filters["safe_svg"] = lambda svg: svg if isinstance(svg, Markup) else ""
     recovery = [
         {**r, "recovered": _money(r["amount_recovered_minor"], r["currency"]),
-         "median_days_to_pay": "–" if r["median_days_to_pay"] is None else f"{r['median_days_to_pay']:g}"}
+         "median_days_to_pay": "–" if r["median_days_to_pay"] is None else f"{r['median_days_to_pay']:g}",
+         "fees_claimed": _money(r.get("fees_claimed_minor") or 0, r["currency"]),
+         "fees_collected": _money(r.get("fees_collected_minor") or 0, r["currency"])}
         for r in results.recovery.head(MAX_ROWS).to_dicts()
     ]  # fmt: skip
     daily = [
@@ -162,6 +164,12 @@ def render_page(results: Results, generated: dt.datetime) -> str:
         {"label": "paid within 30 days of a reminder", "value": f"{paid30 / sent * 100:.1f} %" if sent else "–"},
     ]
     cards += [{"label": f"recovered in {c}", "value": _money(a, c)} for c, a in recovered.iter_rows()]  # fmt: skip
+    if "fees_claimed_minor" in results.recovery.columns:  # late fees (`dunning.fees`), where any were claimed
+        fees = results.recovery.group_by("currency").agg(pl.col("fees_claimed_minor", "fees_collected_minor").sum())
+        cards += [
+            {"label": f"fees claimed in {c} (collected)", "value": f"{_money(a, c)} ({_money(b, c)})"}
+            for c, a, b in fees.sort("currency").iter_rows() if a
+        ]  # fmt: skip
     dates = results.daily.get_column("business_date") if results.daily.height else None
     return env.get_template("results.html.j2").render(
         generated=generated.strftime("%Y-%m-%d %H:%M UTC"), days=results.days,

@@ -19,6 +19,7 @@ import polars as pl
 from dunning.config import DunningConfig
 from dunning.email.locales import with_customer_locales
 from dunning.email.pay_links import with_payment_urls
+from dunning.fees.planning import fees_configured
 from dunning.ingest.snapshot import read_snapshot
 from dunning.ingest.snapshot_rules import summarize_rejections, validate_snapshot
 from dunning.ledger.base import Ledger
@@ -27,6 +28,7 @@ from dunning.plan.breaker import BreakerVerdict, breaker_window, evaluate_breake
 from dunning.plan.exclusions import WAITING_HOLDS, hold_expr
 from dunning.plan.policy import assign_cycles, plan_reminders, plan_retries
 from dunning.report.audit import build_audit, summarize
+from dunning.report.fee_audit import fee_audit_rows
 from dunning.send.alerts import Alert, raise_alert
 from dunning.send.sending import held_outcomes, with_email_groups
 from dunning.vocabulary import EmailKind, PlanRole, RunOutcome, SendStatus, plain
@@ -210,15 +212,25 @@ def audit_cycle(
     run_outcome: RunOutcome = RunOutcome.COMPLETED,
     rejected_rows: int | None = None,
     rows_read: int | None = None,
+    config: DunningConfig | None = None,
 ) -> pl.DataFrame:
-    """Build and store this cycle's audit and run summary; returns the audit rows. `rejected_rows`: what validation
+    """Build and store this cycle's audit and run summary; returns the audit rows (with `config`, the fees' rows
+    are stored beside them: `dunning.report.fee_audit`). `rejected_rows`: what validation
     rejected, when known (a dry run's count; None: the run's quarantine is counted)."""
     audit = build_audit(
         due_rows(plan), outcomes, ledger.open_problems(), snapshot, run_id=run_id, as_of=as_of, dry_run=dry_run
     )
+    stored = audit
+    if (
+        config is not None and fees_configured(config) and not dry_run
+    ):  # each charge claimed, each that waits for its rate: kind `fee`
+        fee_rows = fee_audit_rows(ledger, run_id, as_of, dry_run)
+        if fee_rows.height:
+            stored = pl.concat([audit, fee_rows.select([c for c in fee_rows.columns if c in audit.columns])],
+                               how="diagonal_relaxed")  # fmt: skip
     ledger.write_audit(
         run_id,
-        audit,
+        stored,
         summarize(audit),
         as_of,
         dry_run,

@@ -30,6 +30,8 @@ from dunning.config import DunningConfig
 from dunning.email.compose import wire_for
 from dunning.email.message_ids import message_ids
 from dunning.email.wire import WireEmail
+from dunning.fees import amounts, planning
+from dunning.fees import cycle as fee_cycle
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.claims import within_cap
 from dunning.plan.breaker import BreakerVerdict
@@ -74,6 +76,7 @@ class Preview:
     breaker: BreakerVerdict
     not_built: list[tuple[list[str], str]]  # keys of an email that could not be built, and why
     escalations: list[PreviewEscalation] = field(default_factory=list)
+    fees: list[dict[str, object]] = field(default_factory=list)  # the charges the emails would claim (`dunning.fees`)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -103,6 +106,7 @@ class Preview:
                 }
                 for e in self.escalations
             ],  # fmt: skip
+            "fees": self.fees,
             "held": self.held,
             "breaker_passed": self.breaker.passed,
         }
@@ -147,16 +151,44 @@ def preview(
     emails: list[PreviewEmail] = []
     not_built: list[tuple[list[str], str]] = []
     handovers = _escalations(cycle.escalations_due(plan))
+    proposed: list[dict[str, object]] = []
     if not verdict.passed:  # the breaker halts the whole batch, hand-overs included
         _count(held, str(HoldReason.BREAKER), sendable.height + len(handovers))
         handovers = []
     else:
         allowed = within_cap(sendable, recent, cycle.claim_cap(as_of, config))
         _count(held, str(HoldReason.THROTTLED), sendable.height - allowed.height)
-        emails, not_built = _rendered(allowed, recent, config, as_of)
+        charges, waits = _charges(ledger, allowed, config, as_of)
+        fees: dict[str, list[object]] = {}
+        if charges is not None and charges.height:
+            fees = fee_cycle.fee_lines(charges, set(charges.get_column("charge_key")), fee_cycle.laws(config))
+            proposed = charges.select("charge_key", "invoice_id", "customer_id", "kind", "amount_minor", "currency",
+                                      "status").to_dicts()  # fmt: skip
+        if waits is not None and waits.height:
+            _count(held, amounts.RATE_UNKNOWN, waits.height)
+        emails, not_built = _rendered(allowed, recent, config, as_of, fees)
     return Preview(
-        as_of, applied.loaded.valid.height, applied.loaded.rejected.height, emails, held, verdict, not_built, handovers
+        as_of,
+        applied.loaded.valid.height,
+        applied.loaded.rejected.height,
+        emails,
+        held,
+        verdict,
+        not_built,
+        handovers,
+        proposed,
     )
+
+
+def _charges(
+    ledger: Ledger, allowed: pl.DataFrame, config: DunningConfig, as_of: dt.datetime
+) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
+    """The charges a live run would claim with these emails (a ledger made before the `charges` table: none on
+    record yet)."""
+    try:
+        return fee_cycle.charges_for(ledger, allowed, config, as_of)
+    except ledger.database_errors:  # read-only and older than migration 20: no charge is on record
+        return planning.plan_charges(allowed, config, as_of) if planning.fees_configured(config) else (None, None)
 
 
 def _escalations(due: pl.DataFrame) -> list[PreviewEscalation]:
@@ -167,14 +199,18 @@ def _escalations(due: pl.DataFrame) -> list[PreviewEscalation]:
 
 
 def _rendered(
-    allowed: pl.DataFrame, recent: pl.DataFrame, config: DunningConfig, as_of: dt.datetime
-) -> tuple[list[PreviewEmail], list[tuple[list[str], str]]]:
+    allowed: pl.DataFrame, recent: pl.DataFrame, config: DunningConfig, as_of: dt.datetime,
+    fees: dict[str, list[object]] | None = None,
+) -> tuple[list[PreviewEmail], list[tuple[list[str], str]]]:  # fmt: skip
     settings = render_settings(config, as_of)
     in_window = dict(recent.select("customer_id", "emails").iter_rows()) if recent.height else {}
     emails, not_built = [], []
     for _, group in allowed.group_by("email_group", maintain_order=True):
         records = group.to_dicts()
         keys = [r["idempotency_key"] for r in records]
+        for record in records:  # the charges this email would claim, as a live run's email lists them
+            if fees and record["idempotency_key"] in fees:
+                record["fees"] = fees[record["idempotency_key"]]
         try:
             wire = wire_for(records, sender=settings.sender, as_of=as_of, locale=settings.locale,
                             templates_dir=settings.templates_for(records))  # fmt: skip

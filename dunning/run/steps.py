@@ -30,6 +30,8 @@ from dunning.config import DunningConfig
 from dunning.email.message_ids import message_ids
 from dunning.email.render import draft_for
 from dunning.errors import InvalidRowsHalt, SnapshotError
+from dunning.fees import cycle as fee_cycle
+from dunning.fees.posting import PostReport
 from dunning.ingest.events import event_keys
 from dunning.ingest.snapshot_rules import DUPLICATED
 from dunning.ingest.store import part_stamp
@@ -210,6 +212,8 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
         settle = settle_rows(shard.keep(ledger.unknown_sends(include_claimed=True)), cycled, exclusions, config)
     if not clock.reads_live_state:  # a backfill: what the stages would have sent that day, whenever in the day
         return cycle.plan_cycle(cycled, config, failed, notices, exclusions)
+    if clock.live and run_id is not None and not ledger.pause_state().paused:
+        fee_cycle.settle_waits(ledger, cycled, config, clock.as_of, run_id)  # interest that waited for its rate
     invoices = plan_invoices(ledger, cycled, config, clock)
     escalations, stopped = plan_escalation_step(ledger, cycled, config, clock)
     plan = cycle.plan_cycle(cycled, config, failed, notices, exclusions, invoices, settle, escalations)
@@ -310,6 +314,7 @@ class SendStepResult:
     unknown_settled: Settled = field(default_factory=Settled)
     first_emails: list[tuple[str, str]] = field(default_factory=list)  # (recipient, subject) of the first sent
     escalations: EscalationReport = field(default_factory=EscalationReport)
+    fees: PostReport = field(default_factory=PostReport)  # late fees posted to the billing system
 
 
 def send_step(
@@ -323,7 +328,8 @@ def send_step(
     runs holding claims are known to have ended; `render_processes` > 1 renders in worker processes
     (`dunning.send.render_pool`); `journal_dir` keeps this run's hand-over journal and is where the journals of dead
     runs are read (`dunning.send.handover`). Escalations go after the emails (`dunning.send.escalating`), then the
-    refusals for good are paged (`dunning.send.escalation_refusals`); `simulate_escalations` (the resume guard's
+    refusals for good are paged (`dunning.send.escalation_refusals`), then approved late fees are posted
+    (`dunning.fees.posting`); `simulate_escalations` (the resume guard's
     double pass) answers each escalation `sent` without a request, reads no secret and pages nothing."""
     due = cycle.sendable_due(plan)
     handovers = cycle.escalations_due(plan)
@@ -342,10 +348,12 @@ def send_step(
         resolved = resolve_unknown(
             ledger, provider, config.provider, now(), config.retry.backoff_minutes, settle, config.alerts, run_id,
         )  # fmt: skip
+        charges, charge_waits = fee_cycle.charges_for(ledger, due, config, clock.as_of)
         report, outcomes = send_due(
             ledger, provider, due, cycle.skipped_rows(plan), config=config, run_id=run_id, as_of=clock.as_of,
             now=now, cap=cycle.claim_cap(clock.as_of, config), progress=progress, render=render,
-            render_processes=render_processes, journal_dir=journal_dir,
+            render_processes=render_processes, journal_dir=journal_dir, charges=charges, charge_waits=charge_waits,
+            retried_fees=fee_cycle.retried_fee_lines(ledger, due, config),
         )  # fmt: skip
         ledger.commit_cursor(run_id, now())  # this run's polled events have their notices claimed: poll on from them
     handed, handed_outcomes = escalating.hand_over_escalations(
@@ -353,12 +361,17 @@ def send_step(
     )  # fmt: skip
     resubmitted = escalating.resubmit_unknown(ledger, settle, config, hooks, run_id=run_id, now=now)
     handed.resubmitted, handed.held = resubmitted.resubmitted, resubmitted.held
+    fees = PostReport()
     if not simulate_escalations:
         handed.refused = escalation_refusals.page_refusals(ledger, config, run_id=run_id, as_of=clock.as_of)
+        fee_alerts = fee_cycle.stale_table_alerts(ledger, ledger.charge_waits(), config, clock.as_of)
+        fees, not_posted = fee_cycle.post_approved(ledger, config, run_id=run_id, as_of=clock.as_of, now=now)
+        for kind, message, details in fee_alerts + ([not_posted] if not_posted else []):
+            raise_alert(ledger, config.alerts, Alert(kind, message, clock.as_of, run_id, details, "warning"))
     outcomes = pl.concat([outcomes, handed_outcomes.select(outcomes.columns).cast(outcomes.schema)])
     first = first_sent(due, outcomes, config, clock, message_ids(ledger, config))
     alert_suppressed_contacts(ledger, plan, outcomes, config, run_id, now())
-    return SendStepResult(report, outcomes, pause, stale, resolved, first, handed)
+    return SendStepResult(report, outcomes, pause, stale, resolved, first, handed, fees)
 
 
 CONTACT_SUPPRESSED = "contact_suppressed"

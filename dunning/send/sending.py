@@ -24,6 +24,7 @@ from dunning.email.message_ids import message_ids
 from dunning.email.render import RENDER_FIELDS, Sender
 from dunning.email.wire import WireEmail
 from dunning.errors import DunningError, LedgerLost
+from dunning.fees.cycle import fee_lines, laws
 from dunning.keys import PLACEHOLDER, MessageIds, idempotency_key_for
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.claims import ClaimCap
@@ -54,6 +55,7 @@ class SendReport:
     unknown: int = 0
     released: int = 0  # claimed, never handed over: the provider was stopped as unhealthy
     emails: int = 0
+    charges: int = 0  # late fees and interest claimed with the reminders (`dunning.fees`)
     provider_stopped: str | None = None
 
     def count(self, status: SendStatus, keys: int) -> None:
@@ -292,8 +294,15 @@ def send_due(
     render: Callable[[list[Record]], Message] | None = None,
     render_processes: int = 1,
     journal_dir: str | None = None,
+    charges: pl.DataFrame | None = None,
+    charge_waits: pl.DataFrame | None = None,
+    retried_fees: dict[str, list[Any]] | None = None,
 ) -> tuple[SendReport, pl.DataFrame]:
     """Claim and send `due` (rows with email ids); returns the report and one outcome per due key.
+
+    `charges` and `charge_waits` (`dunning.fees.cycle.charges_for`): the late fees riding on the due reminders,
+    claimed in each chunk's claim transaction with their reminder; an email lists the charges its claim won, and a
+    retried claiming email those its first claim won (`retried_fees`).
 
     Every hand-over passes the run's gate (`dunning.send.handover`): it is journaled in `journal_dir` (when given)
     first, and refused once this run's claim lease has ended. At the first error of the ledger itself nothing
@@ -335,7 +344,7 @@ def send_due(
         result = _claim_and_send(
             ledger, provider, due, skipped, config=config, run_id=run_id, as_of=as_of, now=now, cap=cap,
             progress=progress, local=local, pool=pool, total_emails=total_emails, deadline=deadline,
-            outstanding=outstanding, ids=ids,
+            outstanding=outstanding, ids=ids, charges=charges, charge_waits=charge_waits, retried_fees=retried_fees,
         )  # fmt: skip
     except BaseException as error:
         deadline.stop()  # nothing more leaves, from this process or a render worker
@@ -396,6 +405,9 @@ def _claim_and_send(
     deadline: Deadline,
     outstanding: dict[str, int],
     ids: MessageIds,
+    charges: pl.DataFrame | None = None,
+    charge_waits: pl.DataFrame | None = None,
+    retried_fees: dict[str, list[Any]] | None = None,
 ) -> tuple[SendReport, pl.DataFrame]:
     """Chunk by chunk: claim (one transaction), hand over, record (one UPDATE).
 
@@ -411,6 +423,7 @@ def _claim_and_send(
     """
     report = SendReport()
     outcomes: list[pl.DataFrame] = []
+    fee_laws = laws(config) if charges is not None else {}
     lease = dt.timedelta(minutes=config.claim_lease_minutes)
     renewed_at = [now()]
 
@@ -428,7 +441,13 @@ def _claim_and_send(
         chunk = with_email_ids(chunk, config, ids)
         chunk_skipped = skipped.filter(pl.col("invoice_id").is_in(chunk.select("invoice_id").to_series().implode()))
         renewed_at[0] = now()
-        claim = ledger.claim(chunk, chunk_skipped, run_id, as_of, cap, lease_until=renewed_at[0] + lease)
+        keys = chunk.get_column("idempotency_key").implode()
+        chunk_charges = charges.filter(pl.col("reminder_key").is_in(keys)) if charges is not None else None
+        chunk_waits = charge_waits.filter(pl.col("reminder_key").is_in(keys)) if charge_waits is not None else None
+        claim = ledger.claim(chunk, chunk_skipped, run_id, as_of, cap, lease_until=renewed_at[0] + lease,
+                             charges=chunk_charges, charge_waits=chunk_waits)  # fmt: skip
+        report.charges += len(claim.charges)
+        claimed_fees = {**(retried_fees or {}), **fee_lines(chunk_charges, claim.charges, fee_laws)}
         deadline.cap(renewed_at[0] + lease, lease, renewed_at[0])
         won = claim.won
         report.claimed += len(won)
@@ -451,6 +470,8 @@ def _claim_and_send(
         ]
         grouped: dict[str, list[Record]] = {}
         for record in chunk.filter(pl.col("idempotency_key").is_in(list(won))).to_dicts():
+            if claimed_fees:
+                record["fees"] = claimed_fees.get(record["idempotency_key"], [])
             grouped.setdefault(record["email_group"], []).append(record)
         groups = list(grouped.values())
         outstanding.update((g[0]["message_id"], len(g)) for g in groups)

@@ -90,6 +90,13 @@ def preview_text(result: Preview, snapshot: str, out: str | None) -> str:
             f"  {e.customer_id}  {e.invoice_id}  {e.policy}  {e.amount_minor} {e.currency} (minor units)  {e.key}"
             for e in result.escalations
         ]
+    if result.fees:
+        lines.append(f"{len(result.fees)} late fee(s) would be claimed with these emails:")
+        lines += [
+            f"  {f['customer_id']}  {f['charge_key']}  {int(str(f['amount_minor'])) / 100:,.2f} {f['currency']}  "
+            f"{f['status']}"
+            for f in result.fees
+        ]
     lines.append("waiting: " + (", ".join(f"{r} {n}" for r, n in sorted(result.held.items())) or "nothing"))
     if out:
         lines.append(f"each email is in {out} as it would be sent")

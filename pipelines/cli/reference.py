@@ -6,6 +6,7 @@ command's arguments in its group's module). `docs/gen_reference.py` writes them 
 from __future__ import annotations
 
 import argparse
+import datetime
 import types
 import typing
 from collections.abc import Iterator
@@ -60,8 +61,12 @@ def _type_name(annotation: Any, field: FieldInfo) -> str:
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a, field) for a in typing.get_args(annotation))
     if origin in (tuple, list):
-        return "list of stages" if _nested_model(annotation) else "list"
+        nested = _nested_model(annotation)
+        return ("list of stages" if nested.__name__ == "Stage" else "list of entries") if nested else "list"
     if origin is dict:
+        values = typing.get_args(annotation)[1:]
+        if values and values[0] is datetime.date:
+            return "mapping (name to date, YYYY-MM-DD)"
         return "mapping (currency code to integer)"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "section"

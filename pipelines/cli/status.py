@@ -105,7 +105,20 @@ def status(
         "reports_to_confirm": ledger.reports_to_confirm(
             live.now - dt.timedelta(days=CONFIRM_DAYS), live.now.astimezone(config.zone).date()
         ).to_dicts(),
+        "fees": _fees(ledger, config),
     }
+
+
+def _fees(ledger: Ledger, config: DunningConfig) -> dict:
+    """Late fees on record (`dunning.report.fee_audit`): claimed against allowed, and the proposed ones waiting for
+    `dunning fees approve`."""
+    from dunning.report.fee_audit import claimed_against_allowed
+
+    charges = ledger.charges()
+    proposed = charges.filter(pl.col("status") == "proposed").select(
+        "charge_key", "invoice_id", "customer_id", "kind", "amount_minor", "currency"
+    )
+    return {**claimed_against_allowed(charges, config), "proposed": proposed.to_dicts()}
 
 
 CONFIRM_DAYS = 30  # how far back `status` lists the bounces and complaints a human should confirm
@@ -216,6 +229,16 @@ def status_text(s: dict) -> str:
             f"recorded {liveness.wall(r['recorded_at'])}"
             for r in s["reports_to_confirm"][:20]
         ]
+    fees = s.get("fees") or {}
+    if fees.get("charges"):
+        wrong = {k: fees[k] for k in ("consumer_charged", "charged_twice", "above_the_law") if fees[k]}
+        lines.append("fees: " + ", ".join(f"{k} {v}" for k, v in fees["by_status"].items())
+                     + (f"; AGAINST THE LAW: {wrong}" if wrong else ""))  # fmt: skip
+        lines += [f"  proposed {p['charge_key']}: {p['amount_minor'] / 100:,.2f} {p['currency']}"
+                  for p in fees["proposed"][:20]]  # fmt: skip
+        if fees["proposed"]:
+            lines.append("  `dunning fees approve --all` (or --invoice ID) posts them with the next run; "
+                         "`dunning fees waive --invoice ID` drops them")  # fmt: skip
     if s["config_error"]:
         lines.append(f"config: {s['config_error']} (default thresholds used above)")
     return "\n".join(lines)

@@ -13,6 +13,7 @@ import polars as pl
 
 from dunning.ledger.backends.connection import LedgerConnection, connect
 from dunning.ledger.backends.publication import publish
+from dunning.ledger.stores.charges import ChargeStore
 from dunning.ledger.stores.claims import ClaimStore
 from dunning.ledger.stores.cursors import CursorStore
 from dunning.ledger.stores.escalation_store import EscalationStore
@@ -71,6 +72,7 @@ class LedgerTables(
     EscalationStore,
     RetentionStore,
     MessageSecretStore,
+    ChargeStore,
 ):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""

@@ -73,6 +73,7 @@ PUBLISHED_TABLES = (
     "suppressions",
     "suppression_alerts",
     "delivery_events",
+    "charges",
 )
 
 # what a dry run writes to the ledger (its audit, its run record, an alert it raised): all a dry run publishes

@@ -216,6 +216,15 @@ MIGRATIONS = (
             "WHERE d.run_id = applied_snapshots.run_id) WHERE invoice_count IS NULL",
         ),
     ),
+    Migration(
+        20,
+        "late fees and statutory interest: the charges claimed with their stage's reminder (one per invoice, cycle and "
+        "kind) and those waiting for the reference-rate table",
+        (
+            next(s for s in DDL if "CREATE TABLE IF NOT EXISTS charges (" in s),
+            next(s for s in DDL if "CREATE TABLE IF NOT EXISTS charge_waits (" in s),
+        ),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -382,4 +382,52 @@ DDL = (
         created_at TIMESTAMPTZ NOT NULL
     )
     """,
+    # late fees and statutory interest (`dunning.fees`, `ledger.stores.charges`): one row per
+    # `fee:{invoice_id}:{cycle}:{kind}`, claimed in the transaction of the reminder that claims it, its amount fixed
+    # then; posted to the billing system ledger first, with the three outcomes of a send (`external_id`: the fee
+    # invoice there, `external_item_id`: this charge's item on it)
+    """
+    CREATE TABLE IF NOT EXISTS charges (
+        charge_key VARCHAR PRIMARY KEY,
+        invoice_id VARCHAR NOT NULL,
+        customer_id VARCHAR NOT NULL,
+        cycle INTEGER NOT NULL,
+        kind VARCHAR NOT NULL CHECK (kind IN ('compensation', 'interest')),
+        amount_minor BIGINT NOT NULL CHECK (amount_minor > 0),
+        currency VARCHAR NOT NULL,
+        basis VARCHAR NOT NULL,
+        status VARCHAR NOT NULL CHECK (status IN ('proposed', 'approved', 'posted', 'failed', 'unknown', 'waived')),
+        policy VARCHAR,
+        stage VARCHAR,
+        customer_type VARCHAR,
+        balance_minor BIGINT,
+        reminder_key VARCHAR,
+        run_id VARCHAR,
+        claimed_at TIMESTAMPTZ NOT NULL,
+        decided_at TIMESTAMPTZ,
+        decided_by VARCHAR,
+        note VARCHAR,
+        external_id VARCHAR,
+        external_item_id VARCHAR,
+        posted_at TIMESTAMPTZ,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at TIMESTAMPTZ,
+        last_error VARCHAR,
+        updated_at TIMESTAMPTZ
+    )
+    """,
+    # a charge that waits for the rate table (`rate_unknown`): noted with its claiming reminder, claimed by the first
+    # run that knows the rate while the invoice is still owed in that cycle
+    """
+    CREATE TABLE IF NOT EXISTS charge_waits (
+        charge_key VARCHAR PRIMARY KEY,
+        invoice_id VARCHAR NOT NULL,
+        cycle INTEGER NOT NULL,
+        kind VARCHAR NOT NULL,
+        reason VARCHAR NOT NULL,
+        reference VARCHAR,
+        reminder_key VARCHAR,
+        since TIMESTAMPTZ NOT NULL
+    )
+    """,
 )

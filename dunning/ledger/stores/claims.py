@@ -26,6 +26,7 @@ import polars as pl
 
 from dunning.ledger.schema.tables import LEDGER_COLUMNS
 from dunning.ledger.sql import Executes, SqlConnection
+from dunning.ledger.stores.charges import insert_won_charges
 from dunning.ledger.stores.payloads import PAYLOAD_SCHEMA
 from dunning.ledger.stores.suppressions import HOLDS
 from dunning.safe_text import redact
@@ -46,6 +47,7 @@ class ClaimResult:
     throttled: set[str] = field(default_factory=set)
     suppressed: set[str] = field(default_factory=set)  # addressed to a suppressed address when claimed: not claimed
     lost: bool = False
+    charges: set[str] = field(default_factory=set)  # the charge keys claimed with the reminders won
 
 
 def within_cap(due: pl.DataFrame, recent: pl.DataFrame, cap: ClaimCap) -> pl.DataFrame:
@@ -165,12 +167,16 @@ class ClaimStore(SqlConnection):
         cap: ClaimCap | None = None,
         lease_until: dt.datetime | None = None,
         bodies: pl.DataFrame | None = None,
+        charges: pl.DataFrame | None = None,
+        charge_waits: pl.DataFrame | None = None,
     ) -> ClaimResult:
         """Insert `due` as `claimed` and, for invoices whose claim we won, `skipped` stages; one transaction.
 
         `bodies` (PAYLOAD_SCHEMA rows, one per key): the request each key's hand-over will make, kept in the same
         transaction for the keys this claim wins, in place of any kept before (`dunning.send.escalating`): what a
-        run that dies mid-request leaves is resubmitted exactly as it may have left."""
+        run that dies mid-request leaves is resubmitted exactly as it may have left. `charges` and `charge_waits`
+        (`dunning.fees.planning`): the late fees (and the interest waiting for its rate) that ride on the reminders,
+        inserted in the same transaction for the reminders this claim wins (`ledger.stores.charges`)."""
         stamp = [pl.lit(run_id).alias("run_id"), pl.lit(claimed_at).alias("claimed_at")]
         customers = due.select("customer_id").unique()
         result = ClaimResult()
@@ -215,6 +221,8 @@ class ClaimStore(SqlConnection):
                 self._record_skipped_and_advance(con, won, skipped, stamp)
                 if bodies is not None and result.won:
                     self._keep_bodies(con, bodies.filter(pl.col("idempotency_key").is_in(list(result.won))))
+                if charges is not None and result.won and (charges.height or charge_waits is not None):
+                    result.charges = insert_won_charges(self, charges, charge_waits, result.won, run_id, claimed_at)
         except self.lost_claim_errors:
             return ClaimResult(lost=True)
         return result

@@ -34,7 +34,9 @@ from dunning.sharding import EVERYONE, Shard
 HISTORY = "invoice_history_daily"
 # Recovery by stage (the analysts' view `recovery_by_stage`, and the audit's metadata through `recovery_by_stage`):
 # per policy, stage and currency, the reminders sent and how many of them were followed by payment (a later
-# snapshot shows the invoice paid or with nothing left); SQL both DuckDB and PostgreSQL run as written
+# snapshot shows the invoice paid or with nothing left), and the late fees that stage's reminders claimed (not
+# waived) and collected (posted on a fee invoice a later snapshot shows paid); SQL both DuckDB and PostgreSQL run
+# as written
 RECOVERY_BY_STAGE = """
     WITH sent AS (
         SELECT idempotency_key, invoice_id, policy, stage, currency, amount_minor, CAST(sent_at AS DATE) AS sent_on
@@ -45,13 +47,24 @@ RECOVERY_BY_STAGE = """
         SELECT s.idempotency_key, s.policy, s.stage, s.currency, s.amount_minor, s.sent_on,
                min(p.business_date) AS paid_on
         FROM sent s LEFT JOIN paid p ON p.invoice_id = s.invoice_id AND p.business_date >= s.sent_on
-        GROUP BY s.idempotency_key, s.policy, s.stage, s.currency, s.amount_minor, s.sent_on)
-    SELECT policy, stage, currency, count(*) AS reminders_sent,
-           count(*) FILTER (WHERE paid_on <= sent_on + 7) AS paid_within_7d,
-           count(*) FILTER (WHERE paid_on <= sent_on + 30) AS paid_within_30d,
-           coalesce(sum(amount_minor) FILTER (WHERE paid_on IS NOT NULL), 0) AS amount_recovered_minor,
-           percentile_cont(0.5) WITHIN GROUP (ORDER BY paid_on - sent_on) AS median_days_to_pay
-    FROM outcome GROUP BY policy, stage, currency ORDER BY policy, stage, currency"""
+        GROUP BY s.idempotency_key, s.policy, s.stage, s.currency, s.amount_minor, s.sent_on),
+    fee_invoices_paid AS (SELECT DISTINCT invoice_id FROM paid),
+    fees AS (
+        SELECT c.policy, c.stage, c.currency, CAST(sum(c.amount_minor) AS BIGINT) AS fees_claimed_minor,
+               CAST(sum(CASE WHEN c.status = 'posted' AND f.invoice_id IS NOT NULL THEN c.amount_minor ELSE 0 END)
+                    AS BIGINT) AS fees_collected_minor
+        FROM charges c LEFT JOIN fee_invoices_paid f ON f.invoice_id = c.external_id
+        WHERE c.status <> 'waived' GROUP BY c.policy, c.stage, c.currency)
+    SELECT o.policy, o.stage, o.currency, count(*) AS reminders_sent,
+           count(*) FILTER (WHERE o.paid_on <= o.sent_on + 7) AS paid_within_7d,
+           count(*) FILTER (WHERE o.paid_on <= o.sent_on + 30) AS paid_within_30d,
+           coalesce(sum(o.amount_minor) FILTER (WHERE o.paid_on IS NOT NULL), 0) AS amount_recovered_minor,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY o.paid_on - o.sent_on) AS median_days_to_pay,
+           coalesce(max(fees.fees_claimed_minor), 0) AS fees_claimed_minor,
+           coalesce(max(fees.fees_collected_minor), 0) AS fees_collected_minor
+    FROM outcome o
+    LEFT JOIN fees ON fees.policy = o.policy AND fees.stage = o.stage AND fees.currency = o.currency
+    GROUP BY o.policy, o.stage, o.currency ORDER BY o.policy, o.stage, o.currency"""
 
 
 class HistoryStore(SqlConnection):

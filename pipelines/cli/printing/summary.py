@@ -56,9 +56,24 @@ def run_report(
     if summary is None:
         return f"dunning: run {run_id[:8]} completed but recorded no summary (see the Dagster UI)", 1
     text, code = _summary_text(header, summary, ledger.pause_state(), dry_run)
+    if not dry_run and config is not None and (config.fees is not None or config.policies):
+        text += _fees_line(ledger, run_id)
     if config is not None and home is not None:
         text += "\n" + _where_and_next(result, summary, config, home, dry_run)
     return text, code
+
+
+def _fees_line(ledger: Ledger, run_id: str) -> str:
+    """The late fees this run claimed, and what became of them (`dunning fees` lists them all)."""
+    import polars as pl
+
+    claimed = ledger.charges().filter(pl.col("run_id") == run_id)
+    if claimed.is_empty():
+        return ""
+    by_status = ", ".join(f"{s} {n}" for s, n in claimed.group_by("status").len().sort("status").iter_rows())
+    proposed = claimed.filter(pl.col("status") == "proposed").height
+    then = "; `dunning fees approve --all` (or --invoice ID) posts them with the next run" if proposed else ""
+    return f"\nlate fees claimed: {claimed.height} ({by_status}){then}"
 
 
 def _first_emails(result: dg.ExecuteJobResult) -> list[dict[str, Any]]:

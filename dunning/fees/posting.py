@@ -1,0 +1,188 @@
+"""Approved charges onto Stripe, through the official SDK, ledger first, with the three outcomes of a send.
+
+Stripe adds invoice items only to draft invoices, and an overdue invoice is finalized: the charges of one invoice
+and cycle go on one fee invoice of their own, a draft for the customer (`pending_invoice_items_behavior: exclude`,
+`collection_method: send_invoice`, `days_until_due`, metadata `dunning_fee_invoice: fees:{invoice_id}:{cycle}`), one
+invoice item per charge attached to it (`invoice=`, metadata `dunning_charge_key`), then finalized.
+
+Before the first request the charges move to `unknown` in the ledger (the claim of the post); the fee invoice's id
+is kept as soon as Stripe gives it. Every step is find-or-create: a charge left `unknown` (an answer lost, a crash)
+is settled by looking in Stripe, by the id kept or else by the metadata on the customer's invoices, never by
+creating blindly; Stripe prunes idempotency keys after 24 hours, so the key alone cannot find an earlier attempt.
+A definite refusal (4xx, a rate limit) is `failed`, retried with backoff; a lost connection or a 5xx `unknown`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+import stripe
+
+from dunning.config import DunningConfig
+from dunning.fees.planning import fee_invoice_key
+from dunning.ledger.base import Ledger
+from dunning.safe_text import for_terminal
+
+FEE_INVOICE_METADATA = "dunning_fee_invoice"
+CHARGE_METADATA = "dunning_charge_key"
+
+
+@dataclass
+class PostReport:
+    posted: int = 0
+    failed: int = 0
+    unknown: int = 0
+    fee_invoices: list[str] = field(default_factory=list)
+
+
+class _Lost(Exception):
+    """The request may have been carried out: the outcome is unknown."""
+
+
+class _Refused(Exception):
+    """Stripe definitely did not carry the request out."""
+
+
+def posting_policies(config: DunningConfig) -> set[str]:
+    return {p.name for p in config.resolved_policies() if p.fees is not None and p.fees.post_to == "stripe"}
+
+
+def _call(what: str, request: Callable[[], Any]) -> Any:
+    try:
+        return request()
+    except stripe.APIConnectionError as error:
+        cause = type(error.__cause__).__name__ if error.__cause__ else "connection lost"
+        raise _Lost(f"{what}: no answer from Stripe ({cause})") from None
+    except stripe.RateLimitError:
+        raise _Refused(f"{what}: Stripe answered 429 (rate limited)") from None
+    except stripe.StripeError as error:
+        status = error.http_status
+        if status is not None and status < 500:
+            code = error.code if isinstance(error.code, str) else "error"
+            raise _Refused(f"{what}: Stripe refused it (HTTP {status}, {for_terminal(code)[:64]})") from None
+        raise _Lost(f"{what}: Stripe answered HTTP {status if status is not None else '?'}") from None
+
+
+def _metadata(stripe_object: Any) -> dict[str, Any]:
+    found = stripe_object.to_dict().get("metadata")
+    return found if isinstance(found, dict) else {}
+
+
+def _find_fee_invoice(client: stripe.StripeClient, customer: str, key: str, known: str | None, taken: set[str]) -> Any:
+    """The fee invoice of `key`: by the id kept, else among the customer's invoices by its metadata, leaving out
+    those that already carry charges posted earlier (`taken`: a charge that waited for its rate goes on a fee
+    invoice of its own)."""
+    if known:
+        return _call("looking up the fee invoice", lambda: client.v1.invoices.retrieve(known))
+    listed = _call("listing the customer's invoices",
+                   lambda: client.v1.invoices.list({"customer": customer, "limit": 100}))  # fmt: skip
+    for invoice in _call("listing the customer's invoices", lambda: list(listed.auto_paging_iter())):
+        if _metadata(invoice).get(FEE_INVOICE_METADATA) == key and invoice.id not in taken:
+            return invoice
+    return None
+
+
+def _post_group(
+    client: stripe.StripeClient, ledger: Ledger, rows: list[dict[str, Any]], *, settle: bool, days_until_due: int,
+    now: Callable[[], dt.datetime], taken: set[str],
+) -> str:  # fmt: skip
+    """One fee invoice for the charges `rows` (one invoice and cycle, all `unknown` and this run's): found or made,
+    its items found or made, finalized. Returns its id; raises _Lost or _Refused."""
+    first = rows[0]
+    key = fee_invoice_key(first["invoice_id"], first["cycle"])
+    customer = str(first["customer_id"])
+    known = next((r["external_id"] for r in rows if r.get("external_id")), None)
+    invoice = _find_fee_invoice(client, customer, key, known, taken) if (settle or known) else None
+    if invoice is None:
+        params: dict[str, Any] = {
+            "customer": customer, "collection_method": "send_invoice", "days_until_due": days_until_due,
+            "pending_invoice_items_behavior": "exclude", "auto_advance": False,
+            "description": f"Late payment charges for invoice {first['invoice_id']}",
+            "metadata": {FEE_INVOICE_METADATA: key},
+        }  # fmt: skip
+        # one key per set of charges: a charge approved later (interest that waited) gets a fee invoice of its own
+        once = f"{key}:{','.join(sorted(str(r['kind']) for r in rows))}"
+        invoice = _call(
+            "creating the fee invoice",
+            lambda: client.v1.invoices.create(params, {"idempotency_key": once}),  # type: ignore[arg-type]
+        )
+    keys = [r["charge_key"] for r in rows]
+    ledger.note_external(keys, str(invoice.id), {}, now())
+    listed = _call("listing the fee invoice's items",
+                   lambda: client.v1.invoice_items.list({"invoice": invoice.id, "limit": 100}))  # fmt: skip
+    items = {_metadata(i).get(CHARGE_METADATA): i.id for i in listed.data}
+    for row in rows:
+        if row["charge_key"] in items:
+            continue
+        if invoice.status != "draft":  # finalized without this item: a human must look (never a second invoice)
+            raise _Refused(f"fee invoice {invoice.id} is {invoice.status} without the item {row['charge_key']}")
+        item_params: dict[str, Any] = {
+            "customer": customer, "invoice": invoice.id, "amount": int(row["amount_minor"]),
+            "currency": str(row["currency"]).lower(), "description": f"{row['kind']}: {row['basis']}"[:500],
+            "metadata": {CHARGE_METADATA: row["charge_key"]},
+        }  # fmt: skip
+        item = _call("adding a charge to the fee invoice", lambda p=item_params, k=row["charge_key"]:
+                     client.v1.invoice_items.create(p, {"idempotency_key": k}))  # type: ignore[misc]  # fmt: skip
+        items[row["charge_key"]] = item.id
+    ledger.note_external(keys, str(invoice.id), {k: str(v) for k, v in items.items() if k}, now())
+    if invoice.status == "draft":
+        _call("finalizing the fee invoice", lambda: client.v1.invoices.finalize_invoice(
+            invoice.id, {"auto_advance": False}, {"idempotency_key": f"{invoice.id}:finalize"}))  # fmt: skip
+    return str(invoice.id)
+
+
+def post_charges(
+    ledger: Ledger, config: DunningConfig, *, run_id: str, as_of: dt.datetime, now: Callable[[], dt.datetime],
+    client: Callable[[], stripe.StripeClient], settle_after: dt.timedelta,
+) -> PostReport:  # fmt: skip
+    """Post every approved charge (and failed ones whose backoff is over) of a policy with `post_to: stripe`, and
+    settle `unknown` ones left at least `settle_after` (wall clock) ago. `client` is called only when there is
+    something to post, before any charge is claimed."""
+    report = PostReport()
+    policies = posting_policies(config)
+    if not policies:
+        return report
+    todo = ledger.charges_to_post(as_of, config.retry.max_attempts).filter(pl.col("policy").is_in(sorted(policies)))
+    if todo.is_empty():
+        return report
+    wall = now()
+    api = client()  # the key is read before anything is claimed: a missing one leaves every charge approved
+    by_policy = {p.name: p for p in config.resolved_policies()}
+    posted = ledger.charges(("posted",))
+    for (_, _), group in todo.group_by("invoice_id", "cycle", maintain_order=True):
+        rows = group.to_dicts()
+        left = [r for r in rows if r["status"] == "unknown"]
+        stale = [r for r in left if r.get("updated_at") is None or r["updated_at"] <= wall - settle_after]
+        fresh = ledger.claim_post([r["charge_key"] for r in rows if r["status"] != "unknown"], run_id, wall)
+        mine = [r for r in rows if r["charge_key"] in fresh] + stale
+        if not mine:
+            continue
+        fees = by_policy[str(mine[0]["policy"])].fees
+        keys = [r["charge_key"] for r in mine]
+        taken = {str(r["external_id"]) for r in posted.filter(
+            (pl.col("invoice_id") == mine[0]["invoice_id"]) & (pl.col("cycle") == mine[0]["cycle"])
+        ).iter_rows(named=True) if r["external_id"]}  # fmt: skip
+        try:
+            fee_invoice = _post_group(api, ledger, mine, settle=bool(stale), now=now, taken=taken,
+                                      days_until_due=fees.days_until_due if fees else 14)  # fmt: skip
+        except _Refused as error:
+            backoff = dt.timedelta(minutes=config.retry.backoff_minutes * 2 ** max(0, _attempts(mine) - 1))
+            ledger.record_post(keys, "failed", at=now(), error=str(error)[:500], retry_at=as_of + backoff)
+            report.failed += len(keys)
+            continue
+        except _Lost as error:
+            ledger.record_post(keys, "unknown", at=now(), error=str(error)[:500])
+            report.unknown += len(keys)
+            continue
+        ledger.record_post(keys, "posted", at=now())
+        report.posted += len(keys)
+        report.fee_invoices.append(fee_invoice)
+    return report
+
+
+def _attempts(rows: Iterable[dict[str, Any]]) -> int:
+    return max((int(r.get("attempts") or 0) for r in rows), default=1) + 1
