@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import polars as pl
 
@@ -34,6 +35,8 @@ from dunning.ledger.base import Ledger
 from dunning.ledger.stores.claims import within_cap
 from dunning.plan.breaker import BreakerVerdict
 from dunning.plan.clock import CycleClock, RunMode
+from dunning.report import held as held_keys
+from dunning.report.held import WindowOpening
 from dunning.run import cycle, steps
 from dunning.send.providers.file_outbox import file_name
 from dunning.send.sending import render_settings, with_email_ids
@@ -74,6 +77,9 @@ class Preview:
     breaker: BreakerVerdict
     not_built: list[tuple[list[str], str]]  # keys of an email that could not be built, and why
     escalations: list[PreviewEscalation] = field(default_factory=list)
+    openings: list[WindowOpening] = field(default_factory=list)  # when each policy's send window opens
+    data_problems: list[dict[str, str]] = field(default_factory=list)  # invoices held for their data
+    zone: ZoneInfo = field(default=ZoneInfo("UTC"))  # the business time zone, in which openings are told
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -103,7 +109,9 @@ class Preview:
                 }
                 for e in self.escalations
             ],  # fmt: skip
-            "held": self.held,
+            "held": self.held,  # a key counted under each reason it waits for
+            "send_window_opens": [o.as_json(self.as_of) for o in self.openings],
+            "held_for_data": self.data_problems,
             "breaker_passed": self.breaker.passed,
         }
 
@@ -136,11 +144,9 @@ def preview(
     )  # fmt: skip
     plan = steps.plan_step(ledger, applied.cycled, None, config, clock)
     verdict = cycle.check_breaker(ledger, plan, as_of, config)
-    held: dict[str, int] = {}
     due = cycle.due_rows(plan)
-    for reason, n in due.filter(pl.col("hold").is_not_null()).group_by("hold").len().iter_rows():
-        _count(held, str(reason), n)
-    _count(held, str(HoldReason.NO_EMAIL_ADDRESS), due.filter(pl.col("hold").is_null() & ~pl.col("sendable")).height)
+    reasons = held_keys.plan_reasons(due)  # every reason each key waits for, not only its first
+    held = held_keys.counts(reasons)
     # the Message-IDs a live run would mint, read from the ledger; where it has no secret yet, placeholders
     sendable = with_email_ids(cycle.sendable_due(plan), config, message_ids(ledger, config, required=False))
     recent = cycle.recent_emails(ledger, as_of, config)
@@ -155,8 +161,10 @@ def preview(
         _count(held, str(HoldReason.THROTTLED), sendable.height - allowed.height)
         emails, not_built = _rendered(allowed, recent, config, as_of)
     return Preview(
-        as_of, applied.loaded.valid.height, applied.loaded.rejected.height, emails, held, verdict, not_built, handovers
-    )
+        as_of, applied.loaded.valid.height, applied.loaded.rejected.height, emails, held, verdict, not_built, handovers,
+        openings=held_keys.window_openings(due, config), data_problems=held_keys.data_problems(reasons),
+        zone=config.zone,
+    )  # fmt: skip
 
 
 def _escalations(due: pl.DataFrame) -> list[PreviewEscalation]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pipelines.cli import common
 from pipelines.cli.common import add_home
 from pipelines.cli.exit_codes import say
+from pipelines.cli.printing.held import held_for_data_lines
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -90,7 +91,13 @@ def preview_text(result: Preview, snapshot: str, out: str | None) -> str:
             f"  {e.customer_id}  {e.invoice_id}  {e.policy}  {e.amount_minor} {e.currency} (minor units)  {e.key}"
             for e in result.escalations
         ]
-    lines.append("waiting: " + (", ".join(f"{r} {n}" for r, n in sorted(result.held.items())) or "nothing"))
+    lines.append("waiting: " + (", ".join(f"{r} {n}" for r, n in sorted(result.held.items())) or "nothing")
+                 + (" (a key counted under each reason it waits for)" if len(result.held) > 1 else ""))  # fmt: skip
+    for opening in result.openings:
+        policy = "" if len(result.openings) == 1 and opening.policy == "default" else f" for policy {opening.policy}"
+        lines.append(f"the send window{policy} opens {opening.describe(result.as_of, result.zone)}: "
+                     f"{opening.keys} key(s) wait for it")  # fmt: skip
+    lines += held_for_data_lines(result.data_problems)  # the data problems, never hidden behind the clock
     if out:
         lines.append(f"each email is in {out} as it would be sent")
     lines.append("next: `dunning test-send --to you@example.com` to see one in a mailbox, then `dunning run`")

@@ -216,6 +216,12 @@ MIGRATIONS = (
             "WHERE d.run_id = applied_snapshots.run_id) WHERE invoice_count IS NULL",
         ),
     ),
+    Migration(
+        23,
+        "a held key's other reasons: the audit keeps one reason per key, `also_held` the rest (comma-separated), so "
+        "`status` counts each reason a key waits for and a data problem never hides behind the send window",
+        ("ALTER TABLE dunning_audit ADD COLUMN IF NOT EXISTS also_held VARCHAR",),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

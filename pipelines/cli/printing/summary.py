@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from pipelines.cli.exit_codes import exit_by_error_class
 from pipelines.cli.printing.failures import _failed_checks, _failures
+from pipelines.cli.printing.held import held_for_data_lines
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -169,7 +170,9 @@ def _summary_text(header: str, summary: RunSummary, pause: PauseState, dry_run: 
                      + ", ".join(f"{kind} {n}" for kind, n in summary.set_aside))  # fmt: skip
     held_now = [(reason, n) for reason, n in summary.held_by_reason if reason not in EARLIER]
     if held_now:
-        lines.append("held: " + ", ".join(f"{reason} {n}" for reason, n in held_now))
+        lines.append("held: " + ", ".join(f"{reason} {n}" for reason, n in held_now)
+                     + (" (a key counted under each reason it waits for)" if len(held_now) > 1 else ""))  # fmt: skip
+    lines += held_for_data_lines(summary.held_for_data, "`dunning status --json` lists them all")
     lines.append(f"reminders for invoices not owed: {c['not_owed_reminded']}")
     if c["failed"] or c["unknown"]:
         lines.append(

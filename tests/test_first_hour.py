@@ -1,0 +1,98 @@
+"""The first hour, round 2 (issue 40): what a new operator still tripped on, each pinned by a test."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import invoice
+
+EARLY = "2026-12-03T06:31:00Z"  # 07:31 in Berlin, a Thursday: the window opens at 09:00
+WINDOW = 'timezone: Europe/Berlin\nsend_window: {days: [mon, tue, wed, thu, fri], start: "09:00", end: "17:00"}\n'
+ROWS = [
+    invoice(due_date="2026-11-20"),
+    invoice(invoice_id="in_none", customer_id="cus_none", customer_email=None, due_date="2026-11-20"),
+    invoice(invoice_id="in_two", customer_id="cus_two", customer_email="a@example.com, b@example.com",
+            due_date="2026-11-20"),
+]  # fmt: skip
+
+
+def _config(deployment, text: str = WINDOW) -> str:
+    path = deployment.root / "config.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_preview_says_when_the_send_window_opens_in_text_and_json(deployment):
+    snapshot, config = deployment.snapshot(ROWS), _config(deployment)
+    code, out, err = deployment.cli("preview", "--snapshot", str(snapshot), "--as-of", EARLY, "--config", config)
+    assert code == 0, err
+    assert "the send window opens 09:00 Europe/Berlin (in 1 h 29 m): 3 key(s) wait for it" in out
+    code, out, err = deployment.cli(
+        "preview", "--snapshot", str(snapshot), "--as-of", EARLY, "--config", config, "--json"
+    )
+    assert code == 0, err
+    opening = json.loads(out)["send_window_opens"]
+    assert opening == [
+        {"policy": "default", "opens_at": "2026-12-03T08:00:00+00:00", "timezone": "Europe/Berlin",
+         "in_minutes": 89, "keys": 3}
+    ]  # fmt: skip
+
+
+def test_preview_tells_each_policy_its_own_window_and_names_another_day(deployment):
+    config = _config(
+        deployment,
+        WINDOW + "policies:\n  - name: weekend_only\n    match: {currency: [EUR]}\n"
+        '    send_window: {days: [sat], start: "10:00", end: "12:00"}\n',
+    )
+    rows = [*ROWS, invoice(invoice_id="in_eur", customer_id="cus_eur", currency="EUR", due_date="2026-11-20")]
+    code, out, err = deployment.cli(
+        "preview", "--snapshot", str(deployment.snapshot(rows)), "--as-of", EARLY, "--config", config
+    )
+    assert code == 0, err
+    assert "the send window for policy default opens 09:00 Europe/Berlin (in 1 h 29 m)" in out
+    assert "the send window for policy weekend_only opens Sat 2026-12-05 10:00 Europe/Berlin (in 2 d 2 h)" in out
+
+
+def test_a_key_held_for_several_reasons_counts_under_each_and_the_data_problem_is_named(deployment):
+    snapshot, config = deployment.snapshot(ROWS), _config(deployment)
+    code, out, err = deployment.cli(
+        "preview", "--snapshot", str(snapshot), "--as-of", EARLY, "--config", config, "--json"
+    )
+    plan = json.loads(out)
+    assert plan["held"] == {"outside_send_window": 3, "no_email_address": 1, "invalid_address": 1}
+    assert plan["held_for_data"] == [
+        {"invoice_id": "in_none", "customer_id": "cus_none", "reason": "no_email_address"},
+        {"invoice_id": "in_two", "customer_id": "cus_two", "reason": "invalid_address"},
+    ]
+    code, out, err = deployment.cli("preview", "--snapshot", str(snapshot), "--as-of", EARLY, "--config", config)
+    assert "in_none of cus_none: no_email_address" in out and "in_two of cus_two: invalid_address" in out
+    assert "put copies in customer_cc" in out
+
+
+def test_the_audit_keeps_one_reason_and_status_counts_every_reason(deployment):
+    config = _config(deployment)
+    (deployment.home).mkdir(parents=True)
+    (deployment.home / "config.yaml").write_text(WINDOW)
+    result = deployment.run_in_process(ROWS, EARLY, config)
+    assert result.sent_keys == []
+    audit = dict((k, (r, a)) for k, r, a in deployment.query("SELECT invoice_id, reason, also_held FROM dunning_audit"))
+    # the first reason in the documented order (the window), the data problem beside it
+    assert audit == {
+        "in_1": ("outside_send_window", None),
+        "in_none": ("outside_send_window", "no_email_address"),
+        "in_two": ("outside_send_window", "invalid_address"),
+    }
+    code, out, err = deployment.cli("status", "--json")
+    status = json.loads(out)
+    assert status["held_by_reason"] == {"invalid_address": 1, "no_email_address": 1, "outside_send_window": 3}
+    assert [p["invoice_id"] for p in status["held_for_data"]] == ["in_none", "in_two"]
+    code, out, err = deployment.cli("status")
+    assert "held by reason (a key under each reason it has): invalid_address 1" in out
+    assert "in_two of cus_two: invalid_address" in out
+
+
+def test_two_addresses_are_an_invalid_address_not_a_missing_one(deployment):
+    result = deployment.run_in_process(ROWS, "2026-12-03T10:00:00Z")
+    assert len(result.sent_keys) == 1
+    reasons = dict(deployment.query("SELECT invoice_id, reason FROM dunning_audit WHERE outcome = 'held'"))
+    assert reasons == {"in_none": "no_email_address", "in_two": "invalid_address"}
