@@ -96,3 +96,48 @@ def test_two_addresses_are_an_invalid_address_not_a_missing_one(deployment):
     assert len(result.sent_keys) == 1
     reasons = dict(deployment.query("SELECT invoice_id, reason FROM dunning_audit WHERE outcome = 'held'"))
     assert reasons == {"in_none": "no_email_address", "in_two": "invalid_address"}
+
+
+# --- item 2: locales without templates ---------------------------------------------------------------------------
+
+
+def _reminder_text(**row) -> str:
+    import datetime as dt
+    import email
+    from email import policy
+
+    from dunning.email.render import reminder_email
+    from tests.helpers import reminder_row
+
+    message = reminder_email(
+        [reminder_row(**row)], sender="b@example.com", message_id="<l@example.com>",
+        as_of=dt.datetime(2026, 11, 8, tzinfo=dt.UTC),
+    )  # fmt: skip
+    parsed = email.message_from_bytes(message.as_bytes(), policy=policy.default)
+    return parsed.get_body(("plain",)).get_content()
+
+
+def test_a_locale_without_templates_gets_english_text_with_english_dates_and_numbers():
+    for locale in ("sv_SE", "ja_JP"):
+        text = _reminder_text(customer_locale=locale, currency="EUR", amount_minor=123456)
+        assert "Nov 1, 2026" in text, (locale, text)
+        assert "1,234.56 EUR" in text, (locale, text)
+    assert "1 Nov 2026" in _reminder_text(customer_locale="en_GB")  # a variant of a language with templates
+    assert "01.11.2026" in _reminder_text(customer_locale="de_AT")
+
+
+def test_preview_lists_the_locales_that_fell_back(deployment):
+    rows = [
+        invoice(customer_locale="sv_SE"),
+        invoice(invoice_id="in_2", customer_id="cus_2", customer_email="b@example.com", customer_locale="ja_JP"),
+        invoice(invoice_id="in_3", customer_id="cus_3", customer_email="c@example.com", customer_locale="de_DE"),
+    ]
+    code, out, err = deployment.cli(
+        "preview", "--snapshot", str(deployment.snapshot(rows)), "--as-of", "2026-11-05T09:00:00Z", "--json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["locale_fallbacks"] == {"ja_JP": 1, "sv_SE": 1}
+    code, out, err = deployment.cli(
+        "preview", "--snapshot", str(deployment.snapshot(rows)), "--as-of", "2026-11-05T09:00:00Z"
+    )
+    assert "locales without templates" in out and "ja_JP 1 email(s), sv_SE 1 email(s)" in out

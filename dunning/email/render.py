@@ -213,6 +213,14 @@ def message_of(draft: Draft) -> Message:
     return message
 
 
+def fallen_back(records: Sequence[dict[str, Any]], default: str, templates_dir: str | None, kind: str) -> str | None:
+    """The customer's locale of one email when its text falls back to another language (`templating.text_locale`),
+    else None: what `preview` lists."""
+    asked = email_locale(records, default)
+    used = templating.text_locale(templates_dir, asked, default, f"{kind}.txt.j2")
+    return asked if used != asked else None
+
+
 def _sender(sender: str | Sender) -> Sender:
     return Sender(sender) if isinstance(sender, str) else sender
 
@@ -271,7 +279,7 @@ def _invoices_draft(
 ) -> Draft:
     """An email of `kind` listing `rows` (one invoice each, one recipient), sorted by invoice id."""
     rows = sorted(rows, key=lambda r: r["invoice_id"])
-    locale = email_locale(rows, locale)
+    locale = templating.text_locale(templates_dir, email_locale(rows, locale), locale, f"{kind}.txt.j2")
     sender = _sender(sender)
     subject, text, html = _render(templates_dir, locale, kind, _INVOICES_CONTEXT[kind](rows, as_of, locale), sender)
     to, keys = rows[0]["customer_email"], [r["idempotency_key"] for r in rows]  # in the order the headers need them
@@ -291,7 +299,9 @@ def apology_email(
     templates_dir: str | None = None,
 ) -> Message:
     """One apology: what happened (`flood`: emails, first_at, last_at) and what is owed now (`statement` rows)."""
-    locale = known_locale(flood.get("customer_locale")) or locale
+    locale = templating.text_locale(
+        templates_dir, known_locale(flood.get("customer_locale")) or locale, locale, f"{EmailKind.APOLOGY}.txt.j2"
+    )
     context = apology_context(flood, statement, as_of, locale)
     signer = _sender(sender)
     subject, text, html = _render(templates_dir, locale, EmailKind.APOLOGY, context, signer)
@@ -313,7 +323,9 @@ def payment_failed_email(
 def _payment_failed_draft(
     record: dict[str, Any], sender: str | Sender, as_of: dt.datetime, locale: str, templates_dir: str | None
 ) -> Draft:
-    locale = email_locale([record], locale)
+    locale = templating.text_locale(
+        templates_dir, email_locale([record], locale), locale, f"{EmailKind.PAYMENT_FAILED}.txt.j2"
+    )
     context = payment_failed_context(record, locale)
     signer = _sender(sender)
     subject, text, html = _render(templates_dir, locale, EmailKind.PAYMENT_FAILED, context, signer)

@@ -30,6 +30,7 @@ import polars as pl
 from dunning.config import DunningConfig
 from dunning.email.compose import wire_for
 from dunning.email.message_ids import message_ids
+from dunning.email.render import fallen_back
 from dunning.email.wire import WireEmail
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.claims import within_cap
@@ -80,6 +81,8 @@ class Preview:
     openings: list[WindowOpening] = field(default_factory=list)  # when each policy's send window opens
     data_problems: list[dict[str, str]] = field(default_factory=list)  # invoices held for their data
     zone: ZoneInfo = field(default=ZoneInfo("UTC"))  # the business time zone, in which openings are told
+    # customers' locales whose language has no templates: their text, dates and numbers fell back (-> emails)
+    locale_fallbacks: dict[str, int] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -112,6 +115,7 @@ class Preview:
             "held": self.held,  # a key counted under each reason it waits for
             "send_window_opens": [o.as_json(self.as_of) for o in self.openings],
             "held_for_data": self.data_problems,
+            "locale_fallbacks": self.locale_fallbacks,
             "breaker_passed": self.breaker.passed,
         }
 
@@ -152,6 +156,7 @@ def preview(
     recent = cycle.recent_emails(ledger, as_of, config)
     emails: list[PreviewEmail] = []
     not_built: list[tuple[list[str], str]] = []
+    fallbacks: dict[str, int] = {}
     handovers = _escalations(cycle.escalations_due(plan))
     if not verdict.passed:  # the breaker halts the whole batch, hand-overs included
         _count(held, str(HoldReason.BREAKER), sendable.height + len(handovers))
@@ -159,11 +164,11 @@ def preview(
     else:
         allowed = within_cap(sendable, recent, cycle.claim_cap(as_of, config))
         _count(held, str(HoldReason.THROTTLED), sendable.height - allowed.height)
-        emails, not_built = _rendered(allowed, recent, config, as_of)
+        emails, not_built, fallbacks = _rendered(allowed, recent, config, as_of)
     return Preview(
         as_of, applied.loaded.valid.height, applied.loaded.rejected.height, emails, held, verdict, not_built, handovers,
         openings=held_keys.window_openings(due, config), data_problems=held_keys.data_problems(reasons),
-        zone=config.zone,
+        zone=config.zone, locale_fallbacks=fallbacks,
     )  # fmt: skip
 
 
@@ -176,10 +181,10 @@ def _escalations(due: pl.DataFrame) -> list[PreviewEscalation]:
 
 def _rendered(
     allowed: pl.DataFrame, recent: pl.DataFrame, config: DunningConfig, as_of: dt.datetime
-) -> tuple[list[PreviewEmail], list[tuple[list[str], str]]]:
+) -> tuple[list[PreviewEmail], list[tuple[list[str], str]], dict[str, int]]:
     settings = render_settings(config, as_of)
     in_window = dict(recent.select("customer_id", "emails").iter_rows()) if recent.height else {}
-    emails, not_built = [], []
+    emails, not_built, fallbacks = [], [], {}
     for _, group in allowed.group_by("email_group", maintain_order=True):
         records = group.to_dicts()
         keys = [r["idempotency_key"] for r in records]
@@ -190,6 +195,9 @@ def _rendered(
             not_built.append((keys, f"{type(error).__name__}: {error}"[:300]))
             continue
         first = records[0]
+        fell = fallen_back(records, settings.locale, settings.templates_for(records), str(first["kind"]))
+        if fell is not None:
+            fallbacks[fell] = fallbacks.get(fell, 0) + 1
         emails.append(
             PreviewEmail(
                 customer_id=str(first["customer_id"]),
@@ -202,7 +210,7 @@ def _rendered(
                 wire=wire,
             )
         )
-    return emails, not_built
+    return emails, not_built, dict(sorted(fallbacks.items()))
 
 
 def _subject(data: bytes) -> str:

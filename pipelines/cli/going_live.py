@@ -83,6 +83,12 @@ def preview_text(result: Preview, snapshot: str, out: str | None) -> str:
         )
         stages = ",".join(email.stages) or "-"
         lines.append(f"  {email.customer_id}  {email.to}  {email.kind}  {stages}  {email.subject!r}{flag}")
+    if result.locale_fallbacks:
+        lines.append(
+            "locales without templates (text, dates and numbers fell back to the templates' language): "
+            + ", ".join(f"{loc} {n} email(s)" for loc, n in result.locale_fallbacks.items())
+            + " (add templates_dir/<language>/ to write to them in their language)"
+        )
     for keys, why in result.not_built:
         lines.append(f"  not built ({', '.join(keys[:3])}): {why}")
     if result.escalations:
