@@ -184,7 +184,8 @@ def _rendered(
 ) -> tuple[list[PreviewEmail], list[tuple[list[str], str]], dict[str, int]]:
     settings = render_settings(config, as_of)
     in_window = dict(recent.select("customer_id", "emails").iter_rows()) if recent.height else {}
-    emails, not_built, fallbacks = [], [], {}
+    emails, not_built = [], []
+    fallbacks: dict[str, int] = {}
     for _, group in allowed.group_by("email_group", maintain_order=True):
         records = group.to_dicts()
         keys = [r["idempotency_key"] for r in records]
