@@ -141,3 +141,49 @@ def test_preview_lists_the_locales_that_fell_back(deployment):
         "preview", "--snapshot", str(deployment.snapshot(rows)), "--as-of", "2026-11-05T09:00:00Z"
     )
     assert "locales without templates" in out and "ja_JP 1 email(s), sv_SE 1 email(s)" in out
+
+
+# --- item 3: the report after the first run ----------------------------------------------------------------------
+
+
+def _publish(deployment):
+    from dunning.ledger.backends.duckdb_ledger import open_ledger
+
+    with open_ledger(deployment.home / "dunning.duckdb") as ledger:
+        ledger.publish(deployment.home)
+
+
+def _report(deployment, *extra: str) -> str:
+    out = deployment.root / "report.html"
+    code, _, err = deployment.cli("report", "--out", str(out), *extra)
+    assert code == 0, err
+    return out.read_text()
+
+
+def test_the_report_after_the_first_run_states_the_data_span_and_what_it_will_show(deployment):
+    deployment.run_in_process([invoice()], "2026-11-04T09:00:00Z")
+    _publish(deployment)
+    page = _report(deployment, "--days", "90")
+    assert "Data of one day, 2026-11-04" in page and "(90 days)" not in page
+    assert "0.0 %" not in page, "a rate that cannot be known yet is not a failure"
+    assert "the first rates show from 2026-11-11" in page
+    assert "From 2026-11-06 on (after the next snapshots), this page draws" in page
+    assert "overdue now 100.00 USD" in page
+    assert page.count("<svg") == 1, "the funnel only: no empty recovery chart, no one-dot overdue chart"
+
+
+def test_each_currency_gets_its_own_overdue_chart_with_plain_numbers(deployment):
+    rows = [
+        invoice(currency="EUR", amount_due=12000),
+        invoice(invoice_id="in_usd", customer_id="cus_usd", customer_email="u@example.com", currency="USD"),
+        invoice(invoice_id="in_jpy", customer_id="cus_jpy", customer_email="j@example.com", currency="JPY",
+                amount_due=250_000_000),
+    ]  # fmt: skip
+    for day in ("2026-11-04", "2026-11-05", "2026-11-06"):
+        deployment.run_in_process(rows, f"{day}T09:00:00Z")
+    _publish(deployment)
+    page = _report(deployment)
+    assert "Data from 2026-11-04 to 2026-11-06 (3 days with a snapshot)" in page
+    charts = [c for c in ("EUR", "JPY", "USD") if f'data-currency="{c}"' in page]
+    assert charts == ["EUR", "JPY", "USD"]
+    assert "1e6" not in page and "1e8" not in page and "250,000,000" in page
