@@ -139,9 +139,9 @@ def overdue_charts(daily: pl.DataFrame) -> list[tuple[str, Markup]]:
         ax.set_title(f"overdue, {currency}", loc="left", fontsize=10)
         ax.set_ylim(bottom=0)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
-        locator = AutoDateLocator(maxticks=6)
+        locator = AutoDateLocator(maxticks=6)  # type: ignore[no-untyped-call]
         ax.xaxis.set_major_locator(locator)
-        ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
+        ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
         charts.append((str(currency), _svg(plt, fig)))
     return charts
 
@@ -190,7 +190,8 @@ def render_page(results: Results, generated: dt.datetime) -> str:
     sent = int(results.recovery.get_column("reminders_sent").sum()) if results.recovery.height else 0
     paid30 = int(results.recovery.get_column("paid_within_30d").sum()) if results.recovery.height else 0
     recovered = results.recovery.group_by("currency").agg(pl.col("amount_recovered_minor").sum()).sort("currency")
-    first_day, last_day = (dates.min(), dates.max()) if dates is not None else (None, None)
+    first_day: dt.date | None = dates.min() if dates is not None else None  # type: ignore[assignment]
+    last_day: dt.date | None = dates.max() if dates is not None else None  # type: ignore[assignment]
     # a rate is only known a week after the first reminders: until then it is "not yet", never a 0.0 % that reads
     # as a failure
     measurable = first_day is not None and days_of_data >= RECOVERY_DAYS
