@@ -35,10 +35,12 @@ MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs
 
 # the docs site into site/; --strict: a broken link or anchor, or a page missing from the nav, fails the build
 docs: $(VENV)/.docs-installed
+	$(BIN)/python docs/gen_reference.py
 	$(MKDOCS) build --strict
 
 # the same site at http://127.0.0.1:8000 (this machine only), rebuilt on every change
 docs-serve: $(VENV)/.docs-installed
+	$(BIN)/python docs/gen_reference.py
 	$(MKDOCS) serve --dev-addr 127.0.0.1:8000
 
 run: setup

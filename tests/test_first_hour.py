@@ -187,3 +187,52 @@ def test_each_currency_gets_its_own_overdue_chart_with_plain_numbers(deployment)
     charts = [c for c in ("EUR", "JPY", "USD") if f'data-currency="{c}"' in page]
     assert charts == ["EUR", "JPY", "USD"]
     assert "1e6" not in page and "1e8" not in page and "250,000,000" in page
+
+
+# --- item 4: a refused input is not a tripped breaker ------------------------------------------------------------
+
+
+def test_a_refused_snapshot_skips_the_checks_it_never_evaluated(deployment):
+    import dagster as dg
+
+    opened = invoice(due_date="2026-11-01", snapshot_at="2026-11-09T08:00:00Z")
+    paid = invoice(due_date="2026-11-01", status="paid", amount_paid=10000, snapshot_at="2026-11-10T08:00:00Z")
+    deployment.run_in_process([paid], "2026-11-10T09:00:00Z")
+    code, out, err = deployment.run([opened], "2026-11-10T12:00:00Z")
+    assert code == 2 and "older than the last applied one" in err and "Traceback" not in err
+    instance = dg.DagsterInstance.from_config(str(deployment.home / "dagster"))
+    run = instance.get_runs(limit=1)[0]
+    assert run.status == dg.DagsterRunStatus.SUCCESS, "refused for its input, not failed: nothing was evaluated"
+    assert "older than the last applied one" in run.tags["dunning/refused"]
+    assert run.tags["dunning/refused_class"] == "SnapshotRefused"
+    for asset, check in [("reminders_due", "circuit_breaker"), ("reminders_due", "reminders_due_are_sound"),
+                         ("dunning_audit", "no_reminders_for_unowed_invoices")]:  # fmt: skip
+        key = dg.AssetCheckKey(dg.AssetKey(asset), check)
+        records = instance.event_log_storage.get_asset_check_execution_history(key, limit=1)
+        # planned and never evaluated in a run that did not fail: the UI resolves it as skipped, not execution failed
+        assert not records or records[0].status.value == "PLANNED", (check, records)
+    failures = [e for e in instance.all_logs(run.run_id) if e.dagster_event and e.dagster_event.is_step_failure]
+    assert failures == []
+    assert deployment.query("SELECT count(*) FROM alerts")[0][0] == 0, "the command said it: no page for a CLI run"
+
+
+# --- item 9: the schedule the UI shows ---------------------------------------------------------------------------
+
+
+def test_the_schedules_say_why_they_tick_every_minute_and_name_the_configured_cron(tmp_path):
+    import datetime as dt
+
+    import dagster as dg
+
+    from pipelines.schedules import hourly_dunning, hourly_ingest
+    from tests.helpers import scheduled_requests
+
+    for schedule in (hourly_dunning, hourly_ingest):
+        assert "schedule.cron in HOME/config.yaml" in (schedule.description or "")
+        assert "Every minute" in (schedule.description or "")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text('timezone: Europe/Berlin\nschedule: {cron: "0 9-17 * * 1-5"}\n')
+    skipped = scheduled_requests(home, dt.datetime(2026, 12, 3, 7, 31, tzinfo=dt.UTC))
+    assert isinstance(skipped, dg.SkipReason)
+    assert "'0 9-17 * * 1-5' (in Europe/Berlin); the next one is 2026-12-03 09:00" in (skipped.skip_message or "")
