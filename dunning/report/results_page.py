@@ -63,7 +63,7 @@ def read_results(home: Path, days: int, today: dt.date, stage_days: dict[str, in
     return Results(_in_stage_order(funnel, order), _in_stage_order(recovery, order, "currency"), daily, days)
 
 
-def _figure(width: float = 10, height: float = 3.4) -> tuple[Any, Any, Any]:
+def _figure(width: float = 7, height: float = 3.2) -> tuple[Any, Any, Any]:
     import matplotlib
 
     matplotlib.use("svg", force=True)
