@@ -18,7 +18,7 @@ from assets.common import (
 from checks.asset_checks import SNAPSHOT_AUDIT_COLUMNS
 from dunning.config import DunningConfig
 from dunning.errors import SnapshotError, SnapshotRefused
-from dunning.ingest import billing_source
+from dunning.ingest import billing_source, rejections
 from dunning.ingest.events import EVENTS_SCHEMA, PAYMENT_FAILED, REJECTED_SCHEMA, LoadedEvents, load_events
 from dunning.ingest.landing import latest_for_day
 from dunning.plan import unchanged
@@ -152,6 +152,9 @@ def invoice_snapshot(
             "rejected_rows": loaded.rejected.height,
             "rows_read": applied.rows_read,
             "rejections": loaded.summary,
+            # the rules broken, the first rows and the duplicated ids' copies: the run summary says them alike for a
+            # live run and a dry run (which stores nothing in snapshot_quarantine)
+            "rejected_detail": dg.MetadataValue.json(rejections.breakdown(loaded.rejected)),
             "owed_invoices": int(cycled.get_column("owed").sum()),
             "as_of": clock.as_of.isoformat(),
             "shard": str(cycle_request.shard_spec()),

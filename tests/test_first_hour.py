@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import invoice
 
 EARLY = "2026-12-03T06:31:00Z"  # 07:31 in Berlin, a Thursday: the window opens at 09:00
@@ -236,3 +238,40 @@ def test_the_schedules_say_why_they_tick_every_minute_and_name_the_configured_cr
     skipped = scheduled_requests(home, dt.datetime(2026, 12, 3, 7, 31, tzinfo=dt.UTC))
     assert isinstance(skipped, dg.SkipReason)
     assert "'0 9-17 * * 1-5' (in Europe/Berlin); the next one is 2026-12-03 09:00" in (skipped.skip_message or "")
+
+
+# --- items 7 and 8: counts explained, dry runs say as much as live runs ------------------------------------------
+
+REJECTS = [
+    invoice(),
+    invoice(invoice_id="in_dup", customer_id="cus_d", customer_email="d@example.com"),
+    invoice(invoice_id="in_dup", customer_id="cus_d", customer_email="d@example.com", amount_due=999),
+    invoice(invoice_id="in_neg", customer_id="cus_n", customer_email="n@example.com", amount_due=-5),
+]
+
+
+def test_preview_explains_the_rejected_count_and_names_rules_and_first_rows(deployment):
+    code, out, err = deployment.cli(
+        "preview", "--snapshot", str(deployment.snapshot(REJECTS)), "--as-of", "2026-11-05T09:00:00Z"
+    )
+    assert code == 0, err
+    assert (
+        "3 rejected (1 row(s) breaking a rule, 2 copies of 1 invoice id(s) given with different values, each copy "
+        "rejected)" in out
+    )
+    assert "rules broken: invoice_id is duplicated with different values (2); amount_due is negative (1)" in out
+    assert "first rows: row 2 (invoice_id='in_dup'): invoice_id is duplicated with different values" in out
+
+
+@pytest.mark.slow
+def test_a_dry_run_names_the_rules_and_first_rows_as_a_live_run_does(deployment):
+    code, out, err = deployment.run(REJECTS, "2026-11-05T09:00:00Z", "--dry-run")
+    assert code == 0, err
+    assert "3 rejected (1 row(s) breaking a rule, 2 copies of 1 invoice id(s)" in out
+    assert "rules broken: invoice_id is duplicated with different values (2); amount_due is negative (1)" in out
+    assert "first rows: row 2 (invoice_id='in_dup')" in out
+    assert "rejected rows are in table snapshot_quarantine: \n" not in out
+    code, out, err = deployment.run(REJECTS, "2026-11-05T09:00:00Z")
+    assert code == 0, err
+    assert "rules broken: invoice_id is duplicated with different values (2); amount_due is negative (1)" in out
+    assert "rejected rows are in table snapshot_quarantine, each with its rule" in out

@@ -32,6 +32,7 @@ from dunning.email.compose import wire_for
 from dunning.email.message_ids import message_ids
 from dunning.email.render import fallen_back
 from dunning.email.wire import WireEmail
+from dunning.ingest import rejections
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.claims import within_cap
 from dunning.plan.breaker import BreakerVerdict
@@ -83,12 +84,14 @@ class Preview:
     zone: ZoneInfo = field(default=ZoneInfo("UTC"))  # the business time zone, in which openings are told
     # customers' locales whose language has no templates: their text, dates and numbers fell back (-> emails)
     locale_fallbacks: dict[str, int] = field(default_factory=dict)
+    rejected_detail: dict[str, object] = field(default_factory=dict)  # `ingest.rejections.breakdown`
 
     def as_json(self) -> dict[str, object]:
         return {
             "as_of": self.as_of.isoformat(),
             "snapshot_rows": self.snapshot_rows,
             "rejected_rows": self.rejected_rows,
+            "rejected": self.rejected_detail,
             "emails": [
                 {
                     "to": e.to,
@@ -168,7 +171,7 @@ def preview(
     return Preview(
         as_of, applied.loaded.valid.height, applied.loaded.rejected.height, emails, held, verdict, not_built, handovers,
         openings=held_keys.window_openings(due, config), data_problems=held_keys.data_problems(reasons),
-        zone=config.zone, locale_fallbacks=fallbacks,
+        zone=config.zone, locale_fallbacks=fallbacks, rejected_detail=rejections.breakdown(applied.loaded.rejected),
     )  # fmt: skip
 
 

@@ -68,9 +68,12 @@ def cmd_preview(args: argparse.Namespace) -> int:
 
 def preview_text(result: Preview, snapshot: str, out: str | None) -> str:
     """`dunning preview` for a person: one line per email, then what waits and why (`dunning.run.preview`)."""
+    from dunning.ingest.rejections import detail_lines
+
     lines = [
         f"dunning preview as of {result.as_of.isoformat()} of {snapshot} (nothing claimed, sent or written)",
-        f"snapshot: {result.snapshot_rows} invoices accepted, {result.rejected_rows} rejected",
+        f"snapshot: {result.snapshot_rows} invoices accepted, {_explained(result)}",
+        *detail_lines(result.rejected_detail),
     ]
     if not result.breaker.passed:
         lines.append(f"the breaker would halt this run: {result.breaker.describe()}")
@@ -108,6 +111,13 @@ def preview_text(result: Preview, snapshot: str, out: str | None) -> str:
         lines.append(f"each email is in {out} as it would be sent")
     lines.append("next: `dunning test-send --to you@example.com` to see one in a mailbox, then `dunning run`")
     return "\n".join(lines)
+
+
+def _explained(result: Preview) -> str:
+    from dunning.ingest.rejections import explain
+
+    detail = result.rejected_detail
+    return explain(result.rejected_rows, int(str(detail.get("copies", 0))), int(str(detail.get("duplicated_ids", 0))))
 
 
 def cmd_test_send(args: argparse.Namespace) -> int:

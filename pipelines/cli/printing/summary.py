@@ -56,10 +56,22 @@ def run_report(
     summary = ledger.run_summary(run_id)
     if summary is None:
         return f"dunning: run {run_id[:8]} completed but recorded no summary (see the Dagster UI)", 1
-    text, code = _summary_text(header, summary, ledger.pause_state(), dry_run)
+    text, code = _summary_text(header, summary, ledger.pause_state(), dry_run, _rejected_detail(result))
     if config is not None and home is not None:
         text += "\n" + _where_and_next(result, summary, config, home, dry_run)
     return text, code
+
+
+def _rejected_detail(result: dg.ExecuteJobResult) -> dict[str, Any] | None:
+    """The rules broken and the first rejected rows, from the snapshot step's metadata (`assets.snapshot`)."""
+    import dagster as dg
+
+    for event in result.all_events:
+        materialization = event.step_materialization_data.materialization if event.is_step_materialization else None
+        if materialization is not None and materialization.asset_key == dg.AssetKey("invoice_snapshot"):
+            value = materialization.metadata.get("rejected_detail")
+            return dict(value.value) if value is not None else None  # type: ignore[arg-type]
+    return None
 
 
 def _first_emails(result: dg.ExecuteJobResult) -> list[dict[str, Any]]:
@@ -115,13 +127,21 @@ def _unchanged_text(header: str, skipped: dict) -> str:
 EARLIER = {"unknown_outcome": "unknown", "provider_failure": "failed awaiting retry"}  # audit reasons of older keys
 
 
-def _summary_text(header: str, summary: RunSummary, pause: PauseState, dry_run: bool) -> tuple[str, int]:
+def _summary_text(
+    header: str, summary: RunSummary, pause: PauseState, dry_run: bool, rejected: dict[str, Any] | None = None
+) -> tuple[str, int]:
+    from dunning.ingest.rejections import detail_lines, explain
+
     c = summary.counts
-    lines = [header, f"snapshot: {c['snapshot_rows']} invoices accepted, {c['rejected_rows']} rejected"]
+    detail = rejected or {"by_rule": dict(summary.rejected_by_rule), "first_rows": [], "copies": 0}
+    explained = explain(c["rejected_rows"], int(detail.get("copies", 0)), int(detail.get("duplicated_ids", 0)))
+    lines = [header, f"snapshot: {c['snapshot_rows']} invoices accepted, {explained}"]
     if c["rejected_rows"]:
+        lines += detail_lines(detail)
         lines.append(
-            "  rejected rows are in table snapshot_quarantine: "
-            + "; ".join(f"{r} ({n})" for r, n in summary.rejected_by_rule)
+            "  a dry run stores no rejected rows; a live run keeps them in table snapshot_quarantine"
+            if dry_run
+            else "  rejected rows are in table snapshot_quarantine, each with its rule"
         )
     if pause.paused:
         lines.append(
