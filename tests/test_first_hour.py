@@ -275,3 +275,46 @@ def test_a_dry_run_names_the_rules_and_first_rows_as_a_live_run_does(deployment)
     assert code == 0, err
     assert "rules broken: invoice_id is duplicated with different values (2); amount_due is negative (1)" in out
     assert "rejected rows are in table snapshot_quarantine, each with its rule" in out
+
+
+# --- item 10: errors that name the fix ---------------------------------------------------------------------------
+
+
+def test_a_misspelled_config_key_suggests_the_nearest_one(deployment):
+    snapshot = str(deployment.snapshot([invoice()]))
+    for text, hint in [
+        ('send_windw: {start: "09:00"}\n', "unknown key 'send_windw' (did you mean `send_window`?)"),
+        ("breaker: {max_emial: 3}\n", "unknown key 'breaker.max_emial' (did you mean `max_emails`?)"),
+        ("policies: [{name: a, send_windw: {}}]\n", "'policies.0.send_windw' (did you mean `send_window`?)"),
+    ]:  # fmt: skip
+        code, out, err = deployment.cli("preview", "--snapshot", snapshot, "--config", _config(deployment, text))
+        assert code == 2 and hint in err and "Traceback" not in err, err
+
+
+def test_a_secret_pasted_where_an_env_var_name_belongs_is_one_sentence_never_echoed(deployment):
+    snapshot = str(deployment.snapshot([invoice()]))
+    for pasted in ("hunter2!xyz", "re_4fG7hJ2kL9mN3pQ8rS5tV1wX6yZ0aB"):
+        config = _config(deployment, f'provider: {{kind: smtp, host: h, password_env: "{pasted}"}}\n')
+        code, out, err = deployment.cli("preview", "--snapshot", snapshot, "--config", config)
+        assert code == 2 and "'provider.password_env'" in err and "environment variable" in err, err
+        assert pasted not in err and pasted not in out and len(err.strip().splitlines()) == 1
+
+
+def test_a_decimal_amount_says_amounts_are_minor_units_and_the_value_expected(deployment):
+    rows = [invoice(amount_due="1190.00", currency="EUR"), invoice(invoice_id="in_2", customer_id="cus_2")]
+    code, out, err = deployment.cli(
+        "preview", "--snapshot", str(deployment.snapshot(rows)), "--as-of", "2026-11-05T09:00:00Z"
+    )
+    assert code == 0, err
+    assert "amounts are integers in minor units of the currency (cents): amount_due '1190.00' in row 1" in out
+    assert "which is 119000 in minor units" in out
+
+
+def test_a_file_separated_by_semicolons_says_so(deployment):
+    path = deployment.root / "semicolons.csv"
+    path.write_text(
+        "invoice_id;customer_id;customer_email;currency;amount_due;amount_paid;due_date;status\n"
+        "in_1;c1;a@example.com;EUR;119000;0;2026-11-01;open\n"
+    )
+    code, out, err = deployment.cli("preview", "--snapshot", str(path), "--as-of", "2026-11-05T09:00:00Z")
+    assert code == 2 and "is separated by semicolons (;), not commas" in err and "Traceback" not in err

@@ -13,7 +13,7 @@ from typing import Any
 
 import polars as pl
 
-from dunning.ingest.snapshot_rules import DUPLICATED
+from dunning.ingest.snapshot_rules import DUPLICATED, decimal_hints
 
 FIRST_ROWS = 5
 
@@ -22,7 +22,7 @@ def breakdown(rejected: pl.DataFrame, limit: int = FIRST_ROWS) -> dict[str, Any]
     """`by_rule` (rule -> rows, most first), `first_rows` ([line, invoice_id, rule] of the first `limit`),
     `copies` (rows rejected as copies of a duplicated id) and `duplicated_ids` (how many ids those are)."""
     if rejected.is_empty():
-        return {"by_rule": {}, "first_rows": [], "copies": 0, "duplicated_ids": 0}
+        return {"by_rule": {}, "first_rows": [], "copies": 0, "duplicated_ids": 0, "hints": []}
     rules = rejected.select(pl.col("rule").str.split("; ")).explode("rule").group_by("rule").len()
     by_rule = {str(r): int(n) for r, n in rules.sort(["len", "rule"], descending=[True, False]).iter_rows()}
     copies = rejected.filter(pl.col("rule").str.contains(DUPLICATED, literal=True))
@@ -32,6 +32,7 @@ def breakdown(rejected: pl.DataFrame, limit: int = FIRST_ROWS) -> dict[str, Any]
         "first_rows": [[int(row), inv, str(rule)] for row, inv, rule in first],
         "copies": copies.height,
         "duplicated_ids": int(copies.get_column("invoice_id").n_unique()) if copies.height else 0,
+        "hints": decimal_hints(rejected),
     }
 
 
@@ -55,4 +56,5 @@ def detail_lines(detail: dict[str, Any], indent: str = "  ") -> list[str]:
         indent + "first rows: "
         + "; ".join(f"row {row} (invoice_id={inv!r}): {rule}" for row, inv, rule in detail["first_rows"])
     )  # fmt: skip
+    lines += [indent + hint for hint in detail.get("hints", [])]
     return lines

@@ -112,10 +112,24 @@ def read_snapshot(path: str | Path, zone: ZoneInfo) -> pl.DataFrame:
         raise _unreadable(path, exc) from None
 
 
+def _separated_by(names: list[str], delimiter: str) -> bool:
+    """Whether a header read as one column is the required columns joined by `delimiter` (a spreadsheet's export in
+    a locale whose list separator is not a comma)."""
+    if len(names) != 1 or delimiter not in names[0]:
+        return False
+    parts = {part.strip().strip('"') for part in names[0].lstrip("\ufeff").split(delimiter)}
+    return set(REQUIRED_COLUMNS) <= parts
+
+
 def _typed(frame: pl.LazyFrame, path: Path, keep: tuple[str, ...] = ()) -> pl.LazyFrame:
     """The snapshot's columns typed, in order, with `source_row`; `keep`: extra columns carried as they are."""
     schema = frame.collect_schema()
     missing = [c for c in REQUIRED_COLUMNS if c not in schema]
+    if missing and _separated_by(schema.names(), ";"):
+        raise SnapshotError(
+            f"snapshot {path} is separated by semicolons (;), not commas: export it as comma-separated CSV (in a "
+            "spreadsheet: CSV UTF-8, comma delimited), with amounts as integers in minor units (119000, not 1.190,00)"
+        )
     if missing:
         raise SnapshotError(f"snapshot {path} lacks required column(s): {', '.join(missing)}")
     for column in OPTIONAL_COLUMNS:
