@@ -318,3 +318,16 @@ def test_a_file_separated_by_semicolons_says_so(deployment):
     )
     code, out, err = deployment.cli("preview", "--snapshot", str(path), "--as-of", "2026-11-05T09:00:00Z")
     assert code == 2 and "is separated by semicolons (;), not commas" in err and "Traceback" not in err
+
+
+def test_a_named_address_keeps_its_display_name_in_to(deployment):
+    rows = [
+        invoice(customer_email="Ada Lovelace <ada@example.com>"),
+        invoice(invoice_id="in_2", customer_id="cus_2", customer_email='"Müller, Jörg" <j@example.com>'),
+    ]
+    result = deployment.run_in_process(rows, "2026-11-05T09:00:00Z")
+    assert len(result.sent_keys) == 2
+    to = sorted(str(m["To"]) for m in deployment.outbox())
+    assert to == ['"Müller, Jörg" <j@example.com>', "Ada Lovelace <ada@example.com>"]
+    recorded = sorted(r[0] for r in deployment.query("SELECT customer_email FROM reminder_ledger"))
+    assert recorded == ["ada@example.com", "j@example.com"], "the ledger and the envelope keep the bare address"

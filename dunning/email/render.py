@@ -46,7 +46,8 @@ MAX_LINE = 998  # octets per line, RFC 5322 section 2.1.1
 # `send.render_pool.RenderSettings`): what a render worker is sent of each row, and no more
 # (`tests/test_render_pool.py` checks this list against the code that reads the rows)
 RENDER_FIELDS = frozenset({
-    "amount_due", "amount_minor", "amount_paid", "billing_period", "currency", "customer_email", "customer_locale",
+    "amount_due", "amount_minor", "amount_paid", "billing_period", "currency", "customer_email", "customer_email_name",
+    "customer_locale",
     "customer_name", "days_overdue", "due_date", "gentle_first", "idempotency_key", "invoice_id", "invoice_lines",
     "kind", "message_id", "payment_url", "policy", "reminders_sent_before", "remaining_minor", "stage",
     "stage_count", "stage_rank", "tone",
@@ -155,6 +156,7 @@ class Draft:
     text: str
     html: str
     when: dt.datetime
+    to_name: str | None = None  # the display name `customer_email` gave (`Name <address>`), kept in To
 
 
 @functools.lru_cache(maxsize=64)
@@ -174,14 +176,14 @@ def checked_headers(draft: Draft) -> list[tuple[str, str | Header]]:
     """The headers after From and Reply-To, in order, each value through `safe_text.header_value` (ValueError
     naming the header it refuses): what `message_of` sets and `dunning.email.compose` folds."""
     values = (
-        ("To", draft.to),
         ("Subject", draft.subject),
         ("Date", date_header(draft.when)),
         ("Message-ID", draft.message_id),
         ("X-Dunning-Kind", str(draft.kind)),
         ("X-Dunning-Keys", ",".join(draft.keys)),
     )
-    return [(name, header_value(name, value)) for name, value in values]
+    # the recipient as `Name <address>` when the snapshot named them (`safe_text.address_header`: quoted, or RFC 2047)
+    return [("To", address_header("To", draft.to, draft.to_name)), *((n, header_value(n, v)) for n, v in values)]
 
 
 def message_of(draft: Draft) -> Message:
@@ -283,7 +285,7 @@ def _invoices_draft(
     sender = _sender(sender)
     subject, text, html = _render(templates_dir, locale, kind, _INVOICES_CONTEXT[kind](rows, as_of, locale), sender)
     to, keys = rows[0]["customer_email"], [r["idempotency_key"] for r in rows]  # in the order the headers need them
-    return Draft(to, sender, subject, message_id, kind, keys, text, html, as_of)
+    return Draft(to, sender, subject, message_id, kind, keys, text, html, as_of, rows[0].get("customer_email_name"))
 
 
 def apology_email(

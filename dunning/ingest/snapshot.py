@@ -69,6 +69,22 @@ def _scan_file(path: Path, zone: ZoneInfo) -> pl.LazyFrame:
 _NAMED_ADDRESS = r"^[^<>]*<([^<>\s]+)>$"
 
 
+# the display name of `Name <address>` (`"Lovelace, Ada" <ada@example.com>` without its quotes), kept for the To
+# header (`email.render`: quoted or RFC 2047 there, a line break refused); null without one, or past MAX_DISPLAY_NAME
+DISPLAY_NAME = "customer_email_name"
+MAX_DISPLAY_NAME = 200
+_DISPLAY = r"^\s*(.*?)\s*<[^<>\s]+>\s*$"
+
+
+def _display_name(dtype: pl.DataType) -> pl.Expr:
+    if dtype != pl.String:
+        return pl.lit(None, dtype=pl.String)
+    text = pl.col("customer_email").str.strip_chars()
+    name = text.str.extract(_DISPLAY).str.strip_chars().str.strip_chars('"').str.strip_chars()
+    usable = text.str.contains(_NAMED_ADDRESS) & (name.str.len_chars() > 0) & (name.str.len_chars() <= MAX_DISPLAY_NAME)
+    return pl.when(usable.fill_null(False)).then(name).otherwise(pl.lit(None, dtype=pl.String))
+
+
 def _as_text(column: str, dtype: pl.DataType) -> pl.Expr:
     if dtype == pl.String:
         text = pl.col(column).str.strip_chars()
@@ -142,6 +158,11 @@ def _typed(frame: pl.LazyFrame, path: Path, keep: tuple[str, ...] = ()) -> pl.La
     arrived_as_text = [c for c in PARSED_COLUMNS if schema[c] == pl.String]
     raw_columns = [f"{c}_raw" for c in arrived_as_text]
     frame = frame.with_columns(
+        (
+            pl.coalesce(pl.col(DISPLAY_NAME).cast(pl.String), _display_name(schema["customer_email"]))
+            if DISPLAY_NAME in schema  # a part of an ingest keeps the name read from the whole snapshot
+            else _display_name(schema["customer_email"])
+        ).alias(DISPLAY_NAME),
         *[_as_text(c, schema[c]) for c in text_columns],
         *[_as_text(c, schema[c]).alias(raw) for c, raw in zip(arrived_as_text, raw_columns, strict=True)],
     )
@@ -154,5 +175,5 @@ def _typed(frame: pl.LazyFrame, path: Path, keep: tuple[str, ...] = ()) -> pl.La
         pl.col("currency").str.to_uppercase(),
         pl.col("status").str.to_lowercase(),
         pl.int_range(1, pl.len() + 1, dtype=pl.Int64).alias("source_row"),
-    ).select("source_row", *REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *raw_columns, *keep)
+    ).select("source_row", *REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, DISPLAY_NAME, *raw_columns, *keep)
     return typed
