@@ -331,3 +331,19 @@ def test_a_named_address_keeps_its_display_name_in_to(deployment):
     assert to == ['"Müller, Jörg" <j@example.com>', "Ada Lovelace <ada@example.com>"]
     recorded = sorted(r[0] for r in deployment.query("SELECT customer_email FROM reminder_ledger"))
     assert recorded == ["ada@example.com", "j@example.com"], "the ledger and the envelope keep the bare address"
+
+
+def test_a_display_name_reaches_resend_decoded_and_the_smtp_envelope_bare():
+    import datetime as dt
+
+    from dunning.email.render import reminder_email
+    from dunning.email.wire import WireEmail
+    from dunning.send.providers.resend_api import request_params
+    from tests.helpers import reminder_row
+
+    message = reminder_email(
+        [reminder_row(customer_email="j@example.com", customer_email_name="Müller, Jörg")], sender="b@example.com",
+        message_id="<n@example.com>", as_of=dt.datetime(2026, 11, 8, tzinfo=dt.UTC),
+    )  # fmt: skip
+    assert request_params(message)["to"] == ['"Müller, Jörg" <j@example.com>']
+    assert WireEmail.of(message).to == "j@example.com"

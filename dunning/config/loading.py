@@ -19,9 +19,10 @@ from dunning.errors import ConfigError
 from dunning.secret_env import remember, remember_configured
 from dunning.urls import token_parts
 
+# the value is never quoted (it may be a password); the word for it stays general, since it may be part of the value
 NOT_AN_ENV_NAME = (
-    "expects the name of an environment variable (letters, digits and _, such as SMTP_PASSWORD), never the "
-    "secret itself: put the secret in an environment variable and name that variable here"
+    "expects the name of an environment variable (letters, digits and _, such as SMTP_PASSWORD), not the value "
+    "itself: put the password or key in an environment variable and name that variable here"
 )
 
 
