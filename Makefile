@@ -8,40 +8,61 @@ UV := $(shell command -v uv 2>/dev/null)
 
 .PHONY: run test test-fast lint setup bench bench-check clean ui docs docs-serve
 
+# Each install phase prints one line; pip's whole output goes to INSTALL_LOG, kept (and its tail shown) only when the
+# phase fails. `make run` installs what running needs; `make test`, `make lint` and `make setup` add the `test` extra
+# (pytest, hypothesis, moto, mypy, ruff, ...), `make docs` the `docs` extra.
+INSTALL_LOG := $(CURDIR)/install.log
+define phase
+	@printf '%s ... ' $(1); \
+	if $(2) >$(INSTALL_LOG) 2>&1; then echo done; rm -f $(INSTALL_LOG); \
+	else echo "failed; the full log is in $(INSTALL_LOG):"; tail -n 15 $(INSTALL_LOG); exit 1; fi
+endef
+
 $(BIN)/dunning: pyproject.toml
 ifdef UV
-	$(UV) venv --python $(PYTHON) $(VENV)
-	$(UV) pip install --python $(BIN)/python -e '.[test]'
+	$(call phase,"creating $(VENV) (uv)",$(UV) venv --python $(PYTHON) $(VENV))
+	$(call phase,"installing dunning-pipeline and what running needs",$(UV) pip install --python $(BIN)/python -e .)
 else
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(call phase,"creating $(VENV)",$(PYTHON) -m venv $(VENV))
+	$(call phase,"upgrading pip",$(BIN)/pip install --upgrade pip)
+	$(call phase,"installing dunning-pipeline and what running needs",$(BIN)/pip install -e .)
 endif
-	touch $(BIN)/dunning
+	@touch $(BIN)/dunning
 
-setup: $(BIN)/dunning
+# the test tools on top of the same .venv
+$(VENV)/.test-installed: pyproject.toml $(BIN)/dunning
+ifdef UV
+	$(call phase,"installing the test tools (extra: test)",$(UV) pip install --python $(BIN)/python -e '.[test]')
+else
+	$(call phase,"installing the test tools (extra: test)",$(BIN)/pip install -e '.[test]')
+endif
+	@touch $@
 
-# the docs extra on top of the same .venv (MkDocs, Material, gen-files)
+setup: $(VENV)/.test-installed
+
+# the docs extra on top of the same .venv (MkDocs, Material)
 $(VENV)/.docs-installed: pyproject.toml $(BIN)/dunning
 ifdef UV
-	$(UV) pip install --python $(BIN)/python -e '.[test,docs]'
+	$(call phase,"installing the docs tools (extra: docs)",$(UV) pip install --python $(BIN)/python -e '.[docs]')
 else
-	$(BIN)/pip install --quiet -e '.[test,docs]'
+	$(call phase,"installing the docs tools (extra: docs)",$(BIN)/pip install -e '.[docs]')
 endif
-	touch $@
+	@touch $@
 
 # Material for MkDocs and gen-files print a notice about MkDocs 2.0 on every build; it is not about this site
 MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs
 
 # the docs site into site/; --strict: a broken link or anchor, or a page missing from the nav, fails the build
 docs: $(VENV)/.docs-installed
+	$(BIN)/python docs/gen_reference.py
 	$(MKDOCS) build --strict
 
 # the same site at http://127.0.0.1:8000 (this machine only), rebuilt on every change
 docs-serve: $(VENV)/.docs-installed
+	$(BIN)/python docs/gen_reference.py
 	$(MKDOCS) serve --dev-addr 127.0.0.1:8000
 
-run: setup
+run: $(BIN)/dunning
 	$(BIN)/python -m dunning.demo --out $(HOME_DIR)/demo/snapshot.csv
 	$(BIN)/dunning --home $(HOME_DIR) run --snapshot $(HOME_DIR)/demo/snapshot.csv
 
@@ -92,7 +113,7 @@ bench-check: setup
 
 # the Dagster UI (webserver and daemon) on a home: `make ui` for the demo's .dunning, `make ui HOME_DIR=path` for
 # another (the path `dunning run` printed); open http://127.0.0.1:3000
-ui: setup
+ui: $(BIN)/dunning
 	@test -d "$(HOME_DIR)" || { echo "make ui: no home at $(HOME_DIR): run \`make run\` first, or pass HOME_DIR=path (an existing home; only --home or DUNNING_HOME creates one)"; exit 2; }
 	umask 077 && $(BIN)/python -c "import sys, pathlib, pipelines.instance as i; i.get_instance(pathlib.Path(sys.argv[1]))" "$(abspath $(HOME_DIR))"
 	umask 077 && DAGSTER_HOME=$(abspath $(HOME_DIR))/dagster DUNNING_HOME=$(abspath $(HOME_DIR)) $(BIN)/dagster dev -w workspace.yaml

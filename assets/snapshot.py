@@ -17,13 +17,16 @@ from assets.common import (
 )
 from checks.asset_checks import SNAPSHOT_AUDIT_COLUMNS
 from dunning.config import DunningConfig
-from dunning.errors import SnapshotError
-from dunning.ingest import billing_source
+from dunning.errors import SnapshotError, SnapshotRefused
+from dunning.ingest import billing_source, rejections
 from dunning.ingest.events import EVENTS_SCHEMA, PAYMENT_FAILED, REJECTED_SCHEMA, LoadedEvents, load_events
 from dunning.ingest.landing import latest_for_day
 from dunning.plan import unchanged
 from dunning.plan.clock import CycleClock, refuse_future, utc_now
 from dunning.run import inbox, ingest, steps
+from dunning.run.snapshot_guard import REFUSED_CLASS_TAG, REFUSED_TAG
+from dunning.secret_env import scrub
+from dunning.send.alerts import Alert, raise_alert
 from resources.dunning import CycleRequest, DunningHome
 
 
@@ -51,6 +54,28 @@ def _snapshot_path(
             "(name files YYYY-MM-DD*.csv|parquet|json)"
         )
     return str(landed), None
+
+
+def refuse_input(context: dg.AssetExecutionContext, dunning_home: DunningHome, error: SnapshotRefused) -> None:
+    """A refused snapshot ends the run's work here without failing it: this asset materializes nothing, so the
+    steps after it and their checks (the breaker among them) are skipped, as Dagster shows a check it never ran,
+    instead of "execution failed" beside every asset as if the breaker had tripped. The reason is on the run (tags
+    `dunning/refused`, `dunning/refused_class`) and in its log; `dunning run` exits 2 with it. A run the command did
+    not start (the schedule, a sensor, the UI) raises the alert a failed run would have."""
+    line = scrub(str(error))
+    context.instance.add_run_tags(
+        context.run.run_id, {REFUSED_TAG: line[:4000], REFUSED_CLASS_TAG: type(error).__name__}
+    )
+    context.log.error(f"snapshot refused, nothing applied; the later steps and checks are skipped: {line}")
+    if context.run.tags.get("dunning/trigger") in ("cli", "backfill"):  # the command says it, with its exit code
+        return
+    with dunning_home.ledger() as ledger:
+        raise_alert(
+            ledger,
+            dunning_home.settings().alerts,
+            Alert(kind="input_refused", message=f"run {context.run.run_id} refused its snapshot: {line}"[:2000],
+                  created_at=utc_now(), run_id=context.run.run_id, details={"error_class": type(error).__name__}),
+        )  # fmt: skip
 
 
 @dg.asset(
@@ -108,6 +133,9 @@ def invoice_snapshot(
                 allow_shrink=cycle_request.allow_shrink,
                 source=source,
             )
+    except SnapshotRefused as error:  # the input was refused: nothing later is evaluated, so nothing later fails
+        refuse_input(context, dunning_home, error)
+        return
     except Exception as error:  # noqa: BLE001 - recorded as an operator's line, masked (`as_operator_failure`)
         tag_held(context, error)
         raise as_operator_failure(error) from None
@@ -124,6 +152,9 @@ def invoice_snapshot(
             "rejected_rows": loaded.rejected.height,
             "rows_read": applied.rows_read,
             "rejections": loaded.summary,
+            # the rules broken, the first rows and the duplicated ids' copies: the run summary says them alike for a
+            # live run and a dry run (which stores nothing in snapshot_quarantine)
+            "rejected_detail": dg.MetadataValue.json(rejections.breakdown(loaded.rejected)),
             "owed_invoices": int(cycled.get_column("owed").sum()),
             "as_of": clock.as_of.isoformat(),
             "shard": str(cycle_request.shard_spec()),

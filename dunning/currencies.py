@@ -24,3 +24,12 @@ CURRENCIES = tuple(
         }
     )
 )
+
+
+def in_major_units(minor: int | str, currency: str) -> str:
+    """An amount in minor units told in major units with the currency's own number of decimals (JPY 0, EUR 2,
+    KWD 3), grouped by thousands: `in_major_units(119000, "EUR")` is `1,190.00`. Exact (no float)."""
+    from decimal import Decimal
+
+    digits = babel.numbers.get_currency_precision(str(currency))
+    return f"{Decimal(int(str(minor))).scaleb(-digits):,.{digits}f}"

@@ -252,7 +252,15 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_invalid:
         df, malformed = with_invalid_rows(df, seed=args.seed), INVALID_ROW_COUNT
     path = write_snapshot(df, args.out)
-    print(f"demo snapshot: {df.height} rows ({malformed} malformed) -> {path}")
+    # one malformed row repeats an open invoice's id with other values: both copies are rejected, so a run says
+    # one more rejected row than there are malformed ones
+    why = (
+        f" ({malformed} malformed: {malformed - 1} breaking a rule, 1 repeating an invoice id with other values; a run "
+        f"rejects {malformed + 1}, since both copies of that id are rejected)"
+        if malformed
+        else " (0 malformed)"
+    )
+    print(f"demo snapshot: {df.height} rows{why} -> {path}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,13 @@ class SnapshotError(UserInputError):
     pass
 
 
-class InvalidRowsHalt(UserInputError):
+class SnapshotRefused(SnapshotError):
+    """The snapshot was read, and a guard refused its content before anything was applied: older than the last
+    one, shrunk, empty, none of its rows accepted. The run records the refusal and skips every later step (its
+    checks are skipped, not failed: they were never evaluated); the command still exits 2."""
+
+
+class InvalidRowsHalt(SnapshotRefused):
     """Rows were rejected and the policy says `on_invalid_rows: halt`."""
 
 

@@ -142,7 +142,10 @@ class RunOutcome(StrEnum):
 class HoldReason(StrEnum):
     """`dunning_audit.reason`: why a key was not sent (null when it was, or on a dry run or backfill)."""
 
-    NO_EMAIL_ADDRESS = "no_email_address"
+    NO_EMAIL_ADDRESS = "no_email_address"  # `customer_email` is empty
+    # `customer_email` holds something that is not one address (two addresses, a typo): the data needs a fix; copies
+    # go in `customer_cc`
+    INVALID_ADDRESS = "invalid_address"
     PAUSED = "paused"
     BREAKER = "breaker"
     THROTTLED = "throttled"
@@ -176,6 +179,11 @@ class HoldReason(StrEnum):
     AMOUNT_CHANGED = "amount_changed"  # an invoice it covers owes another amount than the email states
     NOT_IN_SNAPSHOT = "not_in_snapshot"  # an invoice it covers is not in this run's snapshot
     PAST_IDEMPOTENCY_WINDOW = "past_idempotency_window"  # the provider may have forgotten its key: a human decides
+
+
+# hold reasons a person fixes in the data (the billing system's contact), not ones the clock resolves: `preview`,
+# the run summary and `status` name the invoices held for them
+DATA_PROBLEMS = (str(HoldReason.NO_EMAIL_ADDRESS), str(HoldReason.INVALID_ADDRESS), str(HoldReason.SUPPRESSED))
 
 
 class ExclusionScope(StrEnum):

@@ -11,6 +11,8 @@ redone by an unsharded run. The tag `dunning/shard` = "K/N" is what the run
 queue's per-value limit keys on, so runs of one shard queue instead of racing.
 """
 
+import datetime as dt
+
 import dagster as dg
 from croniter import croniter
 
@@ -36,13 +38,26 @@ def shard_requests(as_of: str, partition: str, shards: int, trigger: str) -> lis
     ]
 
 
+# what the UI shows beside "Every minute": the schedule the operator configured lives in HOME/config.yaml, read at
+# each tick (reading it when the definitions load would branch on the environment at import)
+CRON_DESCRIPTION = (
+    "Starts {what} at each tick of schedule.cron in HOME/config.yaml, in the business timezone (default "
+    "'0 * * * *', hourly). Dagster shows 'Every minute' because it asks every minute; each minute that is not a "
+    "tick of your cron is skipped, and the skip reason (Ticks tab) names your cron, its zone and the next tick."
+)
+
+
 def _tick(context: dg.ScheduleEvaluationContext, dunning_home: DunningHome):
     """(settings, as_of, partition) when this minute starts a cycle, else the SkipReason saying why not."""
     scheduled = context.scheduled_execution_time
     settings = dunning_home.settings()
     local = scheduled.astimezone(settings.zone)
     if not croniter.match(settings.schedule.cron, local):
-        return dg.SkipReason(f"{local:%Y-%m-%d %H:%M} is not a tick of schedule.cron {settings.schedule.cron!r}")
+        following = croniter(settings.schedule.cron, local).get_next(dt.datetime)
+        return dg.SkipReason(
+            f"{local:%Y-%m-%d %H:%M} {settings.timezone} is not a tick of schedule.cron {settings.schedule.cron!r} "
+            f"(in {settings.timezone}); the next one is {following:%Y-%m-%d %H:%M}"
+        )
     day = local.date()
     if settings.source.kind == "none" and latest_for_day(dunning_home.root / "landing", day) is None:
         return dg.SkipReason(
@@ -64,6 +79,7 @@ def _tick(context: dg.ScheduleEvaluationContext, dunning_home: DunningHome):
     cron_schedule="* * * * *",  # every minute; `schedule.cron` in the config says which minutes start a cycle
     execution_timezone="UTC",
     default_status=dg.DefaultScheduleStatus.STOPPED,
+    description=CRON_DESCRIPTION.format(what="one dunning cycle"),
 )
 def hourly_dunning(context: dg.ScheduleEvaluationContext, dunning_home: DunningHome):
     """Asks for one cycle at each tick of `schedule.cron` (business `timezone`, hourly by default) with the tick as
@@ -100,6 +116,7 @@ def hourly_dunning(context: dg.ScheduleEvaluationContext, dunning_home: DunningH
     cron_schedule="* * * * *",
     execution_timezone="UTC",
     default_status=dg.DefaultScheduleStatus.STOPPED,
+    description=CRON_DESCRIPTION.format(what="one ingest (with shards: N > 1)"),
 )
 def hourly_ingest(context: dg.ScheduleEvaluationContext, dunning_home: DunningHome):
     """With `shards: N` (N > 1), at each tick of `schedule.cron`: one ingest of the hour's snapshot (validated once,

@@ -178,7 +178,10 @@ def test_write_snapshot_rejects_other_suffix(tmp_path, snapshot):
 def test_cli_writes_file_and_prints_summary(tmp_path, capsys):
     out = tmp_path / "demo" / "snapshot.csv"
     main(["--out", str(out), "--invoices", "200", "--as-of", "2026-03-15", "--seed", "11"])
-    assert capsys.readouterr().out.strip() == f"demo snapshot: 207 rows (7 malformed) -> {out}"
+    assert capsys.readouterr().out.strip() == (
+        "demo snapshot: 207 rows (7 malformed: 6 breaking a rule, 1 repeating an invoice id with other values; a run "
+        f"rejects 8, since both copies of that id are rejected) -> {out}"
+    )
     assert pl.read_csv(out, infer_schema=False).height == 207
 
 

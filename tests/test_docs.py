@@ -32,6 +32,14 @@ def test_the_configuration_reference_lists_every_key():
         assert f"| `{key}` |" in page, key
 
 
+def test_the_committed_references_match_the_code():
+    """docs/config.md and docs/cli.md are committed (a reader on GitHub has them): they must be what the code gives."""
+    import runpy
+
+    check = runpy.run_path(str(ROOT / "docs" / "gen_reference.py"))["main"]
+    assert check(["--check"]) == 0, "run `python docs/gen_reference.py` and commit docs/config.md, docs/cli.md"
+
+
 def test_the_cli_reference_lists_every_command_and_option():
     page = cli_reference_markdown()
     for name, parser in commands().items():

@@ -212,7 +212,9 @@ def test_excluding_an_id_no_snapshot_has_shown_warns_and_keeps_it(deployment):
 def test_a_named_address_is_read_as_its_address(deployment):
     result = deployment.run_in_process([invoice(customer_email="Ada Lovelace <ada@example.com>")], DAY)
     assert result.sent_keys == ["dunning:in_1:1:day3"]
-    assert [e["To"] for e in deployment.outbox()] == ["ada@example.com"]
+    # the address is what the ledger keeps; the display name stays in To (issue 40)
+    assert [e["To"] for e in deployment.outbox()] == ["Ada Lovelace <ada@example.com>"]
+    assert deployment.query("SELECT customer_email FROM reminder_ledger") == [("ada@example.com",)]
 
 
 def test_a_secret_pasted_where_a_variable_name_belongs_is_refused_without_echoing_it(deployment, tmp_path):

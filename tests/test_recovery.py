@@ -58,7 +58,10 @@ def test_the_report_is_one_self_contained_page_with_charts_and_nothing_fetched(d
     assert code == 0, err
     assert str(out) in text
     page = out.read_text()
-    assert page.count("<svg") >= 3, "the funnel, recovery by stage and policy, the overdue amount over time"
+    # the funnel and recovery by stage and policy; two days of history are too few for the overdue amount over time,
+    # which the page says in words (`tests/test_first_hour.py` draws it)
+    assert page.count("<svg") >= 2, "the funnel, recovery by stage and policy"
+    assert "this page draws the overdue amount of each currency over time" in page
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), "nothing is fetched from the network"
     assert "<script" not in page
     assert "Recovery by stage and policy" in page and "day3" in page

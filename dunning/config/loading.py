@@ -5,17 +5,74 @@ did-you-mean hint belongs in `_describe`, the one place a validation error becom
 
 from __future__ import annotations
 
+import difflib
+import typing
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from dunning.config.base import Strict
+from dunning.config.base import ENV_NAME, Strict
 from dunning.config.root import DunningConfig
 from dunning.config.storage import LedgerSettings
 from dunning.errors import ConfigError
 from dunning.secret_env import remember, remember_configured
 from dunning.urls import token_parts
+
+# the value is never quoted (it may be a password); the word for it stays general, since it may be part of the value
+NOT_AN_ENV_NAME = (
+    "expects the name of an environment variable (letters, digits and _, such as SMTP_PASSWORD), not the value "
+    "itself: put the password or key in an environment variable and name that variable here"
+)
+
+
+def _model_at(loc: tuple[object, ...]) -> type[BaseModel] | None:
+    """The config model holding the last part of `loc` (None where it cannot be told, e.g. inside a union)."""
+    model: type[BaseModel] = DunningConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        found = _model_in(field.annotation)
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _model_in(annotation: object) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _all_keys(model: type[BaseModel], seen: set[type[BaseModel]] | None = None) -> set[str]:
+    seen = seen if seen is not None else set()
+    if model in seen:
+        return set()
+    seen.add(model)
+    names = set(model.model_fields)
+    for field in model.model_fields.values():
+        for arg in (field.annotation, *typing.get_args(field.annotation)):
+            nested = _model_in(arg)
+            if nested is not None:
+                names |= _all_keys(nested, seen)
+    return names
+
+
+def nearest_key(loc: tuple[object, ...]) -> str | None:
+    """The configured key closest to the misspelled last part of `loc` (among its siblings where they are known,
+    else among every key), or None when none is close."""
+    model = _model_at(loc)
+    names = set(model.model_fields) if model is not None else _all_keys(DunningConfig)
+    close = difflib.get_close_matches(str(loc[-1]), sorted(names), n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def _describe(error: ValidationError) -> str:
@@ -23,7 +80,10 @@ def _describe(error: ValidationError) -> str:
     for item in error.errors():
         key = ".".join(str(p) for p in item["loc"]) or "(top level)"
         if item["type"] == "extra_forbidden":
-            parts.append(f"unknown key '{key}'")
+            near = nearest_key(tuple(item["loc"])) if item["loc"] else None
+            parts.append(f"unknown key '{key}'" + (f" (did you mean `{near}`?)" if near else ""))
+        elif item["type"] == "string_pattern_mismatch" and (item.get("ctx") or {}).get("pattern") == ENV_NAME:
+            parts.append(f"'{key}' {NOT_AN_ENV_NAME}")  # the value is never quoted: it may be the secret
         else:
             parts.append(f"'{key}': {item['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)

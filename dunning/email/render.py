@@ -46,10 +46,10 @@ MAX_LINE = 998  # octets per line, RFC 5322 section 2.1.1
 # `send.render_pool.RenderSettings`): what a render worker is sent of each row, and no more
 # (`tests/test_render_pool.py` checks this list against the code that reads the rows)
 RENDER_FIELDS = frozenset({
-    "amount_due", "amount_minor", "amount_paid", "billing_period", "currency", "customer_email", "customer_locale",
-    "customer_name", "days_overdue", "due_date", "fees", "gentle_first", "idempotency_key", "invoice_id",
-    "invoice_lines", "kind", "message_id", "payment_url", "policy", "reminders_sent_before", "remaining_minor", "stage",
-    "stage_count", "stage_rank", "tone",
+    "amount_due", "amount_minor", "amount_paid", "billing_period", "currency", "customer_email", "customer_email_name",
+    "customer_locale", "customer_name", "days_overdue", "due_date", "fees", "gentle_first", "idempotency_key",
+    "invoice_id", "invoice_lines", "kind", "message_id", "payment_url", "policy", "reminders_sent_before",
+    "remaining_minor", "stage", "stage_count", "stage_rank", "tone",
 })  # fmt: skip
 
 
@@ -155,6 +155,7 @@ class Draft:
     text: str
     html: str
     when: dt.datetime
+    to_name: str | None = None  # the display name `customer_email` gave (`Name <address>`), kept in To
 
 
 @functools.lru_cache(maxsize=64)
@@ -174,14 +175,14 @@ def checked_headers(draft: Draft) -> list[tuple[str, str | Header]]:
     """The headers after From and Reply-To, in order, each value through `safe_text.header_value` (ValueError
     naming the header it refuses): what `message_of` sets and `dunning.email.compose` folds."""
     values = (
-        ("To", draft.to),
         ("Subject", draft.subject),
         ("Date", date_header(draft.when)),
         ("Message-ID", draft.message_id),
         ("X-Dunning-Kind", str(draft.kind)),
         ("X-Dunning-Keys", ",".join(draft.keys)),
     )
-    return [(name, header_value(name, value)) for name, value in values]
+    # the recipient as `Name <address>` when the snapshot named them (`safe_text.address_header`: quoted, or RFC 2047)
+    return [("To", address_header("To", draft.to, draft.to_name)), *((n, header_value(n, v)) for n, v in values)]
 
 
 def message_of(draft: Draft) -> Message:
@@ -211,6 +212,14 @@ def message_of(draft: Draft) -> Message:
     message.attach(text_part(html, "html"))
     message.set_boundary(boundary_of(draft.message_id, (text, html)))
     return message
+
+
+def fallen_back(records: Sequence[dict[str, Any]], default: str, templates_dir: str | None, kind: str) -> str | None:
+    """The customer's locale of one email when its text falls back to another language (`templating.text_locale`),
+    else None: what `preview` lists."""
+    asked = email_locale(records, default)
+    used = templating.text_locale(templates_dir, asked, default, f"{kind}.txt.j2")
+    return asked if used != asked else None
 
 
 def _sender(sender: str | Sender) -> Sender:
@@ -271,11 +280,11 @@ def _invoices_draft(
 ) -> Draft:
     """An email of `kind` listing `rows` (one invoice each, one recipient), sorted by invoice id."""
     rows = sorted(rows, key=lambda r: r["invoice_id"])
-    locale = email_locale(rows, locale)
+    locale = templating.text_locale(templates_dir, email_locale(rows, locale), locale, f"{kind}.txt.j2")
     sender = _sender(sender)
     subject, text, html = _render(templates_dir, locale, kind, _INVOICES_CONTEXT[kind](rows, as_of, locale), sender)
     to, keys = rows[0]["customer_email"], [r["idempotency_key"] for r in rows]  # in the order the headers need them
-    return Draft(to, sender, subject, message_id, kind, keys, text, html, as_of)
+    return Draft(to, sender, subject, message_id, kind, keys, text, html, as_of, rows[0].get("customer_email_name"))
 
 
 def apology_email(
@@ -291,7 +300,9 @@ def apology_email(
     templates_dir: str | None = None,
 ) -> Message:
     """One apology: what happened (`flood`: emails, first_at, last_at) and what is owed now (`statement` rows)."""
-    locale = known_locale(flood.get("customer_locale")) or locale
+    locale = templating.text_locale(
+        templates_dir, known_locale(flood.get("customer_locale")) or locale, locale, f"{EmailKind.APOLOGY}.txt.j2"
+    )
     context = apology_context(flood, statement, as_of, locale)
     signer = _sender(sender)
     subject, text, html = _render(templates_dir, locale, EmailKind.APOLOGY, context, signer)
@@ -313,7 +324,9 @@ def payment_failed_email(
 def _payment_failed_draft(
     record: dict[str, Any], sender: str | Sender, as_of: dt.datetime, locale: str, templates_dir: str | None
 ) -> Draft:
-    locale = email_locale([record], locale)
+    locale = templating.text_locale(
+        templates_dir, email_locale([record], locale), locale, f"{EmailKind.PAYMENT_FAILED}.txt.j2"
+    )
     context = payment_failed_context(record, locale)
     signer = _sender(sender)
     subject, text, html = _render(templates_dir, locale, EmailKind.PAYMENT_FAILED, context, signer)

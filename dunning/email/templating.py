@@ -142,6 +142,27 @@ def template(templates_dir: str | None, locale: str, name: str) -> Template:
     return environment(templates_dir).select_template(candidates(locale, name))
 
 
+ROOT_LOCALE = "en_US"  # the language of the templates at the top of the package's directory (English)
+
+
+def _has_own_templates(templates_dir: str | None, locale: str, name: str) -> bool:
+    """Whether `name` for `locale` is found in a language directory (`de_AT/`, `de/`), not at the top."""
+    return "/" in (template(templates_dir, locale, name).name or "")
+
+
+@functools.lru_cache(maxsize=1024)
+def text_locale(templates_dir: str | None, locale: str, default: str, name: str) -> str:
+    """The locale an email's dates and numbers are written in: `locale` where its language has templates of its
+    own; else the text falls back to the templates at the top, and the formats fall back with it (to `default`
+    when it has no directory either, so the top templates are its language; else English). A Swedish customer
+    of a deployment with English and German templates gets English text with English dates, never `5 dec. 2026`."""
+    if _has_own_templates(templates_dir, locale, name) or language_of(locale) == language_of(ROOT_LOCALE):
+        return locale
+    if not _has_own_templates(templates_dir, default, name):
+        return default
+    return ROOT_LOCALE
+
+
 def where(exc: BaseException) -> str:
     """`FILE, line N` of the innermost template frame of `exc`'s traceback (Jinja rewrites frames to templates)."""
     if isinstance(exc, TemplateSyntaxError) and exc.lineno:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from email.header import Header
 from email.message import Message
+from email.utils import parseaddr
 from typing import Any
 
 from dunning.email.render import WIRE_POLICY
@@ -38,7 +40,10 @@ class WireEmail:
 
     @classmethod
     def of(cls, message: Message) -> WireEmail:
-        return cls(str(message["To"]), str(message["Message-ID"]), idempotency_key_of(message), wire_bytes(message))
+        # the envelope takes the bare address: a To with a display name (`Name <address>`) is parsed for it
+        header = message["To"]  # a Header (a name that is not ASCII) parsed as it goes on the wire, RFC 2047
+        to = parseaddr(header.encode() if isinstance(header, Header) else str(header))[1] or str(header)
+        return cls(to, str(message["Message-ID"]), idempotency_key_of(message), wire_bytes(message))
 
     def with_header(self, name: str, value: str) -> bytes:
         """The bytes with one more header after the others, folded as `message[name] = value` then serializing

@@ -71,6 +71,22 @@ def _scan_file(path: Path, zone: ZoneInfo) -> pl.LazyFrame:
 _NAMED_ADDRESS = r"^[^<>]*<([^<>\s]+)>$"
 
 
+# the display name of `Name <address>` (`"Lovelace, Ada" <ada@example.com>` without its quotes), kept for the To
+# header (`email.render`: quoted or RFC 2047 there, a line break refused); null without one, or past MAX_DISPLAY_NAME
+DISPLAY_NAME = "customer_email_name"
+MAX_DISPLAY_NAME = 200
+_DISPLAY = r"^\s*(.*?)\s*<[^<>\s]+>\s*$"
+
+
+def _display_name(dtype: pl.DataType) -> pl.Expr:
+    if dtype != pl.String:
+        return pl.lit(None, dtype=pl.String)
+    text = pl.col("customer_email").str.strip_chars()
+    name = text.str.extract(_DISPLAY).str.strip_chars().str.strip_chars('"').str.strip_chars()
+    usable = text.str.contains(_NAMED_ADDRESS) & (name.str.len_chars() > 0) & (name.str.len_chars() <= MAX_DISPLAY_NAME)
+    return pl.when(usable.fill_null(False)).then(name).otherwise(pl.lit(None, dtype=pl.String))
+
+
 def _as_text(column: str, dtype: pl.DataType) -> pl.Expr:
     if dtype == pl.String:
         text = pl.col(column).str.strip_chars()
@@ -114,10 +130,24 @@ def read_snapshot(path: str | Path, zone: ZoneInfo) -> pl.DataFrame:
         raise _unreadable(path, exc) from None
 
 
+def _separated_by(names: list[str], delimiter: str) -> bool:
+    """Whether a header read as one column is the required columns joined by `delimiter` (a spreadsheet's export in
+    a locale whose list separator is not a comma)."""
+    if len(names) != 1 or delimiter not in names[0]:
+        return False
+    parts = {part.strip().strip('"') for part in names[0].lstrip("\ufeff").split(delimiter)}
+    return set(REQUIRED_COLUMNS) <= parts
+
+
 def _typed(frame: pl.LazyFrame, path: Path, keep: tuple[str, ...] = ()) -> pl.LazyFrame:
     """The snapshot's columns typed, in order, with `source_row`; `keep`: extra columns carried as they are."""
     schema = frame.collect_schema()
     missing = [c for c in REQUIRED_COLUMNS if c not in schema]
+    if missing and _separated_by(schema.names(), ";"):
+        raise SnapshotError(
+            f"snapshot {path} is separated by semicolons (;), not commas: export it as comma-separated CSV (in a "
+            "spreadsheet: CSV UTF-8, comma delimited), with amounts as integers in minor units (119000, not 1.190,00)"
+        )
     if missing:
         raise SnapshotError(f"snapshot {path} lacks required column(s): {', '.join(missing)}")
     for column in OPTIONAL_COLUMNS:
@@ -130,6 +160,11 @@ def _typed(frame: pl.LazyFrame, path: Path, keep: tuple[str, ...] = ()) -> pl.La
     arrived_as_text = [c for c in PARSED_COLUMNS if schema[c] == pl.String]
     raw_columns = [f"{c}_raw" for c in arrived_as_text]
     frame = frame.with_columns(
+        (
+            pl.coalesce(pl.col(DISPLAY_NAME).cast(pl.String), _display_name(schema["customer_email"]))
+            if DISPLAY_NAME in schema  # a part of an ingest keeps the name read from the whole snapshot
+            else _display_name(schema["customer_email"])
+        ).alias(DISPLAY_NAME),
         *[_as_text(c, schema[c]) for c in text_columns],
         *[_as_text(c, schema[c]).alias(raw) for c, raw in zip(arrived_as_text, raw_columns, strict=True)],
     )
@@ -142,5 +177,5 @@ def _typed(frame: pl.LazyFrame, path: Path, keep: tuple[str, ...] = ()) -> pl.La
         pl.col("currency").str.to_uppercase(),
         pl.col("status").str.to_lowercase(),
         pl.int_range(1, pl.len() + 1, dtype=pl.Int64).alias("source_row"),
-    ).select("source_row", *REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, *raw_columns, *keep)
+    ).select("source_row", *REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, DISPLAY_NAME, *raw_columns, *keep)
     return typed

@@ -8,6 +8,8 @@ in words an operator can act on.
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pandera.polars as pa
 import polars as pl
 
@@ -164,6 +166,39 @@ def _validated(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     return valid, rejected
 
 
+_DECIMAL = r"^-?[0-9]{1,15}[.,][0-9]{1,3}$"
+
+
+def decimal_hints(rejected: pl.DataFrame) -> list[str]:
+    """For an amount rejected as not an integer that is a decimal (`1190.00`): that amounts are integers in minor
+    units, and the value it would be (`119000`), from the first such row of each amount column."""
+    import babel.numbers
+
+    hints = []
+    for column in ("amount_due", "amount_paid"):
+        raw = f"{column}_raw"
+        if raw not in rejected.columns:
+            continue
+        found = rejected.filter(
+            pl.col("rule").str.contains(f"{column} is not an integer", literal=True)
+            & pl.col(raw).str.contains(_DECIMAL)
+        ).head(1)
+        if found.is_empty():
+            continue
+        row, text, currency = found.select("source_row", raw, "currency").row(0)
+        try:
+            digits = babel.numbers.get_currency_precision(str(currency).upper())
+        except (ValueError, TypeError, LookupError):
+            digits = 2
+        value = Decimal(str(text).replace(",", ".")).scaleb(digits)
+        expected = f", which is {int(value)} in minor units" if value == value.to_integral_value() else ""
+        hints.append(
+            f"amounts are integers in minor units of the currency (cents): {column} {str(text)!r} in row {row}"
+            f"{expected} ({str(text)} {str(currency)[:3]!s})"
+        )
+    return hints
+
+
 def summarize_rejections(rejected: pl.DataFrame, limit: int = 10) -> str:
     """A short operator-facing summary: how many rows, which rules, the first rows by line."""
     if rejected.is_empty():
@@ -181,4 +216,5 @@ def summarize_rejections(rejected: pl.DataFrame, limit: int = 10) -> str:
         for row, inv, rule in rejected.head(limit).select("source_row", "invoice_id", "rule").rows()
     )
     more = f"; and {rejected.height - limit} more" if rejected.height > limit else ""
-    return f"{rejected.height} row(s) rejected by rule: {rules}. {rows}{more}"
+    hints = "".join(f". {hint}" for hint in decimal_hints(rejected))
+    return f"{rejected.height} row(s) rejected by rule: {rules}. {rows}{more}{hints}"

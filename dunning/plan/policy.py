@@ -19,7 +19,7 @@ from dunning.config import DunningConfig
 from dunning.keys import reminder_key_expr
 from dunning.plan.policies import NO_STAGE, policy_expr, stages_frame
 from dunning.safe_text import ADDRESS_PATTERN, MAX_ADDRESS
-from dunning.vocabulary import PLAN_ROLE_DTYPE, EmailKind, PlanRole
+from dunning.vocabulary import PLAN_ROLE_DTYPE, EmailKind, HoldReason, PlanRole
 
 CYCLE_ACTION = pl.Enum(["open", "close"])
 STATE_SCHEMA = pl.Schema(
@@ -48,6 +48,20 @@ def sendable_expr() -> pl.Expr:
     """Whether the row's `customer_email` is a usable address: `safe_text.is_address`, vectorized."""
     address = pl.col("customer_email")
     return (address.str.contains(ADDRESS_PATTERN) & (address.str.len_bytes() <= MAX_ADDRESS)).fill_null(False)
+
+
+def address_problem_expr() -> pl.Expr:
+    """Why a row that is not sendable has no usable address: `no_email_address` when `customer_email` is empty,
+    else `invalid_address` (two addresses, a typo); null for a sendable row."""
+    address = pl.col("customer_email")
+    blank = address.is_null() | (address.str.strip_chars() == "")
+    return (
+        pl.when(sendable_expr())
+        .then(pl.lit(None, dtype=pl.String))
+        .when(blank)
+        .then(pl.lit(str(HoldReason.NO_EMAIL_ADDRESS)))
+        .otherwise(pl.lit(str(HoldReason.INVALID_ADDRESS)))
+    )
 
 
 def assign_cycles(

@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import polars as pl
 
 from dunning.config import DunningConfig, Holidays, ResolvedPolicy, SendWindow
+from dunning.plan.policy import address_problem_expr
 from dunning.vocabulary import EmailKind, HoldReason
 
 UTC_TYPE = pl.Datetime("us", "UTC")
@@ -155,6 +156,30 @@ def max_spacing(config: DunningConfig) -> dt.timedelta:
 
 
 SEND_ROLES = ("due", "retry")
+# the plan's (and the audit's) column of the reasons a key waits for beyond its one `hold` (comma-separated, in
+# `REASON_ORDER`; null when it has only one): `preview` and `status` count every reason a key has, so a data problem
+# (no usable address) never hides behind the clock
+ALSO_HELD = "also_held"
+# the order in which a key's reasons are tried for its one audit reason: the plan's own hold (exclusions, a
+# dispute, a suppressed address, a payment in flight, the minimum balance), then an escalation, the send window,
+# spacing, and last no usable address (the audit's `no_email_address`, `invalid_address`)
+REASON_ORDER = ("plan", HoldReason.ESCALATED, HoldReason.OUTSIDE_SEND_WINDOW, HoldReason.SPACING,
+                HoldReason.NO_EMAIL_ADDRESS)  # fmt: skip
+
+
+def _address_problem(columns: list[str]) -> pl.Expr:
+    if "customer_email" in columns:
+        return address_problem_expr()
+    return pl.lit(str(HoldReason.NO_EMAIL_ADDRESS))
+
+
+def _also_held(*reasons: pl.Expr) -> pl.Expr:
+    """The reasons after the first of `reasons` (in order, without repeats), comma-joined; null for one or none."""
+    listed = pl.concat_list([r.cast(pl.String) for r in reasons]).list.drop_nulls().list.unique(maintain_order=True)
+    rest = listed.list.slice(1)
+    return pl.when(rest.list.len() > 0).then(rest.list.join(",")).otherwise(None).cast(pl.String)
+
+
 EMPTY_COUNTS = pl.Schema({"invoice_id": pl.String, "cycle": pl.Int32, "reminders_sent_before": pl.Int32})
 EMPTY_LAST = pl.Schema({"customer_id": pl.String(), "last_reminder_at": UTC_TYPE})
 
@@ -211,7 +236,20 @@ def scheduled(
         pl.when(is_email).then(pl.col("window_hold")),
         pl.when(is_reminder).then(pl.col("spacing_hold")),
     )
-    plan = plan.with_columns(pl.when(sends).then(hold).otherwise(pl.col("hold")).alias("hold"))
+    plan = plan.with_columns(
+        pl.when(sends).then(hold).otherwise(pl.col("hold")).alias("hold"),
+        pl.when(sends)
+        .then(
+            _also_held(
+                pl.col("hold"),
+                pl.when(is_reminder).then(pl.col("escalated_hold")),
+                pl.when(is_email).then(pl.col("window_hold")),
+                pl.when(is_reminder).then(pl.col("spacing_hold")),
+                pl.when(is_email & ~pl.col("sendable").fill_null(False)).then(_address_problem(plan.columns)),
+            )
+        )
+        .alias(ALSO_HELD),
+    )
     waits = (
         pl.when(pl.col("hold") == HoldReason.OUTSIDE_SEND_WINDOW)
         .then(pl.col("window_opens_at"))

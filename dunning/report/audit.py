@@ -19,6 +19,7 @@ import polars as pl
 
 from dunning.email.pay_links import DROPPED
 from dunning.plan.exclusions import HOLDS, WAITING_HOLDS
+from dunning.plan.schedule import ALSO_HELD
 from dunning.vocabulary import (
     AuditNote,
     AuditOutcome,
@@ -54,8 +55,9 @@ OUTCOMES: dict[SendStatus, Verdict] = {
 }
 # due keys that never reached the send step: no address to send to, or a send that stopped before them
 # (the keys are this module's own, in the working column `_status` only; never stored)
-_NO_EMAIL, _NOT_ATTEMPTED = "no_email", "not_attempted"
+_NO_EMAIL, _BAD_EMAIL, _NOT_ATTEMPTED = "no_email", "bad_email", "not_attempted"
 NOT_SENDABLE = Verdict(AuditOutcome.HELD, HoldReason.NO_EMAIL_ADDRESS)
+INVALID_ADDRESS = Verdict(AuditOutcome.HELD, HoldReason.INVALID_ADDRESS)
 NOT_ATTEMPTED = Verdict(AuditOutcome.HELD, HoldReason.NOT_ATTEMPTED)
 # keys the plan held before the send (its `hold` column, `dunning.plan.exclusions`): never claimed
 PLAN_HOLDS = {str(reason): Verdict(AuditOutcome.HELD, reason) for reason in HOLDS}
@@ -82,7 +84,18 @@ def build_audit(
     """`due`: this cycle's due reminder rows (with `sendable`); `outcomes`: key -> status for the sendable ones."""
     owed = snapshot.select("invoice_id", "owed", pl.col("remaining_minor").alias("snapshot_remaining"))
     # only the columns the audit reads, before the joins copy them (the plan carries every snapshot column)
-    used = [*KEY_COLUMNS, "hold", "sendable", DROPPED, "amount_minor", "currency", "policy", "waits_until"]
+    used = [
+        *KEY_COLUMNS,
+        "hold",
+        "sendable",
+        "customer_email",
+        DROPPED,
+        "amount_minor",
+        "currency",
+        "policy",
+        "waits_until",
+        ALSO_HELD,
+    ]
     due = due.select([c for c in used if c in due.columns])
     rows = due.join(
         outcomes.select(
@@ -94,14 +107,23 @@ def build_audit(
     hold = pl.col("hold") if "hold" in rows.columns else pl.lit(None, dtype=pl.String)
     # a key not held whose invoice's pay link was not https: its email went without the link (`pay_links`)
     dropped = pl.col(DROPPED).fill_null(False) if DROPPED in rows.columns else pl.lit(False)
+    # an empty address is missing; anything else that is not one address (two of them, a typo) is invalid
+    email = pl.col("customer_email") if "customer_email" in rows.columns else pl.lit(None, dtype=pl.String)
+    blank = email.is_null() | (email.str.strip_chars() == "")
     status = (
         pl.when(hold.is_not_null())
         .then(hold)
-        .when(~pl.col("sendable"))
+        .when(~pl.col("sendable") & blank)
         .then(pl.lit(_NO_EMAIL))
+        .when(~pl.col("sendable"))
+        .then(pl.lit(_BAD_EMAIL))
         .otherwise(pl.col("sent_status").fill_null(_NOT_ATTEMPTED))
     )
-    verdicts = plain_keys(OUTCOMES) | {_NO_EMAIL: NOT_SENDABLE, _NOT_ATTEMPTED: NOT_ATTEMPTED} | PLAN_HOLDS
+    verdicts = (
+        plain_keys(OUTCOMES)
+        | {_NO_EMAIL: NOT_SENDABLE, _BAD_EMAIL: INVALID_ADDRESS, _NOT_ATTEMPTED: NOT_ATTEMPTED}
+        | PLAN_HOLDS
+    )
     outcome_of = {key: str(verdict.outcome) for key, verdict in verdicts.items()}
     reason_of = {key: None if verdict.reason is None else str(verdict.reason) for key, verdict in verdicts.items()}
     current = rows.with_columns(status.alias("_status")).select(
@@ -121,6 +143,12 @@ def build_audit(
             if "waits_until" in rows.columns
             else pl.lit(None, dtype=pl.Datetime("us", "UTC"))
         ).alias("waits_until"),
+        # the key's other reasons (`dunning.plan.schedule.ALSO_HELD`), only while it is held
+        (
+            pl.when(pl.col("_status").is_in([*PLAN_HOLDS, _NO_EMAIL, _BAD_EMAIL])).then(pl.col(ALSO_HELD))
+            if ALSO_HELD in rows.columns
+            else pl.lit(None, dtype=pl.String)
+        ).alias(ALSO_HELD),
     )
     earlier = earlier_open_problems.select(
         *KEY_COLUMNS,
@@ -136,6 +164,7 @@ def build_audit(
             "policy"
         ),
         pl.lit(None, dtype=pl.Datetime("us", "UTC")).alias("waits_until"),
+        pl.lit(None, dtype=pl.String).alias(ALSO_HELD),
     ).join(current.select("idempotency_key"), on="idempotency_key", how="anti", maintain_order="left")
     combined = pl.concat([current, earlier.cast(current.schema)], how="vertical")
     # the snapshot's rows of these invoices only: a left join hashes its right side, which was every invoice
@@ -154,6 +183,7 @@ def build_audit(
         "message_id",
         "policy",
         "waits_until",
+        ALSO_HELD,
     )
 
 

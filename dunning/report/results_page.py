@@ -63,7 +63,7 @@ def read_results(home: Path, days: int, today: dt.date, stage_days: dict[str, in
     return Results(_in_stage_order(funnel, order), _in_stage_order(recovery, order, "currency"), daily, days)
 
 
-def _figure(width: float = 10, height: float = 3.4) -> tuple[Any, Any, Any]:
+def _figure(width: float = 7, height: float = 3.2) -> tuple[Any, Any, Any]:
     import matplotlib
 
     matplotlib.use("svg", force=True)
@@ -116,20 +116,50 @@ def recovery_chart(recovery: pl.DataFrame) -> Markup | None:
     return _svg(plt, fig)
 
 
-def overdue_chart(daily: pl.DataFrame) -> Markup | None:
-    if daily.is_empty():
-        return None
-    import babel.numbers
+MIN_TREND_DAYS = 3  # days of snapshots before the overdue amount is drawn over time (fewer: said in words)
+RECOVERY_DAYS = 7  # a reminder's "paid within 7 days" is known only a week after it
 
-    plt, fig, ax = _figure()
+
+def overdue_charts(daily: pl.DataFrame) -> list[tuple[str, Markup]]:
+    """One small chart per currency (amounts of different currencies never share an axis: a yen total would
+    flatten euros to a line at zero), each with plain numbers on its axis (no `1e6` multiplier) and its days as
+    dates; none until `MIN_TREND_DAYS` days of snapshots."""
+    if daily.is_empty() or daily.get_column("business_date").n_unique() < MIN_TREND_DAYS:
+        return []
+    import babel.numbers
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+    from matplotlib.ticker import FuncFormatter
+
+    charts = []
     for (currency,), part in daily.sort("business_date").group_by("currency", maintain_order=True):
+        plt, fig, ax = _figure(width=5, height=2.6)
         scale = 10 ** babel.numbers.get_currency_precision(str(currency))
         amounts = [a / scale for a in part.get_column("overdue_amount_minor").to_list()]
-        ax.plot(part.get_column("business_date").to_list(), amounts, marker="o", label=str(currency))
-    ax.set_ylabel("overdue amount")
-    ax.legend(frameon=False)
-    fig.autofmt_xdate()
-    return _svg(plt, fig)
+        ax.plot(part.get_column("business_date").to_list(), amounts, marker="o", markersize=3)
+        ax.set_title(f"overdue, {currency}", loc="left", fontsize=10)
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
+        locator = AutoDateLocator(maxticks=6)  # type: ignore[no-untyped-call]
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
+        charts.append((str(currency), _svg(plt, fig)))
+    return charts
+
+
+def history_note(daily: pl.DataFrame, days_of_data: int, first_day: dt.date | None) -> str | None:
+    """What the page will show once there is enough history, in place of charts with nothing to draw."""
+    if days_of_data >= MIN_TREND_DAYS:
+        return None
+    if first_day is None:
+        return "No daily history yet: each live run adds a day, and this page draws the overdue amount per " \
+            "currency from the third day on."  # fmt: skip
+    latest = daily.filter(pl.col("business_date") == daily.get_column("business_date").max())
+    today = ", ".join(_money(a, c) for c, a in latest.select("currency", "overdue_amount_minor").iter_rows())
+    return (
+        f"{days_of_data} day(s) of history so far (since {first_day}): overdue now {today or 'nothing'}. "
+        f"From {first_day + dt.timedelta(days=MIN_TREND_DAYS - 1)} on (after the next snapshots), this page draws "
+        "the overdue amount of each currency over time."
+    )
 
 
 def _money(amount: int, currency: str) -> str:
@@ -151,18 +181,28 @@ def render_page(results: Results, generated: dt.datetime) -> str:
          "recovered": _money(r["amount_recovered_minor"], r["currency"])}
         for r in results.daily.tail(MAX_ROWS).to_dicts()
     ]  # fmt: skip
+    dates = results.daily.get_column("business_date") if results.daily.height else None
+    days_of_data = dates.n_unique() if dates is not None else 0
     funnel = [
-        {**r, "paid_rate": "–" if r["paid_rate"] is None else f"{r['paid_rate'] * 100:.1f} %",
+        {**r, "paid_rate": "–" if r["paid_rate"] is None or (not r["paid_after"] and days_of_data < RECOVERY_DAYS)
+         else f"{r['paid_rate'] * 100:.1f} %",
          "median_days_to_pay": "–" if r["median_days_to_pay"] is None else f"{r['median_days_to_pay']:g}"}
         for r in results.funnel.head(MAX_ROWS).to_dicts()
     ]  # fmt: skip
     sent = int(results.recovery.get_column("reminders_sent").sum()) if results.recovery.height else 0
     paid30 = int(results.recovery.get_column("paid_within_30d").sum()) if results.recovery.height else 0
     recovered = results.recovery.group_by("currency").agg(pl.col("amount_recovered_minor").sum()).sort("currency")
+    first_day: dt.date | None = dates.min() if dates is not None else None  # type: ignore[assignment]
+    last_day: dt.date | None = dates.max() if dates is not None else None  # type: ignore[assignment]
+    # a rate is only known a week after the first reminders: until then it is "not yet", never a 0.0 % that reads
+    # as a failure
+    measurable = first_day is not None and days_of_data >= RECOVERY_DAYS
+    rates_from = first_day + dt.timedelta(days=RECOVERY_DAYS) if first_day is not None else None
     cards = [
         {"label": "reminders sent", "value": f"{sent:,}"},
-        {"label": "paid within 30 days of a reminder", "value": f"{paid30 / sent * 100:.1f} %" if sent else "–"},
-    ]
+        {"label": "paid within 30 days of a reminder",
+         "value": f"{paid30 / sent * 100:.1f} %" if sent and (measurable or paid30) else "–"},
+    ]  # fmt: skip
     cards += [{"label": f"recovered in {c}", "value": _money(a, c)} for c, a in recovered.iter_rows()]  # fmt: skip
     if "fees_claimed_minor" in results.recovery.columns:  # late fees (`dunning.fees`), where any were claimed
         fees = results.recovery.group_by("currency").agg(pl.col("fees_claimed_minor", "fees_collected_minor").sum())
@@ -170,11 +210,12 @@ def render_page(results: Results, generated: dt.datetime) -> str:
             {"label": f"fees claimed in {c} (collected)", "value": f"{_money(a, c)} ({_money(b, c)})"}
             for c, a, b in fees.sort("currency").iter_rows() if a
         ]  # fmt: skip
-    dates = results.daily.get_column("business_date") if results.daily.height else None
     return env.get_template("results.html.j2").render(
-        generated=generated.strftime("%Y-%m-%d %H:%M UTC"), days=results.days,
-        first_day=dates.min() if dates is not None else None, last_day=dates.max() if dates is not None else None,
-        cards=cards, funnel=funnel, recovery=recovery, daily=daily,
-        funnel_chart=funnel_chart(results.funnel), recovery_chart=recovery_chart(results.recovery),
-        overdue_chart=overdue_chart(results.daily),
+        generated=generated.strftime("%Y-%m-%d %H:%M UTC"), days=results.days, first_day=first_day,
+        last_day=last_day, days_of_data=days_of_data, cards=cards, funnel=funnel, recovery=recovery, daily=daily,
+        funnel_chart=funnel_chart(results.funnel),
+        recovery_chart=recovery_chart(results.recovery) if measurable or paid30 else None,
+        rates_from=None if measurable or paid30 or not sent else rates_from,
+        overdue_charts=overdue_charts(results.daily),
+        history_note=history_note(results.daily, days_of_data, first_day),
     )  # fmt: skip

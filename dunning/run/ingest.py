@@ -19,7 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from dunning.config import DunningConfig
-from dunning.errors import InvalidRowsHalt, SnapshotError
+from dunning.errors import InvalidRowsHalt, SnapshotError, SnapshotRefused
 from dunning.ingest.snapshot import OPTIONAL_COLUMNS, REQUIRED_COLUMNS
 from dunning.ingest.store import Manifest, Part, SnapshotStore, choose_manifest, parquet_bytes, part_path
 from dunning.ledger.base import Ledger
@@ -70,7 +70,7 @@ def ingest(
     if whole.rejected.height and config.on_invalid_rows == "halt":
         raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {whole.summary}")
     if whole.rejected.height and whole.valid.is_empty():
-        raise SnapshotError(f"snapshot {path}: none of its rows was accepted: {whole.summary}")
+        raise SnapshotRefused(f"snapshot {path}: none of its rows was accepted: {whole.summary}")
     if whole.rejected.height:  # quarantined once, here, not by every shard
         ledger.quarantine(run_id, path, whole.rejected, wall)
         steps.alert_duplicates(ledger, whole.rejected, config, as_of, run_id)  # the parts hold none of them

@@ -23,19 +23,24 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import polars as pl
 
 from dunning.config import DunningConfig
 from dunning.email.compose import wire_for
 from dunning.email.message_ids import message_ids
+from dunning.email.render import fallen_back
 from dunning.email.wire import WireEmail
 from dunning.fees import amounts, planning
 from dunning.fees import cycle as fee_cycle
+from dunning.ingest import rejections
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.claims import within_cap
 from dunning.plan.breaker import BreakerVerdict
 from dunning.plan.clock import CycleClock, RunMode
+from dunning.report import held as held_keys
+from dunning.report.held import WindowOpening
 from dunning.run import cycle, steps
 from dunning.send.providers.file_outbox import file_name
 from dunning.send.sending import render_settings, with_email_ids
@@ -77,12 +82,19 @@ class Preview:
     not_built: list[tuple[list[str], str]]  # keys of an email that could not be built, and why
     escalations: list[PreviewEscalation] = field(default_factory=list)
     fees: list[dict[str, object]] = field(default_factory=list)  # the charges the emails would claim (`dunning.fees`)
+    openings: list[WindowOpening] = field(default_factory=list)  # when each policy's send window opens
+    data_problems: list[dict[str, str]] = field(default_factory=list)  # invoices held for their data
+    zone: ZoneInfo = field(default=ZoneInfo("UTC"))  # the business time zone, in which openings are told
+    # customers' locales whose language has no templates: their text, dates and numbers fell back (-> emails)
+    locale_fallbacks: dict[str, int] = field(default_factory=dict)
+    rejected_detail: dict[str, object] = field(default_factory=dict)  # `ingest.rejections.breakdown`
 
     def as_json(self) -> dict[str, object]:
         return {
             "as_of": self.as_of.isoformat(),
             "snapshot_rows": self.snapshot_rows,
             "rejected_rows": self.rejected_rows,
+            "rejected": self.rejected_detail,
             "emails": [
                 {
                     "to": e.to,
@@ -107,7 +119,10 @@ class Preview:
                 for e in self.escalations
             ],  # fmt: skip
             "fees": self.fees,
-            "held": self.held,
+            "held": self.held,  # a key counted under each reason it waits for
+            "send_window_opens": [o.as_json(self.as_of) for o in self.openings],
+            "held_for_data": self.data_problems,
+            "locale_fallbacks": self.locale_fallbacks,
             "breaker_passed": self.breaker.passed,
         }
 
@@ -140,16 +155,15 @@ def preview(
     )  # fmt: skip
     plan = steps.plan_step(ledger, applied.cycled, None, config, clock)
     verdict = cycle.check_breaker(ledger, plan, as_of, config)
-    held: dict[str, int] = {}
     due = cycle.due_rows(plan)
-    for reason, n in due.filter(pl.col("hold").is_not_null()).group_by("hold").len().iter_rows():
-        _count(held, str(reason), n)
-    _count(held, str(HoldReason.NO_EMAIL_ADDRESS), due.filter(pl.col("hold").is_null() & ~pl.col("sendable")).height)
+    reasons = held_keys.plan_reasons(due)  # every reason each key waits for, not only its first
+    held = held_keys.counts(reasons)
     # the Message-IDs a live run would mint, read from the ledger; where it has no secret yet, placeholders
     sendable = with_email_ids(cycle.sendable_due(plan), config, message_ids(ledger, config, required=False))
     recent = cycle.recent_emails(ledger, as_of, config)
     emails: list[PreviewEmail] = []
     not_built: list[tuple[list[str], str]] = []
+    fallbacks: dict[str, int] = {}
     handovers = _escalations(cycle.escalations_due(plan))
     proposed: list[dict[str, object]] = []
     if not verdict.passed:  # the breaker halts the whole batch, hand-overs included
@@ -166,18 +180,12 @@ def preview(
                                       "status").to_dicts()  # fmt: skip
         if waits is not None and waits.height:
             _count(held, amounts.RATE_UNKNOWN, waits.height)
-        emails, not_built = _rendered(allowed, recent, config, as_of, fees)
+        emails, not_built, fallbacks = _rendered(allowed, recent, config, as_of, fees)
     return Preview(
-        as_of,
-        applied.loaded.valid.height,
-        applied.loaded.rejected.height,
-        emails,
-        held,
-        verdict,
-        not_built,
-        handovers,
-        proposed,
-    )
+        as_of, applied.loaded.valid.height, applied.loaded.rejected.height, emails, held, verdict, not_built, handovers,
+        fees=proposed, openings=held_keys.window_openings(due, config), data_problems=held_keys.data_problems(reasons),
+        zone=config.zone, locale_fallbacks=fallbacks, rejected_detail=rejections.breakdown(applied.loaded.rejected),
+    )  # fmt: skip
 
 
 def _charges(
@@ -201,10 +209,11 @@ def _escalations(due: pl.DataFrame) -> list[PreviewEscalation]:
 def _rendered(
     allowed: pl.DataFrame, recent: pl.DataFrame, config: DunningConfig, as_of: dt.datetime,
     fees: dict[str, list[object]] | None = None,
-) -> tuple[list[PreviewEmail], list[tuple[list[str], str]]]:  # fmt: skip
+) -> tuple[list[PreviewEmail], list[tuple[list[str], str]], dict[str, int]]:  # fmt: skip
     settings = render_settings(config, as_of)
     in_window = dict(recent.select("customer_id", "emails").iter_rows()) if recent.height else {}
     emails, not_built = [], []
+    fallbacks: dict[str, int] = {}
     for _, group in allowed.group_by("email_group", maintain_order=True):
         records = group.to_dicts()
         keys = [r["idempotency_key"] for r in records]
@@ -218,6 +227,9 @@ def _rendered(
             not_built.append((keys, f"{type(error).__name__}: {error}"[:300]))
             continue
         first = records[0]
+        fell = fallen_back(records, settings.locale, settings.templates_for(records), str(first["kind"]))
+        if fell is not None:
+            fallbacks[fell] = fallbacks.get(fell, 0) + 1
         emails.append(
             PreviewEmail(
                 customer_id=str(first["customer_id"]),
@@ -230,7 +242,7 @@ def _rendered(
                 wire=wire,
             )
         )
-    return emails, not_built
+    return emails, not_built, dict(sorted(fallbacks.items()))
 
 
 def _subject(data: bytes) -> str:

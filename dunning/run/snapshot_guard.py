@@ -19,13 +19,16 @@ import datetime as dt
 from typing import Any
 
 from dunning.config import DunningConfig
-from dunning.errors import SnapshotError, SourceHeld
+from dunning.errors import SnapshotRefused, SourceHeld
 from dunning.ledger.base import Ledger
 from dunning.plan.clock import ahead_of_wall, span
 from dunning.send.alerts import Alert, raise_alert
 
 SHRANK_ALERT = SourceHeld.kind  # "source_shrank"
 ALLOW_SHRINK_FLAG = "--allow-shrink"
+# a run whose snapshot a guard refused (`SnapshotRefused`): the error's class and its line, on the run itself; the run
+# ends without failing, its later steps and checks skipped (never evaluated), and `dunning run` exits 2 with the line
+REFUSED_TAG, REFUSED_CLASS_TAG = "dunning/refused", "dunning/refused_class"
 HELD_TAG = "dunning/held_by"  # a run held by an open alert, its kind: that alert pages for it, no run failure does
 
 
@@ -46,7 +49,7 @@ def refuse_empty(
     count = _count(latest)
     before = f"; the last applied snapshot had {count} ({_last(latest)})" if count else ""
     if source is None:
-        raise SnapshotError(
+        raise SnapshotRefused(
             f"snapshot {path} has no invoice rows (a header only, or an empty list): an export that failed?"
             f"{before}; nothing was applied"
         )
@@ -77,7 +80,7 @@ def refuse_shrunk(
     )
     release = f"pass {ALLOW_SHRINK_FLAG} if the invoices really went, or lower max_shrink (0: off)"
     if source is None:
-        raise SnapshotError(f"snapshot {path} has {counts}: a truncated export? nothing was applied; {release}")
+        raise SnapshotRefused(f"snapshot {path} has {counts}: a truncated export? nothing was applied; {release}")
     message = (
         f"the {source} source's pull has {counts}: held, nothing applied, the last snapshot stands, until a run "
         f"with {ALLOW_SHRINK_FLAG} or a lower max_shrink"
@@ -115,7 +118,7 @@ def refuse_stale(ledger: Ledger, taken_at: dt.datetime, allow_stale: bool) -> No
         if ahead is not None
         else ""
     )
-    raise SnapshotError(
+    raise SnapshotRefused(
         f"snapshot taken at {taken_at.isoformat()} is older than the last applied one (taken at "
         f"{latest['snapshot_taken_at'].isoformat()}, run {run}){cause}; pass --allow-stale to apply it anyway (it "
         "still reopens no cycle a newer snapshot closed)"

@@ -29,7 +29,7 @@ import polars as pl
 from dunning.config import DunningConfig
 from dunning.email.message_ids import message_ids
 from dunning.email.render import draft_for
-from dunning.errors import InvalidRowsHalt, SnapshotError
+from dunning.errors import InvalidRowsHalt, SnapshotRefused
 from dunning.fees import cycle as fee_cycle
 from dunning.fees.posting import PostReport
 from dunning.ingest.events import event_keys
@@ -106,7 +106,7 @@ def apply_snapshot(
     if whole.rejected.height and config.on_invalid_rows == "halt":
         raise InvalidRowsHalt(f"snapshot rejected (on_invalid_rows: halt): {whole.summary}")
     if whole.rejected.height and whole.valid.is_empty():  # nobody would be dunned: never a quiet success
-        raise SnapshotError(f"snapshot {path}: none of its rows was accepted: {whole.summary}")
+        raise SnapshotRefused(f"snapshot {path}: none of its rows was accepted: {whole.summary}")
     if clock.reads_live_state:
         state = ledger.invoice_state()
     else:

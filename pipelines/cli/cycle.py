@@ -157,7 +157,10 @@ def _run(args: argparse.Namespace, home: Path, temporary: bool = False) -> int:
             dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config, tags=tags, raise_on_error=False
         )
     prune_run_frames(home)
-    if not result.success and not _halted_by_a_check(result):
+    refused = failures.refusal(instance, result)  # the snapshot refused: later steps and checks skipped, exit 2
+    if refused is not None:
+        text, code = refused
+    elif not result.success and not _halted_by_a_check(result):
         text, code = failures.failed_run_report(result)  # the ledger may be what failed: not opened again
     else:
         with open_ledger_for(config, home) as ledger:
@@ -224,12 +227,14 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         result = dg.execute_job(
             dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config, tags=tags, raise_on_error=False
         )
-        if result.success:
+        refused = failures.refusal(instance, result)
+        if result.success and refused is None:
             say(f"{day}: rebuilt (policy {config.policy_id}); nothing sent")
         else:
             failed += 1
             on_storage = on_storage or failures.failed_on_storage(result)
-            say(f"{day}: failed: {failures.first_failure(result)}", file=sys.stderr)
+            why = refused[0].removeprefix("dunning: ") if refused else failures.first_failure(result)
+            say(f"{day}: failed: {why}", file=sys.stderr)
         day += dt.timedelta(days=1)
     prune_run_frames(home)
     return 0 if not failed else (StorageError.exit_code if on_storage else 1)

@@ -33,8 +33,10 @@ def cmd_fees(args: argparse.Namespace) -> int:
         say("no fees or interest on record")
         return 0
     say(f"{len(rows)} charge(s):")
+    from dunning.currencies import in_major_units  # babel, only when amounts are shown
+
     for r in rows:
-        shown = f"{r['amount_minor'] / 100:,.2f} {r['currency']}"
+        shown = f"{in_major_units(r['amount_minor'], r['currency'])} {r['currency']}"
         say(for_terminal(f"  {r['charge_key']}  {r['customer_id']}  {r['kind']}  {shown}  {r['status']}")[:300])
     pending = sum(1 for r in rows if r["status"] == "proposed")
     if pending:

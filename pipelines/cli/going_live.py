@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pipelines.cli import common
 from pipelines.cli.common import add_home
 from pipelines.cli.exit_codes import say
+from pipelines.cli.printing.held import held_for_data_lines
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -67,9 +68,12 @@ def cmd_preview(args: argparse.Namespace) -> int:
 
 def preview_text(result: Preview, snapshot: str, out: str | None) -> str:
     """`dunning preview` for a person: one line per email, then what waits and why (`dunning.run.preview`)."""
+    from dunning.ingest.rejections import detail_lines
+
     lines = [
         f"dunning preview as of {result.as_of.isoformat()} of {snapshot} (nothing claimed, sent or written)",
-        f"snapshot: {result.snapshot_rows} invoices accepted, {result.rejected_rows} rejected",
+        f"snapshot: {result.snapshot_rows} invoices accepted, {_explained(result)}",
+        *detail_lines(result.rejected_detail),
     ]
     if not result.breaker.passed:
         lines.append(f"the breaker would halt this run: {result.breaker.describe()}")
@@ -82,6 +86,12 @@ def preview_text(result: Preview, snapshot: str, out: str | None) -> str:
         )
         stages = ",".join(email.stages) or "-"
         lines.append(f"  {email.customer_id}  {email.to}  {email.kind}  {stages}  {email.subject!r}{flag}")
+    if result.locale_fallbacks:
+        lines.append(
+            "locales without templates (text, dates and numbers fell back to the templates' language): "
+            + ", ".join(f"{loc} {n} email(s)" for loc, n in result.locale_fallbacks.items())
+            + " (add templates_dir/<language>/ to write to them in their language)"
+        )
     for keys, why in result.not_built:
         lines.append(f"  not built ({', '.join(keys[:3])}): {why}")
     if result.escalations:
@@ -91,17 +101,32 @@ def preview_text(result: Preview, snapshot: str, out: str | None) -> str:
             for e in result.escalations
         ]
     if result.fees:
+        from dunning.currencies import in_major_units  # babel, only when amounts are shown
+
         lines.append(f"{len(result.fees)} late fee(s) would be claimed with these emails:")
         lines += [
-            f"  {f['customer_id']}  {f['charge_key']}  {int(str(f['amount_minor'])) / 100:,.2f} {f['currency']}  "
-            f"{f['status']}"
+            f"  {f['customer_id']}  {f['charge_key']}  "
+            f"{in_major_units(f['amount_minor'], f['currency'])} {f['currency']}  {f['status']}"
             for f in result.fees
         ]
-    lines.append("waiting: " + (", ".join(f"{r} {n}" for r, n in sorted(result.held.items())) or "nothing"))
+    lines.append("waiting: " + (", ".join(f"{r} {n}" for r, n in sorted(result.held.items())) or "nothing")
+                 + (" (a key counted under each reason it waits for)" if len(result.held) > 1 else ""))  # fmt: skip
+    for opening in result.openings:
+        policy = "" if len(result.openings) == 1 and opening.policy == "default" else f" for policy {opening.policy}"
+        lines.append(f"the send window{policy} opens {opening.describe(result.as_of, result.zone)}: "
+                     f"{opening.keys} key(s) wait for it")  # fmt: skip
+    lines += held_for_data_lines(result.data_problems)  # the data problems, never hidden behind the clock
     if out:
         lines.append(f"each email is in {out} as it would be sent")
     lines.append("next: `dunning test-send --to you@example.com` to see one in a mailbox, then `dunning run`")
     return "\n".join(lines)
+
+
+def _explained(result: Preview) -> str:
+    from dunning.ingest.rejections import explain
+
+    detail = result.rejected_detail
+    return explain(result.rejected_rows, int(str(detail.get("copies", 0))), int(str(detail.get("duplicated_ids", 0))))
 
 
 def cmd_test_send(args: argparse.Namespace) -> int:

@@ -119,7 +119,7 @@ def config_reference_markdown() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from the configuration model (`dunning/config/`) when the site is built: every key the file "
+        "Generated from the configuration model (`dunning/config/`) by `docs/gen_reference.py`: every key the file "
         "may hold, with its type, default and meaning. The file is YAML, given with `--config FILE`, else "
         "`HOME/config.yaml` when it exists, else every default applies. Every key is optional; an unknown key, a "
         'wrong type (`true` is not 1, `"5"` is not 5) or a value out of bounds is refused (exit 2) naming the '
@@ -177,7 +177,7 @@ def cli_reference_markdown() -> str:
     lines = [
         "# CLI reference",
         "",
-        "Generated from the `dunning` command's argument parser (`pipelines/cli/`) when the site is built. "
+        "Generated from the `dunning` command's argument parser (`pipelines/cli/`) by `docs/gen_reference.py`. "
         "Every command takes `--home DIR` (default `$DUNNING_HOME`, else `./.dunning` if it exists): the deployment's "
         "directory. Only `--home` or `DUNNING_HOME` creates a new one (a new home starts with an empty ledger); "
         "`preview` and a dry run may look where there is none. "

@@ -14,7 +14,9 @@ from dunning.config import DunningConfig, load_config
 from dunning.errors import ConfigError
 from dunning.plan.clock import utc_now
 from dunning.send import liveness
+from dunning.vocabulary import DATA_PROBLEMS
 from pipelines.cli.printing.failures import last_failure
+from pipelines.cli.printing.held import held_for_data_lines
 from resources.dunning import CONFIG_FILE_NAME
 
 if TYPE_CHECKING:
@@ -73,10 +75,15 @@ def status(
     last = ledger.last_live_run()
     counts = ledger.status_counts()
     hours = live.hours_since_last_live_run
+    # the last live run's held keys per reason (a key under each reason it has) and every invoice held for its data
+    held_by_reason = dict(ledger.held_by_reason(last["run_id"])) if last else {}
+    held_for_data = ledger.held_for_data(last["run_id"], DATA_PROBLEMS) if last else []
     return {
         "paused": bool(pause.paused),
         "pause_reason": pause.reason if pause.paused else None,
         "last_run": {**last, "dry_run": False} if last else None,
+        "held_by_reason": held_by_reason,
+        "held_for_data": held_for_data,
         "last_live_run": _run_fields(live.last_live_run, "run_id", "as_of", "finished_wall_at"),
         "hours_since_last_live_run": round(hours, 2) if hours is not None else None,
         "stale_runs": live.stale_runs,
@@ -149,6 +156,10 @@ def status_text(s: dict) -> str:
             f"last live run: {last['run_id'][:8]} {_finished(last, now)}{halted}; as of {last['as_of']}, "
             f"sent {last['sent']}, failed {last['failed']}, unknown {last['unknown']}, held {last['held']}"
         )
+        if s.get("held_by_reason"):
+            lines.append("  held by reason (a key under each reason it has): "
+                         + ", ".join(f"{r} {n}" for r, n in s["held_by_reason"].items()))  # fmt: skip
+        lines += ["  " + line for line in held_for_data_lines(s.get("held_for_data", []), "--json lists them all")]
         if completed and completed["run_id"] != last["run_id"]:
             lines.append(f"last completed live run: {completed['run_id'][:8]} {_finished(completed, now)}")
     else:
@@ -231,10 +242,12 @@ def status_text(s: dict) -> str:
         ]
     fees = s.get("fees") or {}
     if fees.get("charges"):
+        from dunning.currencies import in_major_units  # babel, only when amounts are shown
+
         wrong = {k: fees[k] for k in ("consumer_charged", "charged_twice", "above_the_law") if fees[k]}
         lines.append("fees: " + ", ".join(f"{k} {v}" for k, v in fees["by_status"].items())
                      + (f"; AGAINST THE LAW: {wrong}" if wrong else ""))  # fmt: skip
-        lines += [f"  proposed {p['charge_key']}: {p['amount_minor'] / 100:,.2f} {p['currency']}"
+        lines += [f"  proposed {p['charge_key']}: {in_major_units(p['amount_minor'], p['currency'])} {p['currency']}"
                   for p in fees["proposed"][:20]]  # fmt: skip
         if fees["proposed"]:
             lines.append("  `dunning fees approve --all` (or --invoice ID) posts them with the next run; "

@@ -225,6 +225,12 @@ MIGRATIONS = (
             next(s for s in DDL if "CREATE TABLE IF NOT EXISTS charge_waits (" in s),
         ),
     ),
+    Migration(
+        21,
+        "a held key's other reasons: the audit keeps one reason per key, `also_held` the rest (comma-separated), so "
+        "`status` counts each reason a key waits for and a data problem never hides behind the send window",
+        ("ALTER TABLE dunning_audit ADD COLUMN IF NOT EXISTS also_held VARCHAR",),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -113,7 +113,8 @@ DDL = (
         currency VARCHAR,
         message_id VARCHAR,
         policy VARCHAR,
-        waits_until TIMESTAMPTZ
+        waits_until TIMESTAMPTZ,
+        also_held VARCHAR
     )
     """,
     """

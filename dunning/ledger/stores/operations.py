@@ -13,7 +13,7 @@ import polars as pl
 
 from dunning.ledger.sql import SqlConnection
 from dunning.secret_env import scrub
-from dunning.vocabulary import RunOutcome, SetAside
+from dunning.vocabulary import DATA_PROBLEMS, RunOutcome, SetAside
 
 PER_RUN_TABLES = ("dunning_audit", "dunning_runs")
 
@@ -49,6 +49,8 @@ class RunSummary:
     escalations_refused: int = 0  # refused for good in this run: one alert each
     # billing events this run stored or found that yield nothing, by kind (`SetAside`), in `event_quarantine`
     set_aside: tuple[tuple[str, int], ...] = ()
+    # the invoices this run held for a data problem (no address, an invalid one, suppressed): invoice, customer, reason
+    held_for_data: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -306,11 +308,7 @@ class Operations(SqlConnection):
         rules = self.con.execute(
             "SELECT rule, count(*) FROM snapshot_quarantine WHERE run_id = ? GROUP BY rule ORDER BY 2 DESC, 1", [run_id]
         ).fetchall()
-        held = self.con.execute(
-            "SELECT reason, count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'held' "
-            "GROUP BY reason ORDER BY reason",
-            [run_id],
-        ).fetchall()
+        held = self.held_by_reason(run_id)
         would = self.con.execute(
             "SELECT count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'dry_run' AND kind = 'reminder'",
             [run_id],
@@ -352,7 +350,37 @@ class Operations(SqlConnection):
             tuple((str(k), int(n)) for k, n in audited),
             int(refused or 0),  # type: ignore[call-overload]
             self._set_aside_by_kind(run_id),
+            tuple(self.held_for_data(run_id, DATA_PROBLEMS)),
         )
+
+    def held_by_reason(self, run_id: str) -> list[tuple[str, int]]:
+        """One run's held keys per reason, a key counted under each reason it has (`reason` and `also_held`)."""
+        totals: dict[str, int] = {}
+        for reason, also, n in self.con.execute(
+            "SELECT reason, also_held, count(*) FROM dunning_audit WHERE run_id = ? AND outcome = 'held' "
+            "GROUP BY reason, also_held",
+            [run_id],
+        ).fetchall():
+            for each in dict.fromkeys([reason, *(also.split(",") if also else [])]):
+                totals[str(each)] = totals.get(str(each), 0) + int(n)
+        return sorted(totals.items())
+
+    def held_for_data(self, run_id: str, reasons: tuple[str, ...]) -> list[dict[str, Any]]:
+        """One run's invoices held for a data problem (`reasons`, as the audit's `reason` or among `also_held`):
+        invoice, customer and the first such reason, by invoice id."""
+        placeholders = ", ".join("?" for _ in reasons)
+        rows = self.con.execute(
+            "SELECT invoice_id, customer_id, reason, also_held FROM dunning_audit "
+            "WHERE run_id = ? AND outcome = 'held' "
+            f"AND invoice_id IS NOT NULL AND (reason IN ({placeholders}) OR also_held IS NOT NULL) ORDER BY invoice_id",
+            [run_id, *reasons],
+        ).fetchall()
+        found: dict[str, dict[str, Any]] = {}
+        for invoice_id, customer_id, reason, also in rows:
+            mine = [r for r in [reason, *(also.split(",") if also else [])] if r in reasons]
+            if mine and invoice_id not in found:
+                found[invoice_id] = {"invoice_id": invoice_id, "customer_id": customer_id, "reason": mine[0]}
+        return list(found.values())
 
     def _set_aside_by_kind(self, run_id: str) -> tuple[tuple[str, int], ...]:
         counts = []

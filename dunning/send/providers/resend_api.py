@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from email.header import decode_header, make_header
+from email.header import Header, decode_header, make_header
 from email.message import Message
 from email.utils import getaddresses, quote
 from typing import Any, cast
@@ -101,7 +101,9 @@ def _decoded(value: object) -> str:
 def _sender(value: object) -> str:
     """The From header as Resend's `from` field: `"Display, Name" <address>`, the name decoded from RFC 2047 and
     quoted again, so a `,` or `"` in it cannot make the field ambiguous."""
-    [(name, address)] = getaddresses([str(value)])
+    # a Header (a name that is not ASCII) as it goes on the wire, RFC 2047: its str() is the decoded text, whose
+    # comma would split the name into two addresses
+    [(name, address)] = getaddresses([value.encode() if isinstance(value, Header) else str(value)])
     name = _decoded(name) if name else ""
     return f'"{quote(name)}" <{address}>' if name else address
 
@@ -116,7 +118,7 @@ def request_params(message: Message) -> dict[str, Any]:
     audit headers, so the email a customer gets through Resend says what the outbox file would."""
     params: dict[str, Any] = {
         "from": _sender(message["From"]),
-        "to": [str(message["To"])],
+        "to": [_sender(message["To"])],  # a display name (`Name <address>`) decoded and quoted as From's
         "subject": _decoded(message["Subject"]),
         "headers": {name: str(message[name]).replace("\r\n", "") for name in PASSED_HEADERS if message[name]},
     }

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from email.message import Message
 from email.parser import BytesHeaderParser
+from email.utils import parseaddr
 from pathlib import Path
 from typing import Any
 
@@ -265,8 +266,8 @@ class SmtpProvider(EmailProvider):
         if self.stopped_reason is not None:
             return SendOutcome(SendStatus.UNKNOWN, message_id, f"not resubmitted: {self.stopped_reason}"[:500])
         data = base64.b64decode(payload)
-        to = BytesHeaderParser().parsebytes(data)["To"]
-        outcome = self._connection().send_bytes(str(to), message_id, data, self.may_hand_over)
+        to = parseaddr(str(BytesHeaderParser().parsebytes(data)["To"]))[1]  # the envelope takes the bare address
+        outcome = self._connection().send_bytes(to, message_id, data, self.may_hand_over)
         if outcome.status == SendStatus.RELEASED:  # a resubmission that did not go stays what it was
             outcome = dataclasses.replace(outcome, status=SendStatus.UNKNOWN)
         if outcome.status == SendStatus.UNKNOWN:

@@ -89,6 +89,18 @@ def _failures(result: dg.ExecuteJobResult) -> list[tuple[str, str]]:
     return found
 
 
+def refusal(instance: dg.DagsterInstance, result: dg.ExecuteJobResult) -> tuple[str, int] | None:
+    """A run whose snapshot a guard refused (`assets.snapshot.refuse_input`): its line and exit code (2), read from
+    the run's tags (added while it ran); None for any other run."""
+    from dunning.run.snapshot_guard import REFUSED_CLASS_TAG, REFUSED_TAG
+
+    run = instance.get_run_by_id(result.run_id)
+    if run is None or REFUSED_TAG not in run.tags:
+        return None
+    cls = run.tags.get(REFUSED_CLASS_TAG, "SnapshotRefused")
+    return f"dunning: {run.tags[REFUSED_TAG]}", exit_by_error_class().get(cls, 2)
+
+
 def failed_on_storage(result: dg.ExecuteJobResult) -> bool:
     """A step (or the run) failed on a storage error: exit code 8."""
     return any(cls == "StorageError" for cls, _ in _failures(result))

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from pipelines.cli.exit_codes import exit_by_error_class
 from pipelines.cli.printing.failures import _failed_checks, _failures
+from pipelines.cli.printing.held import held_for_data_lines
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -55,7 +56,7 @@ def run_report(
     summary = ledger.run_summary(run_id)
     if summary is None:
         return f"dunning: run {run_id[:8]} completed but recorded no summary (see the Dagster UI)", 1
-    text, code = _summary_text(header, summary, ledger.pause_state(), dry_run)
+    text, code = _summary_text(header, summary, ledger.pause_state(), dry_run, _rejected_detail(result))
     if not dry_run and config is not None and (config.fees is not None or config.policies):
         text += _fees_line(ledger, run_id)
     if config is not None and home is not None:
@@ -74,6 +75,18 @@ def _fees_line(ledger: Ledger, run_id: str) -> str:
     proposed = claimed.filter(pl.col("status") == "proposed").height
     then = "; `dunning fees approve --all` (or --invoice ID) posts them with the next run" if proposed else ""
     return f"\nlate fees claimed: {claimed.height} ({by_status}){then}"
+
+
+def _rejected_detail(result: dg.ExecuteJobResult) -> dict[str, Any] | None:
+    """The rules broken and the first rejected rows, from the snapshot step's metadata (`assets.snapshot`)."""
+    import dagster as dg
+
+    for event in result.all_events:
+        materialization = event.step_materialization_data.materialization if event.is_step_materialization else None
+        if materialization is not None and materialization.asset_key == dg.AssetKey("invoice_snapshot"):
+            value = materialization.metadata.get("rejected_detail")
+            return dict(value.value) if value is not None else None  # type: ignore[arg-type]
+    return None
 
 
 def _first_emails(result: dg.ExecuteJobResult) -> list[dict[str, Any]]:
@@ -129,13 +142,21 @@ def _unchanged_text(header: str, skipped: dict) -> str:
 EARLIER = {"unknown_outcome": "unknown", "provider_failure": "failed awaiting retry"}  # audit reasons of older keys
 
 
-def _summary_text(header: str, summary: RunSummary, pause: PauseState, dry_run: bool) -> tuple[str, int]:
+def _summary_text(
+    header: str, summary: RunSummary, pause: PauseState, dry_run: bool, rejected: dict[str, Any] | None = None
+) -> tuple[str, int]:
+    from dunning.ingest.rejections import detail_lines, explain
+
     c = summary.counts
-    lines = [header, f"snapshot: {c['snapshot_rows']} invoices accepted, {c['rejected_rows']} rejected"]
+    detail = rejected or {"by_rule": dict(summary.rejected_by_rule), "first_rows": [], "copies": 0}
+    explained = explain(c["rejected_rows"], int(detail.get("copies", 0)), int(detail.get("duplicated_ids", 0)))
+    lines = [header, f"snapshot: {c['snapshot_rows']} invoices accepted, {explained}"]
     if c["rejected_rows"]:
+        lines += detail_lines(detail)
         lines.append(
-            "  rejected rows are in table snapshot_quarantine: "
-            + "; ".join(f"{r} ({n})" for r, n in summary.rejected_by_rule)
+            "  a dry run stores no rejected rows; a live run keeps them in table snapshot_quarantine"
+            if dry_run
+            else "  rejected rows are in table snapshot_quarantine, each with its rule"
         )
     if pause.paused:
         lines.append(
@@ -184,7 +205,9 @@ def _summary_text(header: str, summary: RunSummary, pause: PauseState, dry_run: 
                      + ", ".join(f"{kind} {n}" for kind, n in summary.set_aside))  # fmt: skip
     held_now = [(reason, n) for reason, n in summary.held_by_reason if reason not in EARLIER]
     if held_now:
-        lines.append("held: " + ", ".join(f"{reason} {n}" for reason, n in held_now))
+        lines.append("held: " + ", ".join(f"{reason} {n}" for reason, n in held_now)
+                     + (" (a key counted under each reason it waits for)" if len(held_now) > 1 else ""))  # fmt: skip
+    lines += held_for_data_lines(summary.held_for_data, "`dunning status --json` lists them all")
     lines.append(f"reminders for invoices not owed: {c['not_owed_reminded']}")
     if c["failed"] or c["unknown"]:
         lines.append(
