@@ -1,4 +1,5 @@
-"""The audit's counts (`dunning.report.audit.summarize`) in one pass: the same numbers as one filter per count."""
+"""The audit's counts (`dunning.report.audit.summarize`) in one pass, and an ingest part's stamp read cheaply: the
+same answers as before, for less."""
 
 from __future__ import annotations
 
@@ -50,3 +51,25 @@ def test_the_counts_in_one_pass_are_those_of_a_filter_each_nulls_included():
     assert counts == one_filter_each
     assert counts["not_owed_reminded"] == 2 and counts["amount_mismatches"] == 1 and counts["still_held"] == 2
     assert audit_rules.summarize(audit.clear()) == {name: 0 for name in counts}
+
+
+def test_an_ingest_parts_stamp_is_read_from_its_footer_and_any_other_file_has_none(tmp_path):
+    """`part_stamp` reads the ingest's snapshot time and invoice count from a part's Parquet metadata (without
+    importing pyarrow.parquet); a plain Parquet file, a broken one or a CSV has no stamp."""
+    from dunning.ingest.store import PartStamp, parquet_bytes, part_stamp
+
+    frame = pl.DataFrame({"invoice_id": ["in_1"]})
+    stamped = tmp_path / "part.parquet"
+    stamped.write_bytes(parquet_bytes(frame, taken_at=AS_OF, invoices=12))
+    assert part_stamp(stamped) == PartStamp(AS_OF, 12)
+    only_time = tmp_path / "only-time.parquet"
+    only_time.write_bytes(parquet_bytes(frame.clear(), taken_at=AS_OF))
+    assert part_stamp(only_time) == PartStamp(AS_OF, None)
+    plain = tmp_path / "plain.parquet"
+    frame.write_parquet(plain)
+    assert part_stamp(plain) is None
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"PAR1 not really")
+    assert part_stamp(broken) is None
+    assert part_stamp(tmp_path / "missing.parquet") is None
+    assert part_stamp(tmp_path / "snapshot.csv") is None

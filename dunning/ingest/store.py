@@ -308,14 +308,12 @@ def part_stamp(path: str | Path) -> PartStamp | None:
     """The stamp an ingest wrote into a part's metadata, or None for any other file (not an ingest's part)."""
     if not str(path).endswith(".parquet"):
         return None
-    try:
-        import pyarrow.parquet as pq
-
-        metadata = pq.read_schema(path).metadata or {}
-        value, count = metadata.get(TAKEN_AT_KEY), metadata.get(INVOICES_KEY)
-        moment = dt.datetime.fromisoformat(value.decode()) if value else None
-        invoices = int(count.decode()) if count else None
-    except (OSError, ValueError):
+    try:  # the footer's key-value metadata alone (polars: a millisecond; pyarrow.parquet's import was 0.1 s a run)
+        metadata = pl.read_parquet_metadata(path)
+        value, count = metadata.get(TAKEN_AT_KEY.decode()), metadata.get(INVOICES_KEY.decode())
+        moment = dt.datetime.fromisoformat(value) if value else None
+        invoices = int(count) if count else None
+    except (OSError, ValueError, pl.exceptions.PolarsError):
         return None
     if moment is None or moment.tzinfo is None:
         return None
