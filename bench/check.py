@@ -55,24 +55,35 @@ def send_floor(home: Path) -> dict:
     return {"s": round(len(files) / max(rate, 1), 2), "files": len(files), "files_per_s": rate}
 
 
-def new_deployment(report: dict, repeat: int, in_process: bool) -> None:
+PARTS = ("new_dry", "new_live", "warm_dry", "warm_full", "idle", "startup", "shards", "empty_job")
+
+
+def new_deployment(
+    report: dict, repeat: int, in_process: bool, parts: set[str] | frozenset[str] = frozenset(PARTS)
+) -> None:
     from bench.floors import claim_record_floor, floors, publication_floor
     from bench.new_deployment import first_runs, snapshot
 
     path, report["snapshot_1m"] = snapshot(TIERS["1m"])
     dry_home, live_home = DATA / "check-new-dry", DATA / "check-new-live"
-    report["new_1m_dry"] = first_runs(path, repeat, dry_run=True, keep=dry_home)
-    report["new_1m_live"] = first_runs(path, max(1, repeat // 3), dry_run=False, keep=live_home)
+    # the dry run's home is what the floors read (the ledger as a first run finds it): one run when only live is asked
+    dry = first_runs(path, repeat if "new_dry" in parts else 1, dry_run=True, keep=dry_home)
+    if "new_dry" in parts:
+        report["new_1m_dry"] = dry
     report["floors"]["new_1m"] = floors(dry_home, path, AS_OF, DATA / "check-floors")  # the ledger as first found
-    report["new_1m_dry"]["own_floors"] = {"publication": publication_floor(dry_home, DATA / "check-floors", 3)}
-    report["new_1m_live"]["own_floors"] = {
-        "publication": publication_floor(live_home, DATA / "check-floors", 3),
-        "claim_record": claim_record_floor(dry_home, path, AS_OF, DATA / "check-floors"),  # the ledger it found
-        "send": send_floor(live_home),
-    }
+    if "new_dry" in parts:
+        report["new_1m_dry"]["own_floors"] = {"publication": publication_floor(dry_home, DATA / "check-floors", 3)}
+    if "new_live" in parts:
+        report["new_1m_live"] = first_runs(path, max(1, repeat // 3), dry_run=False, keep=live_home)
+        report["new_1m_live"]["own_floors"] = {
+            "publication": publication_floor(live_home, DATA / "check-floors", 3),
+            "claim_record": claim_record_floor(dry_home, path, AS_OF, DATA / "check-floors"),  # the ledger it found
+            "send": send_floor(live_home),
+        }
     from bench.empty_job import measure
 
-    report["empty_job"] = measure(dry_home, DATA / "check-empty-job")
+    if "empty_job" in parts:
+        report["empty_job"] = measure(dry_home, DATA / "check-empty-job")
     if in_process:
         from bench.steps import step_timings
 
@@ -86,12 +97,13 @@ def new_deployment(report: dict, repeat: int, in_process: bool) -> None:
     discard(live_home)
 
 
-def warm(report: dict, tier: str, repeat: int, full: bool) -> None:
+def warm(report: dict, tier: str, repeat: int, full: bool, dry_run: bool = True) -> None:
     from bench.floors import floors
 
     template, sizes = template_for(tier, TIERS[tier], 1)
-    dry = interleaved_cycle_runs([template], repeat, dry_run=True, inspect=run_timings)[0]
-    report[f"warm_{tier}_dry"] = _median_details(dry) | {"keys": sizes}
+    if dry_run:
+        dry = interleaved_cycle_runs([template], repeat, dry_run=True, inspect=run_timings)[0]
+        report[f"warm_{tier}_dry"] = _median_details(dry) | {"keys": sizes}
     if full:
         measured = interleaved_cycle_runs([template], repeat, dry_run=False, inspect=run_timings)[0]
         report[f"warm_{tier}_full"] = _median_details(measured)
@@ -106,13 +118,19 @@ def measure(args: argparse.Namespace) -> dict:
 
     report: dict = {"when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": machine(),
                     "load_before": _load(), "calibration": calibration(), "floors": {}}  # fmt: skip
-    report["startup"] = commands(max(5, args.repeat))
-    report["imports"] = imports()
-    new_deployment(report, args.repeat, args.in_process)
-    warm(report, "1m", args.repeat, full=True)
-    report["idle_10k"] = noop_runs(template_for("10k", TIERS["10k"], 1)[0], AS_OF, args.repeat, run_timings)
-    report["idle_1m"] = noop_runs(template_for("1m", TIERS["1m"], 1)[0], AS_OF, args.repeat, run_timings)
-    report["shards"] = shards("1m", 4, 1)
+    parts = set(args.only.split(",")) if args.only else set(PARTS)
+    if "startup" in parts:
+        report["startup"] = commands(max(5, args.repeat))
+        report["imports"] = imports()
+    if parts & {"new_dry", "new_live", "empty_job"}:
+        new_deployment(report, args.repeat, args.in_process, parts)
+    if parts & {"warm_dry", "warm_full"}:
+        warm(report, "1m", args.repeat, full="warm_full" in parts, dry_run="warm_dry" in parts)
+    if "idle" in parts:
+        report["idle_10k"] = noop_runs(template_for("10k", TIERS["10k"], 1)[0], AS_OF, args.repeat, run_timings)
+        report["idle_1m"] = noop_runs(template_for("1m", TIERS["1m"], 1)[0], AS_OF, args.repeat, run_timings)
+    if "shards" in parts:
+        report["shards"] = shards("1m", 4, 1)
     if "10m" in args.tiers.split(","):
         warm(report, "10m", args.repeat, full=False)
     report["load_after"] = _load()
@@ -121,8 +139,8 @@ def measure(args: argparse.Namespace) -> dict:
 
 def section(report: dict, rows: list[check_report.Row], budgets: dict, command: str) -> str:
     """The RESULTS.md entry: heading, machine, load, command, the table, then where `dunning --version`'s time goes."""
-    imports = report["imports"]
-    snap = report["snapshot_1m"]
+    imports = report.get("imports")
+    snap = report.get("snapshot_1m", {"invoices": 0, "customers": 0, "overdue": 0, "customers_overdue": 0})
     lines = [
         "", f"## {report['when']} — bench-check: the 1M tiers against their budgets (issue 36)", "",
         f"Machine: {report['machine']}; one core of pure Python (`sum(range(10**8))`): "
@@ -133,6 +151,10 @@ def section(report: dict, rows: list[check_report.Row], budgets: dict, command: 
         "customers), on a home that does not exist yet; outbox HOME/outbox on the disk of bench/data/. Steps from "
         "each run's Dagster events (the run of median wall time); budgets from bench/budgets.toml.", "",
         *check_report.markdown(rows, budgets), "",
+    ]  # fmt: skip
+    if imports is None:
+        return "\n".join(lines)
+    lines += [
         f"`dunning --version` imports {imports['modules']:,} modules in {imports['total_s']:.2f} s "
         "(`python -X importtime`); own time per package: "
         + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in imports["self_by_package"])
@@ -150,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a budget is missed")
     parser.add_argument("--in-process", action="store_true", help="also the new live cycle's steps in one process")
     parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
+    parser.add_argument("--only", help=f"comma-separated parts to run (default: all): {', '.join(PARTS)}")
     args = parser.parse_args(argv)
     budgets = check_report.load_budgets()
     recorded = json.loads(check_report.RECORDED.read_text()) if check_report.RECORDED.exists() else {}
@@ -167,10 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     with open(args.out, "a", encoding="utf-8") as out:
         out.write(text)
-    if args.record:
+    if args.record:  # with --only, the figures of the parts not run stay as recorded
+        kept = recorded.get("figures", {}) if args.only else {}
         check_report.RECORDED.write_text(json.dumps(
             {"when": report["when"], "machine": report["machine"], "load": report["load_before"],
-             "figures": check_report.recorded_figures(rows)}, indent=1, sort_keys=True) + "\n")  # fmt: skip
+             "figures": kept | check_report.recorded_figures(rows)}, indent=1, sort_keys=True) + "\n")  # fmt: skip
     missed = check_report.failed(rows)
     if missed:
         print(f"bench-check: {len(missed)} budget(s) missed: " + ", ".join(row.key for row in missed), file=sys.stderr)
