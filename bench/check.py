@@ -91,12 +91,13 @@ def new_deployment(report: dict, repeat: int, in_process: bool, only: set[str]) 
     discard(live_home)
 
 
-def warm(report: dict, tier: str, repeat: int, full: bool, with_floors: bool = True) -> None:
+def warm(report: dict, tier: str, repeat: int, full: bool, with_floors: bool = True, dry_run: bool = True) -> None:
     from bench.floors import floors
 
     template, sizes = template_for(tier, TIERS[tier], 1)
-    dry = interleaved_cycle_runs([template], repeat, dry_run=True, inspect=run_timings)[0]
-    report[f"warm_{tier}_dry"] = _median_details(dry) | {"keys": sizes}
+    if dry_run:
+        dry = interleaved_cycle_runs([template], repeat, dry_run=True, inspect=run_timings)[0]
+        report[f"warm_{tier}_dry"] = _median_details(dry) | {"keys": sizes}
     if full:
         measured = interleaved_cycle_runs([template], repeat, dry_run=False, inspect=run_timings)[0]
         report[f"warm_{tier}_full"] = _median_details(measured)
@@ -119,7 +120,8 @@ def measure(args: argparse.Namespace) -> dict:
     if "new_dry" in only or "new_live" in only:
         new_deployment(report, args.repeat, args.in_process, only)
     if "warm_dry" in only or "warm_full" in only:
-        warm(report, "1m", args.repeat, full="warm_full" in only, with_floors="floors" in only)
+        warm(report, "1m", args.repeat, full="warm_full" in only, with_floors="floors" in only,
+             dry_run="warm_dry" in only)  # fmt: skip
     if "idle" in only:
         report["idle_10k"] = noop_runs(template_for("10k", TIERS["10k"], 1)[0], AS_OF, args.repeat, run_timings)
         report["idle_1m"] = noop_runs(template_for("1m", TIERS["1m"], 1)[0], AS_OF, args.repeat, run_timings)
@@ -193,10 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     with open(args.out, "a", encoding="utf-8") as out:
         out.write(text)
-    if args.record:
+    if args.record:  # with --only, the figures of the parts not run stay as recorded
+        kept = recorded.get("figures", {}) if args.only else {}
         check_report.RECORDED.write_text(json.dumps(
             {"when": report["when"], "machine": report["machine"], "load": report["load_before"],
-             "figures": check_report.recorded_figures(rows)}, indent=1, sort_keys=True) + "\n")  # fmt: skip
+             "figures": kept | check_report.recorded_figures(rows)}, indent=1, sort_keys=True) + "\n")  # fmt: skip
     missed = check_report.failed(rows)
     if missed:
         print(f"bench-check: {len(missed)} budget(s) missed: " + ", ".join(row.key for row in missed), file=sys.stderr)

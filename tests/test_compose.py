@@ -234,3 +234,18 @@ def test_the_send_step_hands_a_provider_of_bytes_the_message_paths_bytes(tmp_pat
         .str.starts_with("email not built: EmailBuildError: recipient is not a single valid address")
         .all()
     )
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    name=st.sampled_from(["X-Dunning-Keys", "Subject", "To", "X", "X-A-Header-Name-Long-Enough-To-Matter-Here"]),
+    value=st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=600),
+)
+def test_the_wire_policy_folds_every_printable_ascii_header_as_compat32_does(name, value):
+    """The wire policy writes short headers, and long ones without white space (a long `X-Dunning-Keys`), itself:
+    the same bytes as the stock compat32 fold, with or without spaces to fold at."""
+    from email._policybase import Compat32
+
+    stock = Compat32(linesep="\r\n")
+    assert WIRE_POLICY.fold_binary(name, value) == stock.fold_binary(name, value)
+    assert WIRE_POLICY.fold_binary(name, value.replace(" ", "")) == stock.fold_binary(name, value.replace(" ", ""))

@@ -160,6 +160,11 @@ def _chunks(due: pl.DataFrame, emails_per_chunk: int) -> Iterator[pl.DataFrame]:
         yield due.filter(pl.col("email_group").is_in(chunk_groups.implode()))
 
 
+_KEPT_FIELDS = frozenset({"email_group", "email_id", "idempotency_key", "message_id"})  # what recording an email reads
+_EMAIL_OUTCOME_SCHEMA = {
+    "status": pl.String, "message_id": pl.String, "error": pl.String, "provider_message_id": pl.String,
+    "retry_after_seconds": pl.Float64,
+}  # fmt: skip
 RENEW_EVERY_GROUPS = 200  # emails handed over between two looks at the claims' lease
 
 
@@ -384,6 +389,7 @@ class _Claimed:
 
     rows: list[OutcomeRow]
     groups: list[list[Record]]
+    keys: pl.DataFrame  # the won keys (idempotency_key, email_group), in the groups' order
     rendered: Generator[Built, None, None] | None = None
 
 
@@ -468,52 +474,56 @@ def _claim_and_send(
             )
             for k in sorted(lost)
         ]
+        won_rows = chunk.filter(pl.col("idempotency_key").is_in(pl.Series(list(won), dtype=pl.String).implode()))
+        if pool is not None:
+            # a worker is sent only what building an email reads, and this process keeps no more than that and the
+            # email's ids: each row made a dict once, of half its fields (it was made whole, then copied slim)
+            won_rows = won_rows.select(c for c in won_rows.columns if c in RENDER_FIELDS or c in _KEPT_FIELDS)
         grouped: dict[str, list[Record]] = {}
-        for record in chunk.filter(pl.col("idempotency_key").is_in(list(won))).to_dicts():
+        for record in won_rows.to_dicts():
             if claimed_fees:
                 record["fees"] = claimed_fees.get(record["idempotency_key"], [])
             grouped.setdefault(record["email_group"], []).append(record)
         groups = list(grouped.values())
         outstanding.update((g[0]["message_id"], len(g)) for g in groups)
+        keys = won_rows.select("idempotency_key", "email_group")
         if pool is None or not groups:
-            return _Claimed(rows, groups, None)
-        # a worker is sent only what building an email reads: a third of the row's fields, pickled per email
-        slim = [[{k: v for k, v in r.items() if k in RENDER_FIELDS} for r in group] for group in groups]
-        return _Claimed(rows, groups, pool.render(slim))
+            return _Claimed(rows, groups, keys, None)
+        return _Claimed(rows, groups, keys, pool.render(groups))
 
     def record(claimed: _Claimed, sent: list[tuple[list[Record], SendOutcome]]) -> None:
-        rows = claimed.rows
-        provider_ids: dict[str, str] = {}
-        retry_after: dict[str, float] = {}
+        emails: list[tuple[str, str, str | None, str | None, str | None, float | None]] = []  # one per group
         payloads: list[tuple[str, str, str, str, dt.datetime]] = []
         for records, outcome in sent:
             if outcome.status != SendStatus.RELEASED:  # a released email was never handed over
                 report.emails += 1
             report.count(outcome.status, len(records))
-            rows.extend(
-                (r["idempotency_key"], outcome.status, outcome.message_id or records[0]["message_id"], outcome.error)
-                for r in records
-            )
-            if outcome.provider_message_id:
-                provider_ids.update((r["idempotency_key"], outcome.provider_message_id) for r in records)
-            if outcome.retry_after_seconds is not None:
-                retry_after.update((r["idempotency_key"], outcome.retry_after_seconds) for r in records)
+            first = records[0]
+            emails.append((
+                first["email_group"], outcome.status, outcome.message_id or first["message_id"], outcome.error,
+                outcome.provider_message_id or None, outcome.retry_after_seconds,
+            ))  # fmt: skip
             if outcome.payload is not None:  # an unknown send a later cycle may resubmit, exactly as it left
-                email = records[0]["email_id"]
+                email = first["email_id"]
                 key = idempotency_key_for([r["idempotency_key"] for r in records], email)
                 payloads.append((email, key, provider.name, outcome.payload, now()))
-        chunk_outcomes = pl.DataFrame(rows, schema=OUTCOME_SCHEMA, orient="row")
+        # each email's outcome given to each of its keys by a join, not a tuple per key
+        by_email = pl.DataFrame(
+            emails, schema={"email_group": claimed.keys.schema["email_group"], **_EMAIL_OUTCOME_SCHEMA}, orient="row"
+        )
+        held = pl.DataFrame(claimed.rows, schema=OUTCOME_SCHEMA, orient="row")
+        chunk_rows = pl.concat(
+            [
+                held.with_columns(
+                    pl.lit(None, dtype=pl.String).alias("provider_message_id"),
+                    pl.lit(None, dtype=pl.Float64).alias("retry_after_seconds"),
+                ),
+                claimed.keys.join(by_email, on="email_group", how="inner", maintain_order="left").drop("email_group"),
+            ]
+        )
         ledger.keep_payloads(pl.DataFrame(payloads, schema=PAYLOAD_SCHEMA, orient="row"))
-        ledger.record_outcomes(
-            chunk_outcomes.with_columns(
-                pl.col("idempotency_key").replace_strict(provider_ids, default=None, return_dtype=pl.String)
-                .alias("provider_message_id"),
-                pl.col("idempotency_key").replace_strict(retry_after, default=None, return_dtype=pl.Float64)
-                .alias("retry_after_seconds"),
-            ),
-            as_of, now(), config.retry.backoff_minutes, run_id=run_id,
-        )  # fmt: skip
-        outcomes.append(chunk_outcomes)
+        ledger.record_outcomes(chunk_rows, as_of, now(), config.retry.backoff_minutes, run_id=run_id)
+        outcomes.append(chunk_rows.select(OUTCOME_SCHEMA.names()))
         for records, _ in sent:
             outstanding.pop(records[0]["message_id"], None)
 
