@@ -81,7 +81,12 @@ def plan_charges(
     today = business_date(as_of, config)
     table = table_for(config)
     role = pl.col("role") == PlanRole.DUE if "role" in due.columns else pl.lit(True)
-    candidates = due.filter(role & (pl.col("kind") == EmailKind.REMINDER))
+    wanted = ["idempotency_key", "invoice_id", "customer_id", "cycle", "stage", "stage_days", "policy", "currency",
+              "remaining_minor", "due_date", "customer_type"]  # fmt: skip
+    candidates = due.filter(role & (pl.col("kind") == EmailKind.REMINDER)).select(
+        [c for c in wanted if c in due.columns]
+    )
+    schedules: dict[tuple[object, ...], amounts.Schedule | amounts.Waiting | None] = {}
     charges: list[dict[str, object]] = []
     waiting: list[dict[str, object]] = []
     seen: set[str] = set()
@@ -101,8 +106,13 @@ def plan_charges(
             found.append(compensation)
         rule = amounts.interest_of(fees, kind_of)
         if rule is not None:
-            interest = amounts.interest_for(rule, table, fees, remaining_minor=remaining, currency=currency,
-                                            due_date=row["due_date"], today=today)  # fmt: skip
+            memo = (rule, row["due_date"])
+            if memo not in schedules:  # one schedule per rule and due date serves every invoice due that day
+                schedules[memo] = amounts.interest_schedule(rule, table, due_date=row["due_date"], today=today)
+            interest = amounts.interest_for(
+                rule, table, fees, remaining_minor=remaining, currency=currency, due_date=row["due_date"],
+                today=today, schedule=schedules[memo],
+            )  # fmt: skip
             if interest is not None:
                 found.append(interest)
         for item in found:
