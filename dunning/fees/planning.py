@@ -10,6 +10,7 @@ day. Interest whose rate the table does not know waits (`rate_unknown`) while th
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -33,6 +34,16 @@ WAITING_SCHEMA = pl.Schema(
      "kind": pl.String, "reason": pl.String, "reference": pl.String}
 )  # fmt: skip
 CUSTOMER_TYPES = ("business", "consumer")
+
+
+@dataclass
+class PostReport:
+    """What one run's post of approved charges did (`dunning.fees.posting`)."""
+
+    posted: int = 0
+    failed: int = 0
+    unknown: int = 0
+    fee_invoices: list[str] = field(default_factory=list)
 
 
 def charge_key(invoice_id: str, cycle: int, kind: str) -> str:
