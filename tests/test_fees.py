@@ -381,3 +381,21 @@ def test_templates_see_fees_interest_to_date_and_total_claimed_and_the_remaining
     assert context["total_claimed"] == format_amount(54_123, "EUR", "de_DE") and context["fee_law"] == "§ 288 BGB"
     plain = reminder_context([reminder_row()], dt.datetime(2026, 11, 20, tzinfo=dt.UTC), "en_US")
     assert plain["fees"] == [] and plain["total_claimed"] is None and plain["interest_to_date"] is None
+
+
+def test_stripe_customers_say_their_type_by_metadata_or_reverse_charge():
+    from zoneinfo import ZoneInfo
+
+    from dunning.ingest.stripe import invoice_row
+    from tests.stripe_server import fixture_invoice
+
+    def row(customer: object) -> str | None:
+        return invoice_row({**fixture_invoice(), "customer": customer}, ZoneInfo("UTC"))["customer_type"]
+
+    assert row({"id": "cus_1", "metadata": {"dunning_customer_type": "Business"}}) == "business"
+    assert (
+        row({"id": "cus_1", "metadata": {"dunning_customer_type": "consumer"}, "tax_exempt": "reverse"}) == "consumer"
+    )
+    assert row({"id": "cus_1", "tax_exempt": "reverse"}) == "business"
+    assert row({"id": "cus_1", "tax_exempt": "none", "metadata": {"dunning_customer_type": "vip"}}) is None
+    assert row("cus_1") is None  # not expanded: unknown, `fees.default_customer_type`

@@ -102,16 +102,25 @@ def interest_of(fees: Fees, customer_type: str) -> Interest | None:
     return fees.interest
 
 
-def interest_for(
-    rule: Interest, table: dict[str, Reference], fees: Fees, *, remaining_minor: int, currency: str,
-    due_date: dt.date, today: dt.date,
-) -> Charge | Waiting | None:  # fmt: skip
-    """Simple interest from the day after `due_date` to `today`, or Waiting when a day's rate is not known."""
+@dataclass(frozen=True)
+class Schedule:
+    """The rate-days of one interest rule from one due date to one day: `rate_days` is the sum over its periods of
+    the annual rate (percent) times the days, so the interest on a balance is `balance * rate_days / 36500`."""
+
+    rate_days: Decimal
+    periods: tuple[str, ...]
+
+
+def interest_schedule(
+    rule: Interest, table: dict[str, Reference], *, due_date: dt.date, today: dt.date
+) -> Schedule | Waiting | None:
+    """The periods from the day after `due_date` to `today` with their rates, or Waiting when a day's rate is not
+    known, or None when no day has passed."""
     first = due_date + dt.timedelta(days=1)
-    if remaining_minor <= 0 or today < first:
+    if today < first:
         return None
     points = Decimal(str(rule.points))
-    total = Decimal(0)
+    rate_days = Decimal(0)
     periods: list[str] = []
     start = first
     while start <= today:
@@ -125,16 +134,33 @@ def interest_for(
             reference_rate = known
         days = (end - start).days + 1
         annual = reference_rate + points
-        total += Decimal(remaining_minor) * annual / Decimal(100) * Decimal(days) / DAYS_PER_YEAR
+        rate_days += annual * days
         periods.append(f"{start.isoformat()} to {end.isoformat()}: {days} day(s) at {annual:.2f} %")
         start = end + dt.timedelta(days=1)
-    amount = int(total.quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    return Schedule(rate_days, tuple(periods))
+
+
+def interest_for(
+    rule: Interest, table: dict[str, Reference], fees: Fees, *, remaining_minor: int, currency: str,
+    due_date: dt.date, today: dt.date, schedule: Schedule | Waiting | None = None,
+) -> Charge | Waiting | None:  # fmt: skip
+    """Simple interest from the day after `due_date` to `today`, or Waiting when a day's rate is not known.
+    `schedule`: `interest_schedule` of the same rule and days, when the caller computed it already (one per due
+    date serves every invoice due that day)."""
+    if remaining_minor <= 0:
+        return None
+    found = schedule if schedule is not None else interest_schedule(rule, table, due_date=due_date, today=today)
+    if not isinstance(found, Schedule):
+        return found
+    # sum over the periods of balance * annual rate / 100 * days / 365, divided once, rounded half-up once
+    amount = int((Decimal(remaining_minor) * found.rate_days / (100 * DAYS_PER_YEAR)).quantize(
+        Decimal(1), rounding=ROUND_HALF_UP))  # fmt: skip
     if amount <= 0:
         return None
     over = "a fixed rate" if rule.reference == "fixed" else rule.reference
     basis = (
-        f"simple interest at {points:.2f} points over {over}{_under(fees)} on {_money(remaining_minor)} {currency}, "
-        f"1/365 per day: " + "; ".join(periods)
+        f"simple interest at {Decimal(str(rule.points)):.2f} points over {over}{_under(fees)} on "
+        f"{_money(remaining_minor)} {currency}, 1/365 per day: " + "; ".join(found.periods)
     )
     return Charge(INTEREST, amount, currency, basis)
 

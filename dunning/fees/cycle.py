@@ -10,11 +10,10 @@ from collections.abc import Callable
 from typing import Any
 
 import polars as pl
-import stripe
 
 from dunning.config import DunningConfig
 from dunning.fees import amounts, planning
-from dunning.fees.posting import PostReport, post_charges
+from dunning.fees.planning import PostReport
 from dunning.fees.rates import TABLE_NAME, table_for
 from dunning.ledger.base import Ledger
 from dunning.plan.policy import business_date
@@ -149,15 +148,25 @@ def stale_table_alerts(
 FEES_NOT_POSTED = "fees_not_posted"  # the alert's kind: approved charges that could not be posted
 
 
+def posting_wanted(config: DunningConfig) -> bool:
+    """Whether any policy's fees post to Stripe."""
+    return any(p.fees is not None and p.fees.enabled and p.fees.post_to == "stripe" for p in config.resolved_policies())
+
+
 def post_approved(
     ledger: Ledger, config: DunningConfig, *, run_id: str, as_of: dt.datetime, now: Callable[[], dt.datetime]
 ) -> tuple[PostReport, tuple[str, str, dict[str, Any]] | None]:
     """Post the approved charges to Stripe with the source's `api_base` and key (`posting.post_charges`); a key that
     cannot be read leaves them approved and returns the alert to raise (kind, message, details) instead."""
     from dunning.errors import ConfigError
+
+    if not posting_wanted(config):
+        return PostReport(), None
+    # here, not at import: the Stripe SDK is a tenth of a second (or more) of every run's start otherwise
+    from dunning.fees.posting import post_charges
     from dunning.ingest.stripe_api import api_key, client
 
-    def stripe_client() -> stripe.StripeClient:
+    def stripe_client() -> Any:
         return client(config.source, api_key(config.source))
 
     settle_after = dt.timedelta(minutes=config.claim_lease_minutes)

@@ -10,6 +10,7 @@ day. Interest whose rate the table does not know waits (`rate_unknown`) while th
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -33,6 +34,16 @@ WAITING_SCHEMA = pl.Schema(
      "kind": pl.String, "reason": pl.String, "reference": pl.String}
 )  # fmt: skip
 CUSTOMER_TYPES = ("business", "consumer")
+
+
+@dataclass
+class PostReport:
+    """What one run's post of approved charges did (`dunning.fees.posting`)."""
+
+    posted: int = 0
+    failed: int = 0
+    unknown: int = 0
+    fee_invoices: list[str] = field(default_factory=list)
 
 
 def charge_key(invoice_id: str, cycle: int, kind: str) -> str:
@@ -81,7 +92,12 @@ def plan_charges(
     today = business_date(as_of, config)
     table = table_for(config)
     role = pl.col("role") == PlanRole.DUE if "role" in due.columns else pl.lit(True)
-    candidates = due.filter(role & (pl.col("kind") == EmailKind.REMINDER))
+    wanted = ["idempotency_key", "invoice_id", "customer_id", "cycle", "stage", "stage_days", "policy", "currency",
+              "remaining_minor", "due_date", "customer_type"]  # fmt: skip
+    candidates = due.filter(role & (pl.col("kind") == EmailKind.REMINDER)).select(
+        [c for c in wanted if c in due.columns]
+    )
+    schedules: dict[tuple[object, ...], amounts.Schedule | amounts.Waiting | None] = {}
     charges: list[dict[str, object]] = []
     waiting: list[dict[str, object]] = []
     seen: set[str] = set()
@@ -101,8 +117,13 @@ def plan_charges(
             found.append(compensation)
         rule = amounts.interest_of(fees, kind_of)
         if rule is not None:
-            interest = amounts.interest_for(rule, table, fees, remaining_minor=remaining, currency=currency,
-                                            due_date=row["due_date"], today=today)  # fmt: skip
+            memo = (rule, row["due_date"])
+            if memo not in schedules:  # one schedule per rule and due date serves every invoice due that day
+                schedules[memo] = amounts.interest_schedule(rule, table, due_date=row["due_date"], today=today)
+            interest = amounts.interest_for(
+                rule, table, fees, remaining_minor=remaining, currency=currency, due_date=row["due_date"],
+                today=today, schedule=schedules[memo],
+            )  # fmt: skip
             if interest is not None:
                 found.append(interest)
         for item in found:

@@ -16,27 +16,18 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
 import stripe
 
 from dunning.config import DunningConfig
-from dunning.fees.planning import fee_invoice_key
+from dunning.fees.planning import PostReport, fee_invoice_key
 from dunning.ledger.base import Ledger
 from dunning.safe_text import for_terminal
 
 FEE_INVOICE_METADATA = "dunning_fee_invoice"
 CHARGE_METADATA = "dunning_charge_key"
-
-
-@dataclass
-class PostReport:
-    posted: int = 0
-    failed: int = 0
-    unknown: int = 0
-    fee_invoices: list[str] = field(default_factory=list)
 
 
 class _Lost(Exception):

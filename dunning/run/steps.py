@@ -31,7 +31,7 @@ from dunning.email.message_ids import message_ids
 from dunning.email.render import draft_for
 from dunning.errors import InvalidRowsHalt, SnapshotRefused
 from dunning.fees import cycle as fee_cycle
-from dunning.fees.posting import PostReport
+from dunning.fees.planning import PostReport
 from dunning.ingest.events import event_keys
 from dunning.ingest.snapshot_rules import DUPLICATED
 from dunning.ingest.store import part_stamp

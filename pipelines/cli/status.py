@@ -121,7 +121,10 @@ def _fees(ledger: Ledger, config: DunningConfig) -> dict:
     `dunning fees approve`."""
     from dunning.report.fee_audit import claimed_against_allowed
 
-    charges = ledger.charges()
+    try:
+        charges = ledger.charges()
+    except ledger.database_errors:  # a ledger this command may not migrate (older than the charges table)
+        return {}
     proposed = charges.filter(pl.col("status") == "proposed").select(
         "charge_key", "invoice_id", "customer_id", "kind", "amount_minor", "currency"
     )
