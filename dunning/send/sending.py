@@ -447,9 +447,11 @@ def _claim_and_send(
         chunk = with_email_ids(chunk, config, ids)
         chunk_skipped = skipped.filter(pl.col("invoice_id").is_in(chunk.select("invoice_id").to_series().implode()))
         renewed_at[0] = now()
-        keys = chunk.get_column("idempotency_key").implode()
-        chunk_charges = charges.filter(pl.col("reminder_key").is_in(keys)) if charges is not None else None
-        chunk_waits = charge_waits.filter(pl.col("reminder_key").is_in(keys)) if charge_waits is not None else None
+        chunk_keys = chunk.get_column("idempotency_key").implode()
+        chunk_charges = charges.filter(pl.col("reminder_key").is_in(chunk_keys)) if charges is not None else None
+        chunk_waits = (
+            charge_waits.filter(pl.col("reminder_key").is_in(chunk_keys)) if charge_waits is not None else None
+        )
         claim = ledger.claim(chunk, chunk_skipped, run_id, as_of, cap, lease_until=renewed_at[0] + lease,
                              charges=chunk_charges, charge_waits=chunk_waits)  # fmt: skip
         report.charges += len(claim.charges)
