@@ -18,9 +18,9 @@ from assets.common import (
 from checks.asset_checks import SNAPSHOT_AUDIT_COLUMNS
 from dunning.config import DunningConfig
 from dunning.errors import SnapshotError
-from dunning.ingest import billing_source
 from dunning.ingest.events import EVENTS_SCHEMA, PAYMENT_FAILED, REJECTED_SCHEMA, LoadedEvents, load_events
 from dunning.ingest.landing import latest_for_day
+from dunning.ingest.sources import pulls
 from dunning.plan import unchanged
 from dunning.plan.clock import CycleClock, refuse_future, utc_now
 from dunning.run import inbox, ingest, steps
@@ -28,7 +28,7 @@ from resources.dunning import CycleRequest, DunningHome
 
 
 def _pulls(config: DunningConfig, cycle_request: CycleRequest, clock: CycleClock) -> bool:
-    return billing_source.pulls_from_source(config.source, bool(cycle_request.snapshot_path), clock.reads_live_state)
+    return pulls.pulls_from_source(config.source, bool(cycle_request.snapshot_path), clock.reads_live_state)
 
 
 def _snapshot_path(
@@ -42,7 +42,9 @@ def _snapshot_path(
     if cycle_request.shard and clock.live and ingest.reads_the_store(config, dunning_home.root):
         return str(ingest.shard_snapshot(config, dunning_home.root, shard.count, shard.index, clock.as_of)), None
     if _pulls(config, cycle_request, clock):
-        return str(billing_source.pull_invoices(config.source, dunning_home.root, utc_now())), config.source.kind
+        return str(
+            pulls.pull_invoices(config.source, dunning_home.root, utc_now(), zone=config.zone)
+        ), config.source.kind
     day = clock.partition_date
     landed = latest_for_day(dunning_home.root / "landing", day)
     if landed is None:
@@ -160,8 +162,8 @@ def billing_events(
         polled = None
         if polling and first_shard:  # once per cycle, whatever the sharding
             with dunning_home.ledger() as ledger:
-                cursor = ledger.source_cursor(billing_source.EVENTS_CURSOR)
-            polled = billing_source.poll_events(config.source, dunning_home.root, cursor, clock.as_of, utc_now())
+                cursor = ledger.source_cursor(pulls.events_cursor(config.source))
+            polled = pulls.poll_events(config.source, dunning_home.root, cursor, clock.as_of, utc_now())
         path = cycle_request.events_path or (str(polled.path) if polled and polled.path else None)
         if path:
             loaded = load_events(path)
@@ -176,17 +178,19 @@ def billing_events(
                 if loaded.rejected.height and first_shard:  # kept once, by shard 0
                     ledger.quarantine_events(loaded.rejected, context.run.run_id, received_at)
                 if polled is not None and polled.newest_id:
-                    ledger.stage_cursor(billing_source.EVENTS_CURSOR, polled.newest_id, context.run.run_id, received_at)
+                    ledger.stage_cursor(
+                        pulls.events_cursor(config.source), polled.newest_id, context.run.run_id, received_at
+                    )
         pending = 0
         if polling or webhooks:
             since = clock.as_of - dt.timedelta(days=config.source.events_lookback_days)
             with dunning_home.ledger() as ledger:
                 waiting = ledger.pending_notice_events(since)
-                events = billing_source.with_pending(events, waiting)
+                events = pulls.with_pending(events, waiting)
                 if clock.live and first_shard:  # older ones yield nothing: set aside, counted, once (by shard 0)
                     old = ledger.expired_notice_events(since).filter(~pl.col("event_id").is_in(events["event_id"]))
                     expired = ledger.set_aside_events(
-                        billing_source.expired_rows(old, config.source.events_lookback_days, clock.as_of),
+                        pulls.expired_rows(old, config.source.events_lookback_days, clock.as_of),
                         context.run.run_id,
                         utc_now(),
                     )

@@ -28,7 +28,7 @@ from typing import Any, TypeGuard
 
 import polars as pl
 
-from dunning.ingest.stripe import read_events
+from dunning.ingest.sources.stripe import read_events
 from dunning.keys import event_key
 from dunning.safe_text import collection_paused, has_control
 

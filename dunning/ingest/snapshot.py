@@ -15,7 +15,7 @@ import polars as pl
 
 from dunning.errors import SnapshotError
 from dunning.ingest.csv_lines import LINE_PROBLEM, read_by_line
-from dunning.ingest.stripe import SNAPSHOT_FIELDS, load_stripe_invoices
+from dunning.ingest.sources.stripe import SNAPSHOT_FIELDS, load_stripe_invoices
 
 REQUIRED_COLUMNS = (
     "invoice_id",
@@ -32,11 +32,12 @@ REQUIRED_COLUMNS = (
 # `payment_url` and `customer_locale` are checked, not validated (`pay_links`, `locales`): a bad one is dropped
 # or falls back to the default, and never rejects the row
 # `invoice_lines` (JSON lines for the invoice email) is checked when an email shows it (`invoice_emails.invoice_lines`)
+# `customer_cc` (copy addresses, comma-separated) is carried for the desk's reminders; a billing source fills it
 # `segment` only chooses a policy (`plan.policies`), never shown; `customer_timezone` (an IANA name) places the send
 # window in the customer's time zone (`plan.schedule`): an unknown one falls back to the business zone, counted
 OPTIONAL_COLUMNS = (
     "customer_name", "billing_period", "snapshot_at", "auto_advance", "payment_url", "customer_locale", "invoice_lines",
-    "segment", "customer_timezone",
+    "segment", "customer_timezone", "customer_cc",
 )  # fmt: skip
 PARSED_COLUMNS = ("amount_due", "amount_paid", "due_date")
 

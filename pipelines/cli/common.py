@@ -148,11 +148,12 @@ def source_ready(config: DunningConfig) -> None:
 
     if config.source.kind == "none":
         raise UserInputError(
-            "no snapshot: pass --snapshot PATH, or configure a billing source to pull from (source: {kind: stripe})"
+            "no snapshot: pass --snapshot PATH, or configure a billing source to pull from "
+            "(source: {kind: stripe|chargebee|recurly})"
         )
-    from dunning.ingest import stripe_api  # here: the SDK is a tenth of a second of every run's start otherwise
+    from dunning.secret_env import read_secret
 
-    stripe_api.api_key(config.source)
+    read_secret(config.source.api_key_env, "source.api_key_env")
 
 
 def open_instance(home: Path, shards: int | None = None) -> dg.DagsterInstance:

@@ -1,14 +1,16 @@
-"""Pulling from the billing source (`source: {kind: stripe}`) into files under HOME/snapshots/, so a run can be replayed
-from exactly what it saw.
+"""Pulling from the billing source (`source: {kind: stripe|chargebee|recurly}`) into files under HOME/snapshots/, so a
+run can be replayed from exactly what it saw.
 
-- `pull_invoices`: every invoice, written as the body of `GET /v1/invoices` (a
-  Stripe list envelope, which `dunning run --snapshot FILE` reads as it is) to
-  `HOME/snapshots/<UTC wall time>-stripe.json`; then the pulled files older than
-  `source.snapshot_retention_days` (by the time in their name) are deleted.
-  Nothing else in the directory is touched.
-- `poll_events`: the `invoice.payment_failed` events newer than the ledger's
-  cursor, written as a JSON array to `<UTC wall time>-stripe-events.json`
-  (`--events FILE` reads it), with the newest id for the cursor.
+- `pull_invoices`: the source's invoices since the mirror's cursor (all of them on the first pull and every
+  `source.full_sync_hours`), merged into the mirror (`mirror`: stored with its cursor first), and the mirror as it
+  then stands written as the run's snapshot, `HOME/snapshots/<UTC wall time>-<kind>.parquet` (snapshot columns as
+  text, which `dunning run --snapshot FILE` reads as it is); then the pulled files older than
+  `source.snapshot_retention_days` (by the time in their name) are deleted. Nothing else in the directory is
+  touched.
+- `poll_events`: the billing events newer than the ledger's cursor (Stripe: `invoice.payment_failed` and the
+  payment signals, a dispute looked up to its invoice; Chargebee and Recurly: `base.BillingSource.signals`),
+  written as a JSON array to `<UTC wall time>-<kind>-events.json` (`--events FILE` reads it), with the cursor to
+  stage.
 
 Files are written under a temporary name and renamed, so a failed pull leaves
 no half file behind.
@@ -20,16 +22,18 @@ import datetime as dt
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from zoneinfo import ZoneInfo
 
 import polars as pl
 
 from dunning.config import Source
 from dunning.errors import BillingSourceFailed
 from dunning.ingest.events import EVENTS_SCHEMA
+from dunning.ingest.sources import mirror, open_source
+from dunning.ingest.sources.base import BillingSource
 from dunning.private_files import private_dir
 from dunning.safe_text import has_control
 from dunning.vocabulary import SetAside
@@ -37,7 +41,10 @@ from dunning.vocabulary import SetAside
 SNAPSHOTS_DIR = "snapshots"
 EVENTS_CURSOR = "stripe:invoice.payment_failed"  # the `source_cursors` row of the payment-failed poll
 _STAMP = "%Y-%m-%dT%H%M%S.%fZ"
-PULLED_NAME = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{6}\.\d{6}Z)-stripe(-events)?\.json$")
+UTC = ZoneInfo("UTC")
+PULLED_NAME = re.compile(
+    r"^(\d{4}-\d{2}-\d{2}T\d{6}\.\d{6}Z)-(stripe|chargebee|recurly|sql)(-events)?\.(json|parquet)$"
+)
 MAX_EVENT_ID = 200
 
 
@@ -45,11 +52,16 @@ def snapshots_dir(home: Path) -> Path:
     return home / SNAPSHOTS_DIR
 
 
-def _new_path(directory: Path, wall: dt.datetime, suffix: str) -> Path:
+def events_cursor(settings: Source) -> str:
+    """The `source_cursors` row of the source's events poll (Stripe's keeps its old name)."""
+    return EVENTS_CURSOR if settings.kind == "stripe" else f"{settings.kind}:events"
+
+
+def _new_path(directory: Path, wall: dt.datetime, suffix: str, extension: str = "json") -> Path:
     """A name no earlier pull of this home took (two pulls in one microsecond: the later one a microsecond on)."""
     at = wall.astimezone(dt.UTC)
     while True:
-        path = directory / f"{at.strftime(_STAMP)}-{suffix}.json"
+        path = directory / f"{at.strftime(_STAMP)}-{suffix}.{extension}"
         if not path.exists():
             return path
         at += dt.timedelta(microseconds=1)
@@ -66,23 +78,38 @@ def _write_atomically(path: Path, chunks: Iterable[str]) -> None:
         partial.unlink(missing_ok=True)
 
 
-def _list_body(invoices: Iterable[dict[str, Any]]) -> Iterator[str]:
-    yield '{"object": "list", "url": "/v1/invoices", "has_more": false, "data": [\n'
-    for n, invoice in enumerate(invoices):
-        yield (",\n" if n else "") + json.dumps(invoice, sort_keys=True)
-    yield "\n]}\n"
+def _write_frame_atomically(path: Path, rows: pl.DataFrame) -> None:
+    partial = path.with_name(f".{path.name}.part")
+    try:
+        rows.write_parquet(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
-def pull_invoices(settings: Source, home: Path, wall: dt.datetime, environ: Mapping[str, str] = os.environ) -> Path:
-    """Every invoice of the account into a new pulled snapshot file; returns its path. BillingSourceFailed (exit 7)
-    when the API fails, ConfigError (exit 2) when the key's variable is unset."""
-    from dunning.ingest import stripe_api  # here: the SDK is a tenth of a second of every run's start otherwise
-
-    key = stripe_api.api_key(settings, environ)
-    directory = private_dir(snapshots_dir(home))  # whole customer objects: the owner's alone
-    path = _new_path(directory, wall, "stripe")
-    with stripe_api.api_errors(settings, "pulling invoices"):
-        _write_atomically(path, _list_body(stripe_api.invoices(stripe_api.client(settings, key))))
+def pull_invoices(
+    settings: Source,
+    home: Path,
+    wall: dt.datetime,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    zone: ZoneInfo = UTC,
+    source: BillingSource | None = None,
+) -> Path:
+    """The source's changes (or everything) merged into its mirror, and the mirror written as a new pulled snapshot
+    file; returns its path. BillingSourceFailed (exit 7) when the API fails (nothing stored, no cursor moved),
+    ConfigError (exit 2) when the key's variable is unset. `zone`: the business timezone, which due dates are in."""
+    source = source or open_source(settings, environ)
+    current = mirror.load(home, settings.kind)
+    full = mirror.needs_full(current, wall, settings.full_sync_hours, source.incremental)
+    pull = source.pull(None if full or current is None else current.cursor, zone)
+    rows = mirror.merged(None if full else current, pull)
+    cursor = pull.cursor if pull.cursor is not None or full or current is None else current.cursor
+    full_at = wall if full or current is None else current.full_at
+    mirror.store(home, settings.kind, rows, cursor, full_at)  # the pull is stored: its cursor with it
+    directory = private_dir(snapshots_dir(home))  # whole customer records: the owner's alone
+    path = _new_path(directory, wall, settings.kind, "parquet")
+    _write_frame_atomically(path, rows)
     prune_pulled(directory, wall, settings.snapshot_retention_days)
     return path
 
@@ -132,29 +159,37 @@ def poll_events(
 ) -> PolledEvents:
     """The payment-failed events newer than `cursor` and created within `events_lookback_days` before `as_of`, kept
     in a new events file."""
-    from dunning.ingest import stripe_api  # here: the SDK is a tenth of a second of every run's start otherwise
-
-    key = stripe_api.api_key(settings, environ)
     since = as_of - dt.timedelta(days=settings.events_lookback_days)
-    with stripe_api.api_errors(settings, "polling payment-failed events"):
-        events = stripe_api.new_payment_failed_events(stripe_api.client(settings, key), cursor, since)
+    if settings.kind != "stripe":
+        signals = open_source(settings, environ).signals(cursor, since)
+        events, newest = signals.events, signals.cursor
+    else:
+        from dunning.ingest.sources import stripe_api  # here: the SDK is a tenth of a second of a run's start
+
+        key = stripe_api.api_key(settings, environ)
+        with stripe_api.api_errors(settings, "polling payment-failed events"):
+            events = stripe_api.new_payment_failed_events(stripe_api.client(settings, key), cursor, since)
+        if any(e.get("type") == "charge.dispute.created" for e in events):
+            from dunning.ingest.sources.stripe_source import StripeSource
+
+            events = StripeSource(settings, environ).disputes_with_invoices(events)
+        newest = events[-1]["id"] if events else None
     if not events:
-        return PolledEvents(None, None, 0)
-    newest = events[-1]["id"]
-    if len(newest) > MAX_EVENT_ID or has_control(newest):
+        return PolledEvents(None, newest if settings.kind != "stripe" else None, 0)
+    if newest is None or len(newest) > MAX_EVENT_ID or has_control(newest):
         raise BillingSourceFailed(
             "polling payment-failed events: the newest event's id is not a usable cursor (too long or a control "
             "character); the API's answer is malformed"
         )
     directory = private_dir(snapshots_dir(home))  # whole customer objects: the owner's alone
-    path = _new_path(directory, wall, "stripe-events")
+    path = _new_path(directory, wall, f"{settings.kind}-events")
     _write_atomically(path, [json.dumps(events, sort_keys=True)])
     return PolledEvents(path, newest, len(events))
 
 
 def newest_event(settings: Source, as_of: dt.datetime, environ: Mapping[str, str] = os.environ) -> str | None:
     """The newest payment-failed event id within the lookback (the sensor's question, one small request)."""
-    from dunning.ingest import stripe_api  # here: the SDK is a tenth of a second of every run's start otherwise
+    from dunning.ingest.sources import stripe_api  # here: the SDK is a tenth of a second of every run's start otherwise
 
     key = stripe_api.api_key(settings, environ)
     since = as_of - dt.timedelta(days=settings.events_lookback_days)
@@ -163,9 +198,9 @@ def newest_event(settings: Source, as_of: dt.datetime, environ: Mapping[str, str
 
 
 def pulls_from_source(settings: Source, snapshot_given: bool, reads_live_state: bool) -> bool:
-    """Whether a run pulls its invoices and polls its events: a `stripe` source and no snapshot given (`--snapshot`
+    """Whether a run pulls its invoices and polls its events: a billing source and no snapshot given (`--snapshot`
     always wins: a run given a file talks to no API), and not a backfill (a past day is not in today's API)."""
-    return settings.kind == "stripe" and not snapshot_given and reads_live_state
+    return settings.kind != "none" and not snapshot_given and reads_live_state
 
 
 def with_pending(events: pl.DataFrame, pending: pl.DataFrame) -> pl.DataFrame:
