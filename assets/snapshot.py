@@ -90,7 +90,7 @@ def invoice_snapshot(
                 brings_data = (
                     bool(cycle_request.events_path)
                     or _pulls(config, cycle_request, clock)
-                    or bool(inbox.pending(dunning_home.root))  # webhook events wait to be applied
+                    or bool(inbox.pending(dunning_home.root, config.source.kind))  # webhook events wait to be applied
                 )
                 verdict = unchanged.start(
                     ledger, inputs, clock, config, run_id=context.run.run_id, may_skip=not brings_data, wall=utc_now()
@@ -151,7 +151,9 @@ def billing_events(
         clock = cycle_request.cycle_clock(context, config)
         polling = not cycle_request.events_path and _pulls(config, cycle_request, clock)
         received = None
-        if clock.live and inbox.pending(dunning_home.root):  # what `dunning serve-webhooks` accepted since
+        if clock.live and inbox.pending(
+            dunning_home.root, config.source.kind
+        ):  # what `dunning serve-webhooks` accepted since
             with dunning_home.ledger() as ledger:
                 received = inbox.apply_inbox(ledger, dunning_home.root, config, context.run.run_id, utc_now())
             context.log.info(f"webhook inbox: {received.files} event(s) applied")

@@ -210,3 +210,121 @@ def chargebee_event(event_id: str, kind: str, invoice: dict[str, Any], occurred_
     event["content"]["transaction"].update(customer_id=invoice["customer_id"],
                                            linked_invoices=[{"invoice_id": invoice["id"]}])  # fmt: skip
     return event
+
+
+# --- Recurly ------------------------------------------------------------------------------------------------------
+
+
+def recurly_fixture(name: str) -> Any:
+    return json.loads((FIXTURES / "recurly" / name).read_text())
+
+
+def _iso(seconds: int) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def recurly_invoice(n: int, as_of: dt.datetime, **overrides: Any) -> dict[str, Any]:
+    """The fixture's past_due invoice (1034) as the n-th of a site: number `20000 + n`, account `acct-{n // 2}` (two
+    invoices each), balance `10.00 + 0.37 n` in its currency; due five days before `as_of`."""
+    invoice = copy.deepcopy(recurly_fixture("invoices_list.json")["data"][1])
+    account = n // 2
+    invoice["account"].update(id=f"racct{account:04d}", code=f"acct-{account}", email=f"ap{account}@example.com")
+    due = _iso(int((as_of - dt.timedelta(days=5)).timestamp()))
+    total = round(10 + 0.37 * n, 2)  # a float here is JSON text `10.37` on the wire, read back as a Decimal
+    invoice.update(id=f"rinv{n:05d}", number=str(20000 + n), created_at=due, due_at=due, updated_at=due,
+                   total=total, subtotal=total, balance=total, paid=0.0, state="past_due")  # fmt: skip
+    invoice.update(overrides)
+    return invoice
+
+
+def recurly_account(account_id: str, code: str, **overrides: Any) -> dict[str, Any]:
+    account = copy.deepcopy(recurly_fixture("account.json"))
+    account.update(id=account_id, code=code, email=f"ap{code.rsplit('-', 1)[-1]}@example.com")
+    account.update(overrides)
+    return account
+
+
+class FakeRecurly(_FakeServer):
+    """`GET /invoices`, `/invoices/number-{n}`, `/accounts?ids=`, `/transactions`, `/transactions/uuid-{uuid}`.
+    Amounts are served as JSON decimals (`total: 10.37`), exactly as given (text in, a bare number out)."""
+
+    key = RECURLY_KEY
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.invoices: dict[str, dict[str, Any]] = {}
+        self.accounts: dict[str, dict[str, Any]] = {}
+        self.transactions: dict[str, dict[str, Any]] = {}
+        self.reset_at: int | None = None
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def put(self, invoice: dict[str, Any], *, at: int | None = None) -> None:
+        with self.lock:
+            stamps = [int(dt.datetime.fromisoformat(i["updated_at"].replace("Z", "+00:00")).timestamp())
+                      for i in self.invoices.values()]  # fmt: skip
+            stamp = at if at is not None else max(stamps or [0]) + 1
+            self.invoices[invoice["number"]] = {**invoice, "updated_at": _iso(stamp)}
+            mini = invoice["account"]
+            self.accounts.setdefault(mini["id"], recurly_account(mini["id"], mini["code"]))
+
+    def _error(self, status: int, kind: str, headers: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
+        return status, {"error": {"type": kind, "message": f"fake: {kind}", "params": []}}, headers or {}
+
+    @staticmethod
+    def _page(path: str, items: list[dict[str, Any]], params: dict[str, str]) -> tuple[int, Any, dict[str, str]]:
+        limit = int(params.get("limit", "20"))
+        start = int(params.get("cursor", "0"))
+        more = start + limit < len(items)
+        query = "&".join(f"{k}={v}" for k, v in params.items() if k != "cursor")
+        following = f"{path}?cursor={start + limit}&{query}" if more else None
+        return 200, {"object": "list", "has_more": more, "next": following, "data": items[start : start + limit]}, {}
+
+    def answer(self, method: str, path: str, params: dict[str, str], headers: Any) -> tuple[int, Any, dict[str, str]]:
+        with self.lock:
+            if self.rate_limited > 0:
+                self.rate_limited -= 1
+                reset = {"X-RateLimit-Reset": str(self.reset_at)} if self.reset_at else {}
+                return self._error(429, "rate_limited", {"X-RateLimit-Limit": "1000", "X-RateLimit-Remaining": "0",
+                                                          **reset})  # fmt: skip
+            if not self.authorized(headers.get("Authorization", "")):
+                return self._error(401, "unauthorized")
+            if headers.get("Accept") != "application/vnd.recurly.v2021-02-25":
+                return self._error(406, "invalid_api_version")
+            return self._route(path, params)
+
+    @staticmethod
+    def _since(items: list[dict[str, Any]], params: dict[str, str]) -> list[dict[str, Any]]:
+        if "begin_time" in params:
+            items = [i for i in items if i["updated_at"] >= params["begin_time"]]
+        return sorted(items, key=lambda i: (i["updated_at"], i["id"]))
+
+    def _route(self, path: str, params: dict[str, str]) -> tuple[int, Any, dict[str, str]]:
+        if path == "/invoices":
+            return self._page(path, copy.deepcopy(self._since(list(self.invoices.values()), params)), params)
+        if path.startswith("/invoices/number-"):
+            found = self.invoices.get(path.removeprefix("/invoices/number-"))
+            return (200, copy.deepcopy(found), {}) if found else self._error(404, "not_found")
+        if path == "/accounts":
+            wanted = params["ids"].split(",") if "ids" in params else None
+            items = [a for i, a in sorted(self.accounts.items()) if wanted is None or i in wanted]
+            return self._page(path, copy.deepcopy(items), params)
+        if path == "/transactions":
+            return self._page(path, copy.deepcopy(self._since(list(self.transactions.values()), params)), params)
+        if path.startswith("/transactions/uuid-"):
+            uuid = path.removeprefix("/transactions/uuid-")
+            found = [t for t in self.transactions.values() if t["uuid"] == uuid]
+            return (200, copy.deepcopy(found[0]), {}) if found else self._error(404, "not_found")
+        return self._error(404, "not_found")
+
+
+def recurly_transaction(txn_id: str, status: str, invoice: dict[str, Any], at: dt.datetime) -> dict[str, Any]:
+    """The fixture's declined transaction as `status` on `invoice` (its amount the invoice's balance)."""
+    transaction = copy.deepcopy(recurly_fixture("invoices_list.json")["data"][1]["transactions"][0])
+    transaction.update(id=txn_id, uuid=f"{txn_id}uuid", status=status, amount=invoice["balance"],
+                       currency=invoice["currency"], account=copy.deepcopy(invoice["account"]),
+                       updated_at=_iso(int(at.timestamp())), created_at=_iso(int(at.timestamp())))  # fmt: skip
+    transaction["invoice"].update(id=invoice["id"], number=invoice["number"], state=invoice["state"])
+    return transaction

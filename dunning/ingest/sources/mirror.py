@@ -109,3 +109,13 @@ def store(home: Path, kind: str, rows: pl.DataFrame, cursor: str | None, full_at
     finally:
         partial.unlink(missing_ok=True)
     return path
+
+
+def merge_rows(home: Path, kind: str, rows: list[dict[str, str | None]]) -> bool:
+    """Invoices fetched back for webhooks merged into the stored mirror, its cursor and full pull's time unchanged;
+    False when there is no mirror yet (the first pull brings them)."""
+    current = load(home, kind)
+    if current is None:
+        return False
+    store(home, kind, merged(current, Pull(rows, complete=False, cursor=None)), current.cursor, current.full_at)
+    return True
