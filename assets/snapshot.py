@@ -18,7 +18,15 @@ from assets.common import (
 from checks.asset_checks import SNAPSHOT_AUDIT_COLUMNS
 from dunning.config import DunningConfig
 from dunning.errors import SnapshotError
-from dunning.ingest.events import EVENTS_SCHEMA, PAYMENT_FAILED, REJECTED_SCHEMA, LoadedEvents, load_events
+from dunning.ingest.events import (
+    EVENTS_SCHEMA,
+    PAYMENT_FAILED,
+    REJECTED_SCHEMA,
+    LoadedEvents,
+    expired_rows,
+    load_events,
+    with_pending,
+)
 from dunning.ingest.landing import latest_for_day
 from dunning.ingest.sources import pulls
 from dunning.plan import unchanged
@@ -188,11 +196,11 @@ def billing_events(
             since = clock.as_of - dt.timedelta(days=config.source.events_lookback_days)
             with dunning_home.ledger() as ledger:
                 waiting = ledger.pending_notice_events(since)
-                events = pulls.with_pending(events, waiting)
+                events = with_pending(events, waiting)
                 if clock.live and first_shard:  # older ones yield nothing: set aside, counted, once (by shard 0)
                     old = ledger.expired_notice_events(since).filter(~pl.col("event_id").is_in(events["event_id"]))
                     expired = ledger.set_aside_events(
-                        pulls.expired_rows(old, config.source.events_lookback_days, clock.as_of),
+                        expired_rows(old, config.source.events_lookback_days, clock.as_of),
                         context.run.run_id,
                         utc_now(),
                     )

@@ -60,8 +60,8 @@ def test_the_fixture_invoices_and_the_states_map_to_snapshot_rows():
     paid, due = recurly_fixture("invoices_list.json")["data"]
     account = recurly_fixture("account.json")
     row = invoice_row({**due, "paid": Decimal("2.5"), "balance": Decimal("7.5")}, account, UTC)
-    assert (row["invoice_id"], row["customer_id"], row["amount_due"], row["amount_paid"]) == ("1034", "verena",
-                                                                                              "1000", "250")  # fmt: skip
+    amounts = (row["invoice_id"], row["customer_id"], row["amount_due"], row["amount_paid"])
+    assert amounts == ("1034", "verena", "1000", "250")
     assert (row["status"], row["customer_email"], row["customer_cc"]) == ("open", "verena@example.com",
                                                                           "billing@example.com")  # fmt: skip
     assert invoice_row(paid, None, UTC)["status"] == "paid"

@@ -1,5 +1,5 @@
-"""`dunning serve-webhooks`: a small ASGI app (Starlette, served by uvicorn) that receives Resend, Stripe, Chargebee and Recurly
-webhooks.
+"""`dunning serve-webhooks`: a small ASGI app (Starlette, served by uvicorn) that receives Resend, Stripe, Chargebee
+and Recurly webhooks.
 
 - `POST /webhooks/resend`: the Svix signature (`svix-id`, `svix-timestamp`, `svix-signature`) is verified with the
   official `svix` library and `RESEND_WEBHOOK_SECRET` (`whsec_…`); missing, wrong or older than 5 minutes: 400.

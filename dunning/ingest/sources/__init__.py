@@ -6,10 +6,11 @@ columns, amounts through `Decimal` and the currency's exponent), `mirror` (the l
 under the home, merged incrementally, replaced by a full pull every `source.full_sync_hours`), `pulls` (a pull
 stored and written as the run's snapshot under HOME/snapshots/; the events polls), a module per vendor
 (`stripe` + `stripe_api`, `chargebee`, `recurly` + `recurly_api`) and `open_source`, which picks one by
-`source.kind`. A vendor module imports `base` and `normalize` only (never another vendor: import-linter), and its
+`source.kind`. A vendor module imports `base` and `normalize` (never another vendor: import-linter), and its
 SDK only inside its functions, so the command starts fast.
 
-May import the shared base (`dunning.config`, `errors`, `safe_text`, ...), `dunning.ingest.events` and the ledger.
+May import the shared base (`dunning.config`, `errors`, `safe_text`, ...) and the ledger; `dunning.ingest.events`
+imports it (never the other way).
 Adding a vendor is one module here (a class with `base.BillingSource`'s methods), its kind in `config.sources` and
 its line in `open_source`.
 """

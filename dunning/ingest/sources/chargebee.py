@@ -35,7 +35,7 @@ from zoneinfo import ZoneInfo
 from dunning.config import Source
 from dunning.errors import BillingSourceFailed, ConfigError
 from dunning.ingest.sources.base import FetchedBack, Notification, Pull, Signals, api_failure
-from dunning.ingest.sources.normalize import text_row, unix_date
+from dunning.ingest.sources.normalize import as_dict, as_list, text_row, unix_date
 from dunning.secret_env import read_secret
 
 VENDOR = "Chargebee"
@@ -59,9 +59,9 @@ def invoice_row(invoice: Mapping[str, Any], customer: Mapping[str, Any] | None, 
     currency = invoice.get("currency_code")
     date = _int(invoice.get("date"))
     name = " ".join(p for p in (customer.get("first_name"), customer.get("last_name")) if isinstance(p, str))
-    contacts = customer.get("contacts") if isinstance(customer.get("contacts"), list) else []
+    contacts = as_list(customer.get("contacts"))
     cc = [c.get("email") for c in contacts if isinstance(c, dict) and c.get("send_billing_email") is True]
-    address = invoice.get("billing_address") if isinstance(invoice.get("billing_address"), dict) else {}
+    address = as_dict(invoice.get("billing_address"))
     status = invoice.get("status")
     return text_row({
         "invoice_id": invoice.get("id"),
@@ -83,9 +83,15 @@ def invoice_row(invoice: Mapping[str, Any], customer: Mapping[str, Any] | None, 
 def _event_invoice(invoice: Mapping[str, Any], customer: Mapping[str, Any]) -> dict[str, Any]:
     """A Chargebee invoice as the Stripe-shaped invoice a billing event carries (`dunning.ingest.events`)."""
     currency = invoice.get("currency_code")
-    return {"object": "invoice", "id": invoice.get("id"), "customer": invoice.get("customer_id"),
-            "customer_email": customer.get("email"), "currency": currency.lower() if isinstance(currency, str) else
-            currency, "amount_remaining": invoice.get("amount_due"), "status": STATUSES.get(invoice.get("status"))}  # fmt: skip
+    return {
+        "object": "invoice",
+        "id": invoice.get("id"),
+        "customer": invoice.get("customer_id"),
+        "customer_email": customer.get("email"),
+        "currency": currency.lower() if isinstance(currency, str) else currency,
+        "amount_remaining": invoice.get("amount_due"),
+        "status": STATUSES.get(str(invoice.get("status"))),
+    }
 
 
 def signal_events(event: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -93,12 +99,11 @@ def signal_events(event: Mapping[str, Any]) -> list[dict[str, Any]]:
     kind, content = event.get("event_type"), event.get("content")
     if kind not in SIGNAL_EVENTS or not isinstance(content, dict) or not isinstance(event.get("id"), str):
         return []
-    invoice = content.get("invoice") if isinstance(content.get("invoice"), dict) else None
-    transaction = content.get("transaction") if isinstance(content.get("transaction"), dict) else {}
-    customer = content.get("customer") if isinstance(content.get("customer"), dict) else {}
+    invoice: dict[str, Any] | None = content.get("invoice") if isinstance(content.get("invoice"), dict) else None
+    transaction = as_dict(content.get("transaction"))
+    customer = as_dict(content.get("customer"))
     if invoice is None:  # a payment of several invoices names them in its transaction
-        linked = transaction.get("linked_invoices")
-        first = linked[0] if isinstance(linked, list) and linked and isinstance(linked[0], dict) else {}
+        first = as_dict((as_list(transaction.get("linked_invoices")) or [None])[0])
         invoice = {"id": first.get("invoice_id"), "customer_id": transaction.get("customer_id"),
                    "currency_code": transaction.get("currency_code")}  # fmt: skip
     base = {"object": "event", "id": f"chargebee:{event['id']}", "created": event.get("occurred_at")}
@@ -142,7 +147,7 @@ class ChargebeeSource:
         site, domain = host.split(".", 1)
         self.requests = 0
         self.unknown = 0  # optional lookups answered 404/501 (disputes): counted, never a failure
-        import chargebee
+        import chargebee  # type: ignore[import-untyped]
 
         self.cb = chargebee.Chargebee(
             api_key=self.key, site=site, chargebee_domain=domain + (f":{parts.port}" if parts.port else ""),
@@ -155,7 +160,7 @@ class ChargebeeSource:
         """One SDK request, counted; any failure as the one line of `base.api_failure`."""
         import chargebee
         import httpx
-        from chargebee.main import Chargebee
+        from chargebee.main import Chargebee  # type: ignore[import-untyped]
 
         self.requests += 1
         verify = Chargebee.verify_ca_certs
@@ -192,7 +197,7 @@ class ChargebeeSource:
             if not offset:
                 return
 
-    def _customers(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def _customers(self, ids: Sequence[Any]) -> dict[str, dict[str, Any]]:
         found: dict[str, dict[str, Any]] = {}
         unique = sorted({i for i in ids if isinstance(i, str)})
         for start in range(0, len(unique), PAGE):
@@ -211,7 +216,7 @@ class ChargebeeSource:
         deleted = [i["id"] for i in invoices if i.get("deleted") is True and isinstance(i.get("id"), str)]
         live = [i for i in invoices if i.get("deleted") is not True]
         customers = self._customers([i.get("customer_id") for i in live])
-        rows = [invoice_row(i, customers.get(i.get("customer_id")), zone) for i in live]
+        rows = [invoice_row(i, customers.get(str(i.get("customer_id"))), zone) for i in live]
         stamps = [u for i in invoices if (u := _int(i.get("updated_at"))) is not None]
         newest = max([*stamps, *([int(cursor)] if cursor is not None else [])], default=None)
         return Pull(rows, complete=cursor is None, cursor=None if newest is None else str(newest), deleted=deleted,
@@ -266,7 +271,7 @@ class ChargebeeSource:
         for note in notifications:
             with self._call("GET /events/{id}"):
                 event = self.cb.Event.retrieve(note.notification_id).event.raw_data
-            content = event.get("content") if isinstance(event.get("content"), dict) else {}
+            content = as_dict(event.get("content"))
             events = signal_events(event)
             invoice = content.get("invoice")
             if isinstance(invoice, dict) and invoice.get("deleted") is not True:

@@ -29,6 +29,16 @@ MIRROR_SCHEMA = pl.Schema({name: pl.String() for name in ROW_FIELDS})
 MAX_DIGITS = 18  # an amount past int64's range is refused, not wrapped
 
 
+def as_dict(value: Any) -> dict[str, Any]:
+    """`value` if it is a JSON object, else an empty one (a vendor's missing or malformed part)."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value: Any) -> list[Any]:
+    """`value` if it is a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
 def exponent(currency: Any) -> int | None:
     """The currency's minor-unit exponent (digits after the decimal point), None for a code that is not one."""
     if not isinstance(currency, str) or len(currency) != 3 or not currency.isalpha():

@@ -31,12 +31,10 @@ import polars as pl
 
 from dunning.config import Source
 from dunning.errors import BillingSourceFailed
-from dunning.ingest.events import EVENTS_SCHEMA
 from dunning.ingest.sources import mirror, open_source
 from dunning.ingest.sources.base import BillingSource
 from dunning.private_files import private_dir
 from dunning.safe_text import has_control
-from dunning.vocabulary import SetAside
 
 SNAPSHOTS_DIR = "snapshots"
 EVENTS_CURSOR = "stripe:invoice.payment_failed"  # the `source_cursors` row of the payment-failed poll
@@ -201,26 +199,3 @@ def pulls_from_source(settings: Source, snapshot_given: bool, reads_live_state: 
     """Whether a run pulls its invoices and polls its events: a billing source and no snapshot given (`--snapshot`
     always wins: a run given a file talks to no API), and not a backfill (a past day is not in today's API)."""
     return settings.kind != "none" and not snapshot_given and reads_live_state
-
-
-def with_pending(events: pl.DataFrame, pending: pl.DataFrame) -> pl.DataFrame:
-    """This run's events and the stored payment-failed events still without a notice, one row per event id."""
-    if pending.is_empty():
-        return events
-    pending = pending.select(EVENTS_SCHEMA.names()).cast(EVENTS_SCHEMA)
-    return pl.concat([events, pending]).unique("event_id", keep="first", maintain_order=True)
-
-
-def expired_rows(expired: pl.DataFrame, lookback_days: int, as_of: dt.datetime) -> pl.DataFrame:
-    """Stored payment-failed events past the lookback without their notice (`event_id`, `type`, `created_at`,
-    `payload`) as `event_quarantine` rows: they get no notice, and the run summary and `status` say so."""
-    reason = (
-        f"{SetAside.EXPIRED}: created {{}}, more than source.events_lookback_days ({lookback_days}) before the run's "
-        f"clock {as_of.astimezone(dt.UTC).isoformat()}: no notice"
-    )
-    return expired.select(
-        "event_id",
-        "type",
-        pl.format(reason, pl.col("created_at").dt.strftime("%Y-%m-%dT%H:%M:%SZ")).alias("reason"),
-        "payload",
-    )

@@ -32,7 +32,7 @@ from zoneinfo import ZoneInfo
 
 from dunning.config import Source
 from dunning.ingest.sources.base import FetchedBack, Notification, Pull, Signals
-from dunning.ingest.sources.normalize import iso_date, iso_instant, minor_units, text_row
+from dunning.ingest.sources.normalize import as_dict, iso_date, iso_instant, minor_units, text_row
 from dunning.ingest.sources.recurly_api import RecurlyClient
 from dunning.secret_env import read_secret
 
@@ -89,7 +89,7 @@ def invoice_row(invoice: Mapping[str, Any], account: Mapping[str, Any] | None, z
 def transaction_events(transaction: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A Recurly transaction as the billing events it means (module docstring); [] for what means nothing."""
     status, txn_id = transaction.get("status"), transaction.get("id")
-    invoice = transaction.get("invoice") if isinstance(transaction.get("invoice"), dict) else {}
+    invoice = as_dict(transaction.get("invoice"))
     if not isinstance(txn_id, str) or not invoice.get("number") or invoice.get("type") == "credit":
         return []
     account = _account(transaction)
@@ -145,7 +145,7 @@ class RecurlySource:
     def _rows(self, invoices: list[dict[str, Any]], zone: ZoneInfo) -> list[dict[str, Any]]:
         charges = [i for i in invoices if i.get("type") != "credit"]
         accounts = self._accounts([_account(i).get("id") for i in charges])
-        return [invoice_row(i, accounts.get(_account(i).get("id")), zone) for i in charges]
+        return [invoice_row(i, accounts.get(str(_account(i).get("id"))), zone) for i in charges]
 
     def pull(self, cursor: str | None, zone: ZoneInfo) -> Pull:
         self.api.requests = 0

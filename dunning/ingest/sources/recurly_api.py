@@ -54,8 +54,8 @@ class RecurlyClient:
             if 200 <= response.status_code < 300:
                 raise api_failure(VENDOR, self.api_base, request, status=response.status_code) from None
         if not 200 <= response.status_code < 300 or not isinstance(body, dict):
-            error = body.get("error") if isinstance(body, dict) else None
-            code = error.get("type") if isinstance(error, dict) else None
+            problem = body.get("error") if isinstance(body, dict) else None
+            code = problem.get("type") if isinstance(problem, dict) else None
             raise api_failure(VENDOR, self.api_base, request, status=response.status_code, code=code,
                               headers=dict(response.headers), key_env=self.key_env)  # fmt: skip
         return body
