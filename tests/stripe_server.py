@@ -220,3 +220,9 @@ def _created_matches(obj: dict[str, Any], params: dict[str, str]) -> bool:
         "lt": lambda v: created < v,
     }
     return all(test(int(params[f"created[{op}]"])) for op, test in bounds.items() if f"created[{op}]" in params)
+
+
+def full_sync_due(deployment: Any, kind: str = "stripe") -> None:
+    """The next pull of the deployment's source is complete, as when `source.full_sync_hours` has passed: the mirror
+    (`dunning.ingest.sources.mirror`) is removed."""
+    (deployment.home / "sources" / kind / "mirror.parquet").unlink(missing_ok=True)
