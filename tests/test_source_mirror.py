@@ -42,6 +42,10 @@ def test_a_change_replaces_its_row_a_deletion_drops_out_and_what_it_knew_of_the_
     assert moved.filter(pl.col("invoice_id") == "a")["customer_locale"].to_list() == [None], "not another's"
     whole = mirror.merged(old, Pull([{"invoice_id": "z", "customer_id": "c"}], complete=True, cursor="30"))
     assert whole["invoice_id"].to_list() == ["z"], "a complete pull replaces the mirror"
+    table = pl.DataFrame({"invoice_id": ["t"], "customer_id": ["c"], "amount_due": [1200],
+                          "due_date": [dt.date(2026, 11, 1)]})  # fmt: skip
+    typed = mirror.merged(old, Pull([], complete=True, cursor=None, frame=table))  # a table source's frame
+    assert typed.select("invoice_id", "amount_due", "due_date").rows() == [("t", "1200", "2026-11-01")]
 
 
 def test_stripe_pulls_changes_from_invoice_events_and_a_failed_pull_moves_no_cursor(fake, tmp_path):

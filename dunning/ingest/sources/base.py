@@ -3,7 +3,7 @@
 A source is asked four things (`BillingSource`):
 
 - `pull(cursor, zone)`: its invoices as snapshot rows (`normalize.ROW_FIELDS`, text like a CSV, validated later by
-  the same pandera rules as a file). With `cursor` None the pull is complete (the mirror is replaced by it: an
+  the same pandera rules as a file), or as one frame (`Pull.frame`: a table source such as SQL). With `cursor` None the pull is complete (the mirror is replaced by it: an
   invoice missing from it is gone); with a cursor, only what changed since (merged into the mirror, `deleted` drops
   ids). `Pull.cursor` is where the next incremental pull starts; it is stored with the mirror, in the same file,
   so it moves only once its pull is stored. A source that cannot pull incrementally (`incremental = False`) is
@@ -35,6 +35,8 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
+import polars as pl
+
 from dunning.errors import BillingSourceFailed
 
 _CODE = re.compile(r"[a-z0-9_.]{1,64}")
@@ -50,13 +52,16 @@ WHAT_TO_CHECK = {
 @dataclass
 class Pull:
     """One pull: the rows (`normalize.ROW_FIELDS`, text), ids the source says were deleted, the next cursor, whether
-    it was complete, and how many requests it took (the bench counts them)."""
+    it was complete, and how many requests it took (the bench counts them). A source that reads a table (a SQL
+    query's million rows, as Arrow batches) gives `frame` instead of `rows`: a polars frame with the snapshot's
+    columns, of any types (`normalize.conform` makes them text: integers, dates, strings)."""
 
     rows: list[dict[str, str | None]]
     complete: bool
     cursor: str | None
     deleted: list[str] = field(default_factory=list)
     requests: int = 0
+    frame: pl.DataFrame | None = None
 
 
 @dataclass

@@ -76,7 +76,7 @@ def _dedupe(rows: pl.DataFrame) -> pl.DataFrame:
 
 def merged(mirror: Mirror | None, pull: Pull) -> pl.DataFrame:
     """The mirror with `pull` applied (module docstring)."""
-    new = _dedupe(frame(pull.rows))
+    new = _dedupe(conform(pull.frame) if pull.frame is not None else frame(pull.rows))
     if pull.complete or mirror is None:
         return new.filter(~pl.col("invoice_id").is_in(pl.Series(pull.deleted, dtype=pl.String).implode()))
     old = mirror.rows
