@@ -3,11 +3,11 @@
 A source is asked four things (`BillingSource`):
 
 - `pull(cursor, zone)`: its invoices as snapshot rows (`normalize.ROW_FIELDS`, text like a CSV, validated later by
-  the same pandera rules as a file), or as one frame (`Pull.frame`: a table source such as SQL). With `cursor` None the pull is complete (the mirror is replaced by it: an
-  invoice missing from it is gone); with a cursor, only what changed since (merged into the mirror, `deleted` drops
-  ids). `Pull.cursor` is where the next incremental pull starts; it is stored with the mirror, in the same file,
-  so it moves only once its pull is stored. A source that cannot pull incrementally (`incremental = False`) is
-  always asked for everything.
+  the same pandera rules as a file), or as one frame (`Pull.frame`: a table source such as SQL). With `cursor` None
+  the pull is complete (the mirror is replaced by it: an invoice missing from it is gone); with a cursor, only what
+  changed since (merged into the mirror, `deleted` drops ids). `Pull.cursor` is where the next incremental pull
+  starts; it is stored with the mirror, in the same file, so it moves only once its pull is stored. A source that
+  cannot pull incrementally (`incremental = False`) is always asked for everything.
 - `signals(cursor, since)`: billing events newer than its events cursor, as Stripe-shaped event dicts (`id`,
   `type`, `created`, `data.object`) that `dunning.ingest.events` validates like any other: a payment failed
   (`invoice.payment_failed`, one notice each, id `{vendor}:{event id}` so its key is `event:{vendor}:{id}`), a
