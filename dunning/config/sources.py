@@ -42,9 +42,10 @@ class Source(Strict):
     site: str | None = None
     """`chargebee`: the site's name (`acme` for acme.chargebee.com; `acme-test` for its test site); needed unless
     `api_base` is given."""
-    full_sync_hours: Count = Field(default=24, ge=1, le=24 * 30)
+    full_sync_hours: Count = Field(default=24, ge=1, le=24 * 28)
     """Hours between complete pulls, which replace the mirror (catching deletions and anything an incremental pull
-    missed); the pulls between ask only for what changed since the cursor."""
+    missed); the pulls between ask only for what changed since the cursor. At most 672 (28 days: Stripe keeps its
+    events 30)."""
     payment_url_template: str | None = None
     """A pay link for every invoice without one of its own, e.g. `https://billing.example.com/pay/{invoice_id}`
     (https only; placeholders `{invoice_id}` and `{customer_id}`, URL-encoded)."""
