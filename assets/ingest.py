@@ -5,8 +5,8 @@ import dagster as dg
 
 from assets.common import OWNERS, daily_partitions, fail, tag_held
 from dunning.errors import DunningError
-from dunning.ingest import billing_source
 from dunning.ingest.landing import latest_for_day
+from dunning.ingest.sources import pulls
 from dunning.plan.clock import parse_as_of, refuse_future, utc_now
 from dunning.run import ingest
 from resources.dunning import DunningHome
@@ -32,7 +32,7 @@ def ingested_snapshot(context: dg.AssetExecutionContext, config: IngestRequest, 
         refuse_future(as_of, utc_now(), config.allow_future_as_of)  # a launchpad run with a clock ahead, as the CLI
         path, source = config.snapshot_path, None
         if path is None and settings.source.kind != "none":
-            path = str(billing_source.pull_invoices(settings.source, dunning_home.root, utc_now()))
+            path = str(pulls.pull_invoices(settings.source, dunning_home.root, utc_now(), zone=settings.zone))
             source = settings.source.kind
         if path is None:
             landed = latest_for_day(dunning_home.root / "landing", as_of.astimezone(settings.zone).date())

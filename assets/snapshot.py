@@ -18,9 +18,18 @@ from assets.common import (
 from checks.asset_checks import SNAPSHOT_AUDIT_COLUMNS
 from dunning.config import DunningConfig
 from dunning.errors import SnapshotError, SnapshotRefused
-from dunning.ingest import billing_source, rejections
-from dunning.ingest.events import EVENTS_SCHEMA, PAYMENT_FAILED, REJECTED_SCHEMA, LoadedEvents, load_events
+from dunning.ingest import rejections
+from dunning.ingest.events import (
+    EVENTS_SCHEMA,
+    PAYMENT_FAILED,
+    REJECTED_SCHEMA,
+    LoadedEvents,
+    expired_rows,
+    load_events,
+    with_pending,
+)
 from dunning.ingest.landing import latest_for_day
+from dunning.ingest.sources import pulls
 from dunning.plan import unchanged
 from dunning.plan.clock import CycleClock, refuse_future, utc_now
 from dunning.run import inbox, ingest, steps
@@ -31,7 +40,7 @@ from resources.dunning import CycleRequest, DunningHome
 
 
 def _pulls(config: DunningConfig, cycle_request: CycleRequest, clock: CycleClock) -> bool:
-    return billing_source.pulls_from_source(config.source, bool(cycle_request.snapshot_path), clock.reads_live_state)
+    return pulls.pulls_from_source(config.source, bool(cycle_request.snapshot_path), clock.reads_live_state)
 
 
 def _snapshot_path(
@@ -45,7 +54,9 @@ def _snapshot_path(
     if cycle_request.shard and clock.live and ingest.reads_the_store(config, dunning_home.root):
         return str(ingest.shard_snapshot(config, dunning_home.root, shard.count, shard.index, clock.as_of)), None
     if _pulls(config, cycle_request, clock):
-        return str(billing_source.pull_invoices(config.source, dunning_home.root, utc_now())), config.source.kind
+        return str(
+            pulls.pull_invoices(config.source, dunning_home.root, utc_now(), zone=config.zone)
+        ), config.source.kind
     day = clock.partition_date
     landed = latest_for_day(dunning_home.root / "landing", day)
     if landed is None:
@@ -113,7 +124,7 @@ def invoice_snapshot(
                 brings_data = (
                     bool(cycle_request.events_path)
                     or _pulls(config, cycle_request, clock)
-                    or bool(inbox.pending(dunning_home.root))  # webhook events wait to be applied
+                    or bool(inbox.pending(dunning_home.root, config.source.kind))  # webhook events wait to be applied
                 )
                 verdict = unchanged.start(
                     ledger, inputs, clock, config, run_id=context.run.run_id, may_skip=not brings_data, wall=utc_now()
@@ -178,11 +189,13 @@ def billing_events(
     try:
         config = dunning_home.settings()
         clock = cycle_request.cycle_clock(context, config)
-        polling = not cycle_request.events_path and billing_source.polls_events(
+        polling = not cycle_request.events_path and pulls.polls_events(
             config.source, bool(cycle_request.snapshot_path), clock.reads_live_state
         )
         received = None
-        if clock.live and inbox.pending(dunning_home.root):  # what `dunning serve-webhooks` accepted since
+        if clock.live and inbox.pending(
+            dunning_home.root, config.source.kind
+        ):  # what `dunning serve-webhooks` accepted since
             with dunning_home.ledger() as ledger:
                 received = inbox.apply_inbox(ledger, dunning_home.root, config, context.run.run_id, utc_now())
             context.log.info(f"webhook inbox: {received.files} event(s) applied")
@@ -193,8 +206,8 @@ def billing_events(
         polled = None
         if polling and first_shard:  # once per cycle, whatever the sharding
             with dunning_home.ledger() as ledger:
-                cursor = ledger.source_cursor(billing_source.EVENTS_CURSOR)
-            polled = billing_source.poll_events(config.source, dunning_home.root, cursor, clock.as_of, utc_now())
+                cursor = ledger.source_cursor(pulls.events_cursor(config.source))
+            polled = pulls.poll_events(config.source, dunning_home.root, cursor, clock.as_of, utc_now())
         path = cycle_request.events_path or (str(polled.path) if polled and polled.path else None)
         if path:
             loaded = load_events(path)
@@ -209,17 +222,19 @@ def billing_events(
                 if loaded.rejected.height and first_shard:  # kept once, by shard 0
                     ledger.quarantine_events(loaded.rejected, context.run.run_id, received_at)
                 if polled is not None and polled.newest_id:
-                    ledger.stage_cursor(billing_source.EVENTS_CURSOR, polled.newest_id, context.run.run_id, received_at)
+                    ledger.stage_cursor(
+                        pulls.events_cursor(config.source), polled.newest_id, context.run.run_id, received_at
+                    )
         pending = 0
         if polling or webhooks:
             since = clock.as_of - dt.timedelta(days=config.source.events_lookback_days)
             with dunning_home.ledger() as ledger:
                 waiting = ledger.pending_notice_events(since)
-                events = billing_source.with_pending(events, waiting)
+                events = with_pending(events, waiting)
                 if clock.live and first_shard:  # older ones yield nothing: set aside, counted, once (by shard 0)
                     old = ledger.expired_notice_events(since).filter(~pl.col("event_id").is_in(events["event_id"]))
                     expired = ledger.set_aside_events(
-                        billing_source.expired_rows(old, config.source.events_lookback_days, clock.as_of),
+                        expired_rows(old, config.source.events_lookback_days, clock.as_of),
                         context.run.run_id,
                         utc_now(),
                     )

@@ -71,7 +71,7 @@ def floor(dsn: str, query: str) -> tuple[float, int]:
 
 def pull(home: Path, query: str) -> tuple[float, Path]:
     from dunning.config import Source
-    from dunning.ingest import billing_source
+    from dunning.ingest.sources import pulls as billing_source
 
     settings = Source(kind="sql", dsn_env=ENV, query=query, timeout_seconds=600)
     started = time.perf_counter()

@@ -12,8 +12,8 @@ import json
 import dagster as dg
 
 from dunning.errors import DunningError, LedgerBusy
-from dunning.ingest import billing_source
 from dunning.ingest.landing import content_hash, landing_files
+from dunning.ingest.sources import pulls
 from dunning.plan.clock import utc_now
 from dunning.run.snapshot_guard import HELD_TAG
 from dunning.send import liveness
@@ -146,11 +146,11 @@ def stripe_events(context: dg.SensorEvaluationContext, dunning_home: DunningHome
     try:
         with dunning_home.ledger(timeout_seconds=20) as ledger:
             pause = ledger.pause_state()
-            cursor = ledger.source_cursor(billing_source.EVENTS_CURSOR)
+            cursor = ledger.source_cursor(pulls.EVENTS_CURSOR)
         if pause.paused:
             return dg.SkipReason(f"dunning is paused since {pause.changed_at} by {pause.changed_by}: {pause.reason}")
         now = utc_now()
-        newest = billing_source.newest_event(settings.source, now)
+        newest = pulls.newest_event(settings.source, now)
     except LedgerBusy:
         return dg.SkipReason("the ledger is busy; asking again at the next tick")
     except DunningError as error:

@@ -10,7 +10,8 @@ What it does as Stripe does (https://docs.stripe.com/api/pagination):
   `data`); `limit` (1..100, default 10), `starting_after` (the page after an
   id), `ending_before` (the page just before an id, i.e. newer, still newest
   first), an unknown cursor answered 400 naming the parameter;
-- `/v1/events` filters on `type` and `created[gte|gt|lte|lt]`;
+- `/v1/events` filters on `types[]`, `type` (with Stripe's wildcard: `invoice.*`) and `created[gte|gt|lte|lt]`;
+- `/v1/charges/{id}` answers a charge from `charges` (its `invoice` and `customer`), 404 for another id;
 - `rate_limited = N` answers the next N requests 429 (`rate_limit`), without
   `Stripe-Should-Retry`; `malformed = True` answers 200 with a body that is not
   JSON.
@@ -33,6 +34,7 @@ import copy
 import datetime as dt
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -97,6 +99,8 @@ class FakeStripe:
         self.key = key
         self.invoices: list[dict[str, Any]] = []  # any order: served newest `created` first
         self.events: list[dict[str, Any]] = []
+        self.charges: dict[str, dict[str, Any]] = {}
+        self._updates = 0
         self.rate_limited = 0
         self.malformed = False
         self.requests: list[tuple[str, dict[str, str], str]] = []
@@ -120,6 +124,20 @@ class FakeStripe:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+    def update_invoices(self, invoices: list[dict[str, Any]]) -> None:
+        """The account's invoices change as Stripe changes them: each changed or new invoice also gets its
+        `invoice.updated` event now (what an incremental pull reads)."""
+        now = int(time.time())
+        with self._lock:
+            old = {i["id"]: i for i in self.invoices}
+            for invoice in invoices:
+                if old.get(invoice["id"]) != invoice:
+                    self._updates += 1
+                    self.events.append({"object": "event", "id": f"evt_upd_{self._updates:05d}",
+                                        "type": "invoice.updated", "created": now,
+                                        "data": {"object": copy.deepcopy(invoice)}})  # fmt: skip
+            self.invoices = invoices
 
     def requests_to(self, path: str) -> list[dict[str, str]]:
         with self._lock:
@@ -152,7 +170,12 @@ class FakeStripe:
             types = {v for k, v in params.items() if k.startswith("types[")} or (
                 {params["type"]} if "type" in params else None
             )  # Stripe's `types[]` (up to 20), or one `type`
-            items = [e for e in self.events if _created_matches(e, params) and (types is None or e["type"] in types)]
+            items = [e for e in self.events if _created_matches(e, params) and _type_matches(e["type"], types)]
+        elif path.startswith("/v1/charges/"):
+            charge = self.charges.get(path.removeprefix("/v1/charges/"))
+            if charge is None:
+                return 404, _error("invalid_request_error", "No such charge", "resource_missing", "id")
+            return 200, {"object": "charge", "id": path.removeprefix("/v1/charges/"), **charge}
         else:
             return 404, _error("invalid_request_error", f"Unrecognized request URL (GET: {path})")
         return self._page(path, sorted(items, key=lambda o: (o["created"], o["id"]), reverse=True), params)
@@ -296,6 +319,13 @@ def _customer_id(invoice: dict[str, Any]) -> object:
     return customer.get("id") if isinstance(customer, dict) else customer
 
 
+def _type_matches(kind: str, types: set[str] | None) -> bool:
+    """Stripe's `type` filter: an exact type, or a wildcard such as `invoice.*`."""
+    if types is None:
+        return True
+    return any(kind == t or (t.endswith(".*") and kind.startswith(t[:-1])) for t in types)
+
+
 def _created_matches(obj: dict[str, Any], params: dict[str, str]) -> bool:
     created = obj["created"]
     bounds = {
@@ -305,3 +335,9 @@ def _created_matches(obj: dict[str, Any], params: dict[str, str]) -> bool:
         "lt": lambda v: created < v,
     }
     return all(test(int(params[f"created[{op}]"])) for op, test in bounds.items() if f"created[{op}]" in params)
+
+
+def full_sync_due(deployment: Any, kind: str = "stripe") -> None:
+    """The next pull of the deployment's source is complete, as when `source.full_sync_hours` has passed: the mirror
+    (`dunning.ingest.sources.mirror`) is removed."""
+    (deployment.home / "sources" / kind / "mirror.parquet").unlink(missing_ok=True)

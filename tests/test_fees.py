@@ -386,7 +386,7 @@ def test_templates_see_fees_interest_to_date_and_total_claimed_and_the_remaining
 def test_stripe_customers_say_their_type_by_metadata_or_reverse_charge():
     from zoneinfo import ZoneInfo
 
-    from dunning.ingest.stripe import invoice_row
+    from dunning.ingest.sources.stripe import invoice_row
     from tests.stripe_server import fixture_invoice
 
     def row(customer: object) -> str | None:

@@ -186,7 +186,7 @@ def test_unusable_lines_drop_the_lines_not_the_email(lines):
 def test_a_stripe_invoice_is_keyed_by_the_utc_month_of_period_end_and_carries_its_lines(tmp_path):
     from zoneinfo import ZoneInfo
 
-    from dunning.ingest.stripe import invoice_row
+    from dunning.ingest.sources.stripe import invoice_row
 
     fixture = json.loads((Path(__file__).parent / "fixtures" / "stripe" / "invoices_list.json").read_text())
     stripe_invoice = dict(fixture["data"][0], period_end=1_764_547_200)  # 2025-12-01T00:00:00Z: November in New York

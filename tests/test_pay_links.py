@@ -12,7 +12,7 @@ import pytest
 
 from dunning.email.pay_links import https_url, with_payment_urls
 from dunning.email.render import WIRE_POLICY, reminder_email
-from dunning.ingest.stripe import invoice_row
+from dunning.ingest.sources.stripe import invoice_row
 from tests.conftest import invoice
 from tests.helpers import parsed_html_elements, reminder_row
 

@@ -9,7 +9,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
-from dunning.ingest.stripe_api import POLLED_TYPES
+from dunning.ingest.sources.stripe_api import POLLED_TYPES
 from dunning.plan import payment_signals
 from tests.conftest import invoice
 

@@ -232,7 +232,7 @@ def test_a_source_pull_held_as_shrunk_pages_once_not_once_per_failed_hour(deploy
 
     from pipelines.sensors import page_on_run_failure
     from resources.dunning import DunningHome
-    from tests.stripe_server import KEY, FakeStripe, stripe_invoice
+    from tests.stripe_server import KEY, FakeStripe, full_sync_due, stripe_invoice
 
     when = dt.datetime(2026, 11, 10, 9, tzinfo=dt.UTC)
     with FakeStripe() as fake:
@@ -245,6 +245,7 @@ def test_a_source_pull_held_as_shrunk_pages_once_not_once_per_failed_hour(deploy
         assert deployment.cli("run", "--as-of", "2026-11-10T09:00:00Z")[0] == 0
         fake.invoices = fake.invoices[:3]
         for hour in (10, 11, 12):
+            full_sync_due(deployment)  # a complete pull each hour: the one that shrank
             assert deployment.cli("run", "--as-of", f"2026-11-10T{hour}:00:00Z")[0] == 7
     monkeypatch.setenv("DUNNING_HOME", str(deployment.home))
     instance = dg.DagsterInstance.from_config(str(deployment.home / "dagster"))

@@ -14,7 +14,7 @@ import pytest
 
 from dunning.config import parse_config
 from dunning.errors import ConfigError
-from dunning.ingest.stripe import invoice_row
+from dunning.ingest.sources.stripe import invoice_row
 from dunning.plan.schedule import opening
 from tests.conftest import invoice
 from tests.escalation_receiver import EscalationServer, Receiver

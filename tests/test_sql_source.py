@@ -14,7 +14,7 @@ import pytest
 from dunning.config import DunningConfig, Source
 from dunning.config.loading import load_config
 from dunning.errors import BillingSourceFailed, ConfigError
-from dunning.ingest import billing_source
+from dunning.ingest.sources import pulls as billing_source
 from dunning.ingest.sources import sql
 from dunning.run import cycle
 from tests.conftest import Deployment

@@ -11,12 +11,13 @@ import zlib
 from pathlib import Path
 
 import dagster as dg
+import polars as pl
 import psycopg
 import pytest
 
 from dunning.config import Source
 from dunning.errors import BillingSourceFailed
-from dunning.ingest import billing_source
+from dunning.ingest.sources import pulls
 from dunning.ledger.backends.duckdb_ledger import open_ledger
 from pipelines.sensors import stripe_events
 from resources.dunning import DunningHome
@@ -52,9 +53,14 @@ def files_holding(root: Path, text: str) -> list[Path]:
     return [f for f in root.rglob("*") if f.is_file() and text.encode() in f.read_bytes()]
 
 
-def pulled(deployment: Deployment, suffix: str = "-stripe.json") -> list[Path]:
+def pulled(deployment: Deployment, suffix: str = "-stripe.parquet") -> list[Path]:
     directory = deployment.home / "snapshots"
     return sorted(p for p in directory.iterdir() if p.name.endswith(suffix)) if directory.is_dir() else []
+
+
+def polls(fake: FakeStripe) -> list[dict[str, str]]:
+    """The events polls (payment failed and the signals), not the incremental pulls of changed invoices."""
+    return [p for p in fake.requests_to("/v1/events") if p.get("type") != "invoice.*"]
 
 
 def notices(deployment: Deployment) -> list[str]:
@@ -62,9 +68,7 @@ def notices(deployment: Deployment) -> list[str]:
 
 
 def cursor_row(deployment: Deployment) -> tuple | None:
-    rows = deployment.query(
-        "SELECT cursor, pending_cursor FROM source_cursors WHERE source = ?", [billing_source.EVENTS_CURSOR]
-    )
+    rows = deployment.query("SELECT cursor, pending_cursor FROM source_cursors WHERE source = ?", [pulls.EVENTS_CURSOR])
     return rows[0] if rows else None
 
 
@@ -89,9 +93,8 @@ def test_250_invoices_over_three_pages_are_all_reminded_and_a_second_pull_sends_
     assert keys == sorted(f"dunning:in_fake{n:05d}:1:day3" for n in range(250))
     assert len(deployment.outbox()) == 125, "one email per customer (two invoices each)"
     [first] = pulled(deployment)
-    body = json.loads(first.read_text())
-    assert body["object"] == "list"
-    assert [i["id"] for i in body["data"]] == [f"in_fake{n:05d}" for n in range(249, -1, -1)], "as served"
+    rows = pl.read_parquet(first)
+    assert rows["invoice_id"].to_list() == [f"in_fake{n:05d}" for n in range(249, -1, -1)], "as served"
     assert deployment.query("SELECT snapshot_path FROM applied_snapshots") == [(str(first),)]
     assert not any(p.exists() for p in old), "pulled files older than snapshot_retention_days are deleted"
     assert all(p.exists() for p in kept), "no other file is touched"
@@ -99,7 +102,9 @@ def test_250_invoices_over_three_pages_are_all_reminded_and_a_second_pull_sends_
     code, out2, err2 = deployment.cli("run", "--as-of", at(1))
     assert code == 0, err2
     assert "reminders newly due: 0" in out2 and len(deployment.outbox()) == 125
-    assert len(pulled(deployment)) == 2 and len(fake.requests_to("/v1/invoices")) == 6
+    assert len(pulled(deployment)) == 2 and len(fake.requests_to("/v1/invoices")) == 3, "no second full pull"
+    [changes] = [p for p in fake.requests_to("/v1/events") if p.get("type") == "invoice.*"]
+    assert int(changes["created[gte]"]) > int(AS_OF.timestamp()) - 3600, "only what changed since the cursor"
 
     requests = len(fake.requests)  # a pulled file replays with --snapshot, which always wins: no API call
     code, out3, err3 = deployment.cli("run", "--snapshot", str(first), "--as-of", at(2))
@@ -114,9 +119,9 @@ def test_a_paid_invoice_closes_its_cycle_and_a_reopened_one_starts_a_new_cycle(d
     stripe_home(deployment, fake, monkeypatch)
     fake.invoices = [stripe_invoice(1, AS_OF)]
     assert deployment.cli("run", "--as-of", at())[0] == 0
-    fake.invoices = [stripe_invoice(1, AS_OF, status="paid", amount_paid=1037, amount_remaining=0)]
+    fake.update_invoices([stripe_invoice(1, AS_OF, status="paid", amount_paid=1037, amount_remaining=0)])
     assert deployment.cli("run", "--as-of", at(1))[0] == 0
-    fake.invoices = [stripe_invoice(1, AS_OF)]
+    fake.update_invoices([stripe_invoice(1, AS_OF)])
     assert deployment.cli("run", "--as-of", at(2))[0] == 0
     assert [m["X-Dunning-Keys"] for m in deployment.outbox()] == [
         "dunning:in_fake00001:1:day3",
@@ -174,12 +179,12 @@ def test_the_sdk_backs_off_and_retries_a_429_then_a_malformed_body_is_refused(fa
     settings = Source(kind="stripe", api_base=fake.url, max_network_retries=1)
     env = {"STRIPE_API_KEY": KEY}
     fake.rate_limited = 1
-    path = billing_source.pull_invoices(settings, tmp_path, AS_OF, env)
+    path = pulls.pull_invoices(settings, tmp_path, AS_OF, env)
     assert len(fake.requests_to("/v1/invoices")) == 2, "one 429, retried once with the SDK's backoff"
-    assert len(json.loads(path.read_text())["data"]) == 3
+    assert pl.read_parquet(path).height == 3
     fake.malformed = True
     with pytest.raises(BillingSourceFailed, match="malformed body"):
-        billing_source.pull_invoices(settings, tmp_path, AS_OF + dt.timedelta(seconds=1), env)
+        pulls.pull_invoices(settings, tmp_path, AS_OF + dt.timedelta(seconds=1), env)
     assert sorted(p.name for p in (tmp_path / "snapshots").iterdir()) == [path.name], "no half file left behind"
 
 
@@ -188,7 +193,7 @@ def test_an_invoice_listed_twice_is_named_not_called_a_malformed_body(fake, tmp_
     fake.invoices = [stripe_invoice(2, AS_OF), twice, copy.deepcopy(twice)]
     settings = Source(kind="stripe", api_base=fake.url)
     with pytest.raises(BillingSourceFailed, match="listed invoice in_fake00001 twice") as caught:
-        billing_source.pull_invoices(settings, tmp_path, AS_OF, {"STRIPE_API_KEY": KEY})
+        pulls.pull_invoices(settings, tmp_path, AS_OF, {"STRIPE_API_KEY": KEY})
     assert "malformed" not in str(caught.value)
 
 
@@ -206,6 +211,7 @@ def test_pulled_snapshot_retention_deletes_only_old_pulled_files(tmp_path):
     names = {
         "2026-08-01T000000.000000Z-stripe.json": False,  # 122 days before the wall clock: deleted
         "2026-08-01T000000.000000Z-stripe-events.json": False,
+        "2026-08-01T000000.000000Z-chargebee.parquet": False,
         "2026-09-15T000000.000000Z-stripe.json": True,  # 77 days: kept
         "2026-08-01.csv": True,
         "2026-08-01T000000.000000Z-stripe.json.bak": True,
@@ -213,7 +219,7 @@ def test_pulled_snapshot_retention_deletes_only_old_pulled_files(tmp_path):
     }
     for name in names:
         (tmp_path / name).write_text("x")
-    removed = billing_source.prune_pulled(tmp_path, dt.datetime(2026, 12, 1, tzinfo=dt.UTC), 90)
+    removed = pulls.prune_pulled(tmp_path, dt.datetime(2026, 12, 1, tzinfo=dt.UTC), 90)
     assert sorted(p.name for p in removed) == sorted(n for n, keep in names.items() if not keep)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, keep in names.items() if keep)
 
@@ -239,9 +245,9 @@ def test_payment_failed_events_are_polled_from_the_cursor_and_each_gives_one_not
     fake.events.append(payment_failed_event("evt_fake_2", fake.invoices[2], AS_OF))
     code, _, err = deployment.cli("run", "--as-of", at(2))
     assert code == 0, err
-    polls = fake.requests_to("/v1/events")
-    assert polls[-1]["ending_before"] == "evt_fake_1" and "invoice.payment_failed" in {
-        v for k, v in polls[-1].items() if k.startswith("types[")
+    asked = polls(fake)
+    assert asked[-1]["ending_before"] == "evt_fake_1" and "invoice.payment_failed" in {
+        v for k, v in asked[-1].items() if k.startswith("types[")
     }
     assert notices(deployment) == ["event:evt_fake_1", "event:evt_fake_2"]
     assert cursor_row(deployment) == ("evt_fake_2", None)
@@ -268,7 +274,7 @@ def test_a_run_halted_after_polling_does_not_advance_the_cursor_and_the_next_rep
     )
     code, _, err = deployment.cli("run", "--as-of", at(1))
     assert code == 0, err
-    assert fake.requests_to("/v1/events")[-1].get("ending_before") is None, "the cursor did not move: polled again"
+    assert polls(fake)[-1].get("ending_before") is None, "the cursor did not move: polled again"
     assert notices(deployment) == ["event:evt_fake_9"] and cursor_row(deployment) == ("evt_fake_9", None)
 
 
@@ -301,10 +307,10 @@ def test_sharded_runs_poll_once_and_each_shard_sends_its_customers_notices(deplo
     stripe_home(deployment, fake, monkeypatch, extra="shards: 2\n")
     code, _, err = deployment.cli("run", "--as-of", at(), "--shard", "0/2")
     assert code == 0, err
-    assert notices(deployment) == ["event:evt_shard_0"] and len(fake.requests_to("/v1/events")) == 1
+    assert notices(deployment) == ["event:evt_shard_0"] and len(polls(fake)) == 1
     code, _, err = deployment.cli("run", "--as-of", at(), "--shard", "1/2")
     assert code == 0, err
-    assert len(fake.requests_to("/v1/events")) == 1, "shard 1 does not poll: it reads the stored events"
+    assert len(polls(fake)) == 1, "shard 1 does not poll: it reads the stored events"
     assert notices(deployment) == ["event:evt_shard_0", "event:evt_shard_1"]
     assert cursor_row(deployment) == ("evt_shard_0", None), "evt_shard_0 is the newest"
 
@@ -324,7 +330,7 @@ def test_the_sensor_asks_for_a_run_only_when_stripe_has_an_event_newer_than_the_
     request = _sense(deployment.home)
     assert isinstance(request, dg.RunRequest) and request.run_key == "stripe-events-evt_new"
     assert request.partition_key == now.date().isoformat()
-    assert fake.requests_to("/v1/events")[-1]["limit"] == "1"
+    assert polls(fake)[-1]["limit"] == "1"
     with open_ledger(deployment.home / "dunning.duckdb") as ledger:
         ledger.stage_cursor("stripe:invoice.payment_failed", "evt_new", "r1", now)
         ledger.commit_cursor("r1", now)

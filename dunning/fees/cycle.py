@@ -164,7 +164,7 @@ def post_approved(
         return PostReport(), None
     # here, not at import: the Stripe SDK is a tenth of a second (or more) of every run's start otherwise
     from dunning.fees.posting import post_charges
-    from dunning.ingest.stripe_api import api_key, client
+    from dunning.ingest.sources.stripe_api import api_key, client
 
     def stripe_client() -> Any:
         return client(config.source, api_key(config.source))

@@ -28,9 +28,10 @@ from typing import Any, TypeGuard
 
 import polars as pl
 
-from dunning.ingest.stripe import read_events
+from dunning.ingest.sources.stripe import read_events
 from dunning.keys import event_key
 from dunning.safe_text import collection_paused, has_control
+from dunning.vocabulary import SetAside
 
 PAYMENT_FAILED = "invoice.payment_failed"
 EVENTS_SCHEMA = pl.Schema(
@@ -271,3 +272,26 @@ def events_frame(path: str | Path) -> pl.DataFrame:
 
 def event_keys(events: pl.DataFrame) -> list[str]:
     return [event_key(e) for e in events.filter(pl.col("type") == PAYMENT_FAILED).get_column("event_id")]
+
+
+def with_pending(events: pl.DataFrame, pending: pl.DataFrame) -> pl.DataFrame:
+    """This run's events and the stored payment-failed events still without a notice, one row per event id."""
+    if pending.is_empty():
+        return events
+    pending = pending.select(EVENTS_SCHEMA.names()).cast(EVENTS_SCHEMA)
+    return pl.concat([events, pending]).unique("event_id", keep="first", maintain_order=True)
+
+
+def expired_rows(expired: pl.DataFrame, lookback_days: int, as_of: dt.datetime) -> pl.DataFrame:
+    """Stored payment-failed events past the lookback without their notice (`event_id`, `type`, `created_at`,
+    `payload`) as `event_quarantine` rows: they get no notice, and the run summary and `status` say so."""
+    reason = (
+        f"{SetAside.EXPIRED}: created {{}}, more than source.events_lookback_days ({lookback_days}) before the run's "
+        f"clock {as_of.astimezone(dt.UTC).isoformat()}: no notice"
+    )
+    return expired.select(
+        "event_id",
+        "type",
+        pl.format(reason, pl.col("created_at").dt.strftime("%Y-%m-%dT%H:%M:%SZ")).alias("reason"),
+        "payload",
+    )

@@ -15,31 +15,10 @@ import polars as pl
 
 from dunning.errors import SnapshotError
 from dunning.ingest.csv_lines import LINE_PROBLEM, read_by_line
-from dunning.ingest.stripe import SNAPSHOT_FIELDS, load_stripe_invoices
+from dunning.ingest.sources.base import OPTIONAL_COLUMNS as OPTIONAL_COLUMNS
+from dunning.ingest.sources.base import REQUIRED_COLUMNS as REQUIRED_COLUMNS
+from dunning.ingest.sources.stripe import SNAPSHOT_FIELDS, load_stripe_invoices
 
-REQUIRED_COLUMNS = (
-    "invoice_id",
-    "customer_id",
-    "customer_email",
-    "currency",
-    "amount_due",
-    "amount_paid",
-    "due_date",
-    "status",
-)
-# `auto_advance`: text, "false" (any case) marks an invoice the billing system does not collect by itself
-# (Stripe's `auto_advance`); anything else, or no column, counts as true (`dunning.plan.exclusions`)
-# `payment_url` and `customer_locale` are checked, not validated (`pay_links`, `locales`): a bad one is dropped
-# or falls back to the default, and never rejects the row
-# `invoice_lines` (JSON lines for the invoice email) is checked when an email shows it (`invoice_emails.invoice_lines`)
-# `segment` only chooses a policy (`plan.policies`), never shown; `customer_timezone` (an IANA name) places the send
-# window in the customer's time zone (`plan.schedule`): an unknown one falls back to the business zone, counted
-# `customer_type` (`business|consumer`, any case) decides which late fees the law allows (`dunning.fees`); anything
-# else is `fees.default_customer_type`
-OPTIONAL_COLUMNS = (
-    "customer_name", "billing_period", "snapshot_at", "auto_advance", "payment_url", "customer_locale", "invoice_lines",
-    "segment", "customer_timezone", "customer_type",
-)  # fmt: skip
 PARSED_COLUMNS = ("amount_due", "amount_paid", "due_date")
 
 

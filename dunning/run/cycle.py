@@ -22,6 +22,7 @@ from dunning.email.pay_links import with_payment_urls
 from dunning.fees.planning import fees_configured
 from dunning.ingest.snapshot import read_snapshot
 from dunning.ingest.snapshot_rules import summarize_rejections, validate_snapshot
+from dunning.ingest.sources.normalize import templated_pay_links
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.claims import ClaimCap
 from dunning.plan.breaker import BreakerVerdict, breaker_window, evaluate_breaker
@@ -48,6 +49,7 @@ def load_snapshot(path: str | Path, config: DunningConfig) -> ValidatedSnapshot:
     """Read and validate; raises SnapshotError only when the file itself is unusable."""
     valid, rejected = validate_snapshot(read_snapshot(path, config.zone))
     # pay links only when https (else dropped and flagged for the audit), locales only when Babel knows them
+    valid = templated_pay_links(valid, config.source.payment_url_template)  # for the invoices without their own
     valid = with_customer_locales(with_payment_urls(valid))
     valid = valid.drop("amount_due_raw", "amount_paid_raw", "due_date_raw", strict=False)
     # one contiguous chunk per number, date and flag column: every later step on a many-chunked frame paid for a

@@ -10,6 +10,11 @@ signed by Resend, `dunning.run.feedback`), Stripe events are stored in `billing_
 unique on the event id, and feed the same payment-failed path. A file is removed only after what it holds is
 committed; a run that dies in between leaves it for the next, which records nothing twice. Files waiting in the
 inbox keep an hour from being skipped as unchanged.
+
+Chargebee and Recurly notifications are triggers, not facts (`VENDORS`): a run whose `source.kind` is that vendor
+fetches each back from the API (`BillingSource.fetch_back`), stores the events that answer says (`billing_events`,
+unique on their ids, so a notification and the poll of the same payment make one notice) and merges the invoices
+into the source's mirror, then removes the files. Another source's notifications wait, counted by nothing.
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ from typing import Any
 from dunning.config import DunningConfig
 from dunning.ingest.delivery_reports import Reading, resend_event
 from dunning.ingest.events import split_events
+from dunning.ingest.sources import mirror, open_source
+from dunning.ingest.sources.base import Notification
 from dunning.ledger.base import Ledger
 from dunning.run import feedback
 
 INBOX = Path("inbox") / "webhooks"
 PROVIDERS = ("resend", "stripe")
+VENDORS = ("chargebee", "recurly")  # triggers, fetched back by a run of that source
 
 
 def inbox_dir(home: Path) -> Path:
@@ -71,11 +79,13 @@ def store(home: Path, provider: str, event_id: str, body: bytes, received_at: dt
         os.unlink(temporary)
 
 
-def pending(home: Path) -> list[Path]:
+def pending(home: Path, kind: str | None = None) -> list[Path]:
+    """The files waiting: Resend's and Stripe's, and the notifications of `kind` when it is a vendor's."""
     directory = inbox_dir(home)
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.glob("*.json") if p.name.split("-", 1)[0] in PROVIDERS)
+    wanted = (*PROVIDERS, kind) if kind in VENDORS else PROVIDERS
+    return sorted(p for p in directory.glob("*.json") if p.name.split("-", 1)[0] in wanted)
 
 
 @dataclass
@@ -86,6 +96,7 @@ class InboxResult:
     rejected_stripe_events: int = 0
     feedback: feedback.FeedbackResult = field(default_factory=feedback.FeedbackResult)
     unreadable: list[str] = field(default_factory=list)
+    fetched_back: int = 0  # vendor notifications asked of the API
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -97,19 +108,24 @@ def _read(path: Path) -> dict[str, Any] | None:
     return {**record, "event": body} if isinstance(record, dict) else None
 
 
-def apply_inbox(ledger: Ledger, home: Path, config: DunningConfig, run_id: str, at: dt.datetime) -> InboxResult:
-    """Apply every event waiting in the inbox (module docstring), then remove the files applied."""
-    files = pending(home)
+def apply_inbox(
+    ledger: Ledger, home: Path, config: DunningConfig, run_id: str, at: dt.datetime, fetch_back: bool = True
+) -> InboxResult:
+    """Apply every event waiting in the inbox (module docstring), then remove the files applied. `fetch_back`: also
+    the notifications of the configured vendor (never in the receiver: its answer must not wait on the API)."""
+    files = pending(home, config.source.kind if fetch_back else None)
     result = InboxResult(files=len(files))
     if not files:
         return result
-    stripe_events, reading, applied = [], Reading(), []
+    stripe_events, reading, applied, notes = [], Reading(), [], []
     for path in files:
         record = _read(path)
         try:
             if record is None:
                 raise ValueError("not an inbox record")
-            if record["provider"] == "stripe":
+            if record["provider"] in VENDORS:
+                notes.append(Notification(record["provider"], record["event_id"], record["event"]))
+            elif record["provider"] == "stripe":
                 stripe_events.append(record["event"])
             else:
                 reading.reports += resend_event(record["event"], "resend_webhook", trusted=True) or []
@@ -119,6 +135,12 @@ def apply_inbox(ledger: Ledger, home: Path, config: DunningConfig, run_id: str, 
             path.replace(path.parent / "unreadable" / path.name)
             continue
         applied.append(path)
+    if notes:
+        fetched = open_source(config.source).fetch_back(notes, config.zone)  # exit 7 when the API fails: kept
+        result.fetched_back = len(notes)
+        stripe_events += fetched.events
+        if fetched.rows:
+            mirror.merge_rows(home, config.source.kind, fetched.rows)
     if stripe_events:
         loaded = split_events(stripe_events)
         result.stripe_events = loaded.accepted.height

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dunning.config import DunningConfig
-from dunning.ingest.billing_source import snapshots_dir
+from dunning.ingest.sources.pulls import snapshots_dir
 from dunning.ingest.store import SnapshotStore, choose_manifest
 from dunning.ledger.base import Ledger
 from dunning.run import ingest

@@ -1,9 +1,15 @@
-"""`dunning serve-webhooks`: a small ASGI app (Starlette, served by uvicorn) that receives Resend and Stripe webhooks.
+"""`dunning serve-webhooks`: a small ASGI app (Starlette, served by uvicorn) that receives Resend, Stripe, Chargebee
+and Recurly webhooks.
 
 - `POST /webhooks/resend`: the Svix signature (`svix-id`, `svix-timestamp`, `svix-signature`) is verified with the
   official `svix` library and `RESEND_WEBHOOK_SECRET` (`whsec_…`); missing, wrong or older than 5 minutes: 400.
 - `POST /webhooks/stripe`: `Stripe-Signature` is verified with the `stripe` SDK and `STRIPE_WEBHOOK_SECRET`
   (tolerance 5 minutes); otherwise 400.
+- `POST /webhooks/chargebee`: HTTP Basic with `CHARGEBEE_WEBHOOK_USERNAME` and `CHARGEBEE_WEBHOOK_PASSWORD`
+  (constant time); `POST /webhooks/recurly`: `recurly-signature` with `RECURLY_WEBHOOK_SECRET` (any signature may
+  match, 5 minutes' tolerance; `dunning.ingest.sources.webhooks`). Otherwise 401/400. Stored whatever `source.kind`
+  is; the next run of that source fetches each back from the API before it changes anything (neither is applied
+  here, even with a PostgreSQL ledger: the vendor's 5 s to answer must not wait on its API).
 - A body over `feedback.webhook_max_bytes` (1 MB) is refused with 413 before it is read whole.
 - uvicorn bounds no read of a request's head (a client sending a header a byte a minute held its socket for good):
   `server_config` serves h11 with a deadline, `feedback.webhook_timeout_seconds` (10 s) from the connection (or the
@@ -35,11 +41,14 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from dunning.config import DunningConfig
+from dunning.ingest.sources import webhooks
 from dunning.run import inbox
 from dunning.secret_env import read_secret
 
 RESEND_SECRET_ENV = "RESEND_WEBHOOK_SECRET"
 STRIPE_SECRET_ENV = "STRIPE_WEBHOOK_SECRET"
+CHARGEBEE_USER_ENV, CHARGEBEE_PASSWORD_ENV = "CHARGEBEE_WEBHOOK_USERNAME", "CHARGEBEE_WEBHOOK_PASSWORD"
+RECURLY_SECRET_ENV = "RECURLY_WEBHOOK_SECRET"
 TOLERANCE_SECONDS = 300
 log = logging.getLogger("dunning.webhooks")
 
@@ -88,16 +97,19 @@ def webhook_app(home: Path, config: DunningConfig, apply_now: bool | None = None
     """The receiver for `home`; `apply_now` (default: with a PostgreSQL ledger) applies each event to the ledger
     as soon as it is stored."""
     resend_secret, stripe_secret = _secret(RESEND_SECRET_ENV), _secret(STRIPE_SECRET_ENV)
+    chargebee_user, chargebee_password = _secret(CHARGEBEE_USER_ENV), _secret(CHARGEBEE_PASSWORD_ENV)
+    chargebee_secret = chargebee_password if chargebee_user is not None else None
+    recurly_secret = _secret(RECURLY_SECRET_ENV)
     limit = config.feedback.webhook_max_bytes
     apply_now = config.ledger.kind == "postgres" if apply_now is None else apply_now
 
     def keep(provider: str, event_id: str, body: bytes) -> JSONResponse:
         new = inbox.store(home, provider, event_id, body, dt.datetime.now(dt.UTC))
-        if new and apply_now:
+        if new and apply_now and provider in inbox.PROVIDERS:  # a vendor's trigger waits for its source's run
             from dunning.ledger.factory import open_ledger_for
 
             with open_ledger_for(config, home, timeout_seconds=10) as ledger:
-                inbox.apply_inbox(ledger, home, config, f"webhook:{provider}", dt.datetime.now(dt.UTC))
+                inbox.apply_inbox(ledger, home, config, f"webhook:{provider}", dt.datetime.now(dt.UTC), False)
         return _answer(200, "stored" if new else "duplicate")
 
     async def resend(request: Request) -> JSONResponse:
@@ -133,6 +145,34 @@ def webhook_app(home: Path, config: DunningConfig, apply_now: bool | None = None
             return _answer(400, "not an event")
         return keep("stripe", event["id"], body)
 
+    async def chargebee_hook(request: Request) -> JSONResponse:
+        body = await _received(request, chargebee_secret, limit)
+        if isinstance(body, JSONResponse):
+            return body
+        if not webhooks.chargebee_authorized(request.headers.get("authorization"), str(chargebee_user),
+                                             str(chargebee_password)):  # fmt: skip
+            return _answer(401, "not authorized")
+        try:
+            event_id = webhooks.chargebee_event_id(json.loads(body))
+        except (ValueError, RecursionError):
+            event_id = None
+        return _answer(400, "not an event") if event_id is None else keep("chargebee", event_id, body)
+
+    async def recurly_hook(request: Request) -> JSONResponse:
+        body = await _received(request, recurly_secret, limit)
+        if isinstance(body, JSONResponse):
+            return body
+        now_ms = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
+        if not webhooks.recurly_verified(request.headers.get("recurly-signature"), body, str(recurly_secret), now_ms):
+            return _answer(400, "signature not verified")
+        try:
+            notification_id = webhooks.recurly_notification_id(request.headers, json.loads(body))
+        except (ValueError, RecursionError):
+            notification_id = None
+        if notification_id is None:
+            return _answer(400, "not a notification")
+        return keep("recurly", notification_id, body)
+
     async def health(_: Request) -> JSONResponse:
         return _answer(200, "ok")
 
@@ -140,6 +180,8 @@ def webhook_app(home: Path, config: DunningConfig, apply_now: bool | None = None
         routes=[
             Route("/webhooks/resend", resend, methods=["POST"]),
             Route("/webhooks/stripe", stripe_hook, methods=["POST"]),
+            Route("/webhooks/chargebee", chargebee_hook, methods=["POST"]),
+            Route("/webhooks/recurly", recurly_hook, methods=["POST"]),
             Route("/healthz", health, methods=["GET"]),
         ]
     )

@@ -148,8 +148,8 @@ def source_ready(config: DunningConfig) -> None:
 
     if config.source.kind == "none":
         raise UserInputError(
-            "no snapshot: pass --snapshot PATH, or configure a billing source to pull from (source: {kind: stripe}, "
-            "or {kind: sql})"
+            "no snapshot: pass --snapshot PATH, or configure a billing source to pull from "
+            "(source: {kind: stripe|chargebee|recurly|sql})"
         )
     if config.source.kind == "sql":  # the connection string's variable and the query, before Dagster starts
         from dunning.ingest.sources import sql
@@ -157,9 +157,9 @@ def source_ready(config: DunningConfig) -> None:
         sql.dsn(config.source)
         sql.query_text(config.source)
         return
-    from dunning.ingest import stripe_api  # here: the SDK is a tenth of a second of every run's start otherwise
+    from dunning.secret_env import read_secret
 
-    stripe_api.api_key(config.source)
+    read_secret(config.source.api_key_env, "source.api_key_env")
 
 
 def open_instance(home: Path, shards: int | None = None) -> dg.DagsterInstance:

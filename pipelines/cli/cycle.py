@@ -98,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, home: Path, temporary: bool = False) -> int:
-    from dunning.ingest.stripe import read_events
+    from dunning.ingest.sources.stripe import read_events
     from dunning.plan.clock import parse_as_of, refuse_future, utc_now
     from dunning.run import ingest
 
@@ -254,7 +254,7 @@ def _day(text: str, flag: str) -> dt.date:
 def cmd_ingest(args: argparse.Namespace) -> int:
     import datetime as dt
 
-    from dunning.ingest import billing_source
+    from dunning.ingest.sources import pulls
     from dunning.ledger.factory import open_ledger_for
     from dunning.plan.clock import parse_as_of, refuse_future, utc_now
     from dunning.run import ingest
@@ -269,7 +269,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         path = common.existing_file(args.snapshot, "snapshot")
     else:
         common.source_ready(config)  # exit 2 naming what is missing, before anything is pulled
-        path, source = str(billing_source.pull_invoices(config.source, home, utc_now())), config.source.kind
+        path, source = str(pulls.pull_invoices(config.source, home, utc_now(), zone=config.zone)), config.source.kind
     run_id = f"ingest:{as_of.isoformat()}:{dt.datetime.now(dt.UTC).strftime('%H%M%S%f')}"
     with open_ledger_for(config, home) as ledger:
         result = ingest.ingest(ledger, path, config, home, as_of=as_of, wall=utc_now(), run_id=run_id,

@@ -134,12 +134,17 @@ def cmd_serve_webhooks(args: argparse.Namespace) -> int:
     config = common.settings(args, home)
     app = webhook_server.webhook_app(home, config)
     routes = [name for name, env in (("/webhooks/resend", webhook_server.RESEND_SECRET_ENV),
-                                     ("/webhooks/stripe", webhook_server.STRIPE_SECRET_ENV))
+                                     ("/webhooks/stripe", webhook_server.STRIPE_SECRET_ENV),
+                                     ("/webhooks/chargebee", webhook_server.CHARGEBEE_PASSWORD_ENV),
+                                     ("/webhooks/recurly", webhook_server.RECURLY_SECRET_ENV))
               if webhook_server._secret(env)]  # fmt: skip
+    if "/webhooks/chargebee" in routes and not webhook_server._secret(webhook_server.CHARGEBEE_USER_ENV):
+        routes.remove("/webhooks/chargebee")
     if not routes:
         raise UserInputError(
-            f"serve-webhooks: set {webhook_server.RESEND_SECRET_ENV} and/or {webhook_server.STRIPE_SECRET_ENV}: "
-            "without a secret no request can be verified"
+            f"serve-webhooks: set {webhook_server.RESEND_SECRET_ENV}, {webhook_server.STRIPE_SECRET_ENV}, "
+            f"{webhook_server.CHARGEBEE_USER_ENV} and {webhook_server.CHARGEBEE_PASSWORD_ENV}, or "
+            f"{webhook_server.RECURLY_SECRET_ENV}: without a secret no request can be verified"
         )
     say(f"receiving {', '.join(routes)} on http://{args.host}:{args.port} (put a TLS proxy in front); "
         f"events are kept in {home / 'inbox' / 'webhooks'} until the next run applies them")  # fmt: skip
@@ -205,7 +210,9 @@ def add_feedback(commands: Any) -> None:
 
 
 def add_serve_webhooks(commands: Any) -> None:
-    serve = commands.add_parser("serve-webhooks", help="receive signed Resend and Stripe webhooks over HTTP")
+    serve = commands.add_parser(
+        "serve-webhooks", help="receive Resend, Stripe, Chargebee and Recurly webhooks over HTTP"
+    )
     add_home(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: behind a TLS proxy)")
     serve.add_argument("--port", type=int, default=8025, help="port (default 8025)")

@@ -14,7 +14,7 @@ One pull, in one read-only transaction with `statement_timeout` set from `source
 A database that cannot be reached, refuses the login or the query, or cancels it at the timeout is
 `BillingSourceFailed` (exit 7) with the database's own message, one line, the connection string and its password
 masked (`safe_text.redact`, `secret_env.scrub`). Nothing is stored by a failed pull: the caller writes under a
-temporary name and renames only a complete file (`billing_source`).
+temporary name and renames only a complete file (`pulls`).
 """
 
 from __future__ import annotations

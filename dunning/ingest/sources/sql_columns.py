@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from dunning.errors import ConfigError
-from dunning.ingest.snapshot import OPTIONAL_COLUMNS, REQUIRED_COLUMNS
+from dunning.ingest.sources.base import OPTIONAL_COLUMNS, REQUIRED_COLUMNS
 from dunning.safe_text import for_terminal
 
 INTEGERS = frozenset({20, 21, 23})  # int8, int2, int4

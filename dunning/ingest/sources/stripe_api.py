@@ -203,3 +203,25 @@ def newest_payment_failed_event(stripe_client: stripe.StripeClient, since: dt.da
     for item in page:
         return str(_plain(item, "event")["id"])
     return None
+
+
+def invoice_events(stripe_client: stripe.StripeClient, since: int) -> list[dict[str, Any]]:
+    """The `invoice.*` events created at or after `since` (Unix seconds), newest first: each carries the invoice as
+    it was then (`data.object`). Call inside `api_errors`."""
+    params = EventListParams(type="invoice.*", limit=PAGE_LIMIT, created={"gte": since})
+    return [_plain(e, "event") for e in stripe_client.v1.events.list(params=params).auto_paging_iter()]
+
+
+def charge_invoice(stripe_client: stripe.StripeClient, charge_id: str) -> tuple[str | None, str | None]:
+    """(the invoice, the customer) of a charge: a dispute names only its charge. Call inside `api_errors`; a charge
+    the API does not know (404) names neither."""
+    try:
+        charge = _plain(stripe_client.v1.charges.retrieve(charge_id), "charge")
+    except stripe.InvalidRequestError as error:
+        if error.http_status == 404:
+            return None, None
+        raise
+    invoice, customer = charge.get("invoice"), charge.get("customer")
+    invoice = invoice.get("id") if isinstance(invoice, dict) else invoice
+    customer = customer.get("id") if isinstance(customer, dict) else customer
+    return (invoice if isinstance(invoice, str) else None, customer if isinstance(customer, str) else None)
