@@ -171,11 +171,24 @@ class HoldReason(StrEnum):
     SUPPRESSED = "suppressed"
     # a payment of the invoice is processing (`dunning.plan.payment_signals`): its keys wait until the attempt ends
     PAYMENT_IN_FLIGHT = "payment_in_flight"
+    # the collections desk (`dunning.desk`): the customer promised to pay (until the promise's date plus the grace),
+    # or replied and waits for an answer; the reminders and escalations wait, still newly due
+    PROMISED = "promised"
+    REPLIED = "replied"
     # why an `unknown` send's kept request is not resubmitted now (`dunning.send.resubmission`): it stays `unknown`
     NOT_OWED = "not_owed"  # an invoice it covers is paid, void or settled since
     AMOUNT_CHANGED = "amount_changed"  # an invoice it covers owes another amount than the email states
     NOT_IN_SNAPSHOT = "not_in_snapshot"  # an invoice it covers is not in this run's snapshot
     PAST_IDEMPOTENCY_WINDOW = "past_idempotency_window"  # the provider may have forgotten its key: a human decides
+
+
+class PromiseStatus(StrEnum):
+    """`promises.status`: a promise to pay (`dunning.desk.promises`)."""
+
+    ACTIVE = "active"
+    KEPT = "kept"
+    BROKEN = "broken"
+    CANCELLED = "cancelled"
 
 
 class ExclusionScope(StrEnum):

@@ -46,7 +46,8 @@ MAX_LINE = 998  # octets per line, RFC 5322 section 2.1.1
 # `send.render_pool.RenderSettings`): what a render worker is sent of each row, and no more
 # (`tests/test_render_pool.py` checks this list against the code that reads the rows)
 RENDER_FIELDS = frozenset({
-    "amount_due", "amount_minor", "amount_paid", "billing_period", "currency", "customer_email", "customer_locale",
+    "amount_due", "amount_minor", "amount_paid", "billing_period", "broken_promise_amount_minor",
+    "broken_promise_until", "currency", "customer_email", "customer_locale",
     "customer_name", "days_overdue", "due_date", "gentle_first", "idempotency_key", "invoice_id", "invoice_lines",
     "kind", "message_id", "payment_url", "policy", "reminders_sent_before", "remaining_minor", "stage",
     "stage_count", "stage_rank", "tone",

@@ -27,6 +27,7 @@ from email.message import Message
 import polars as pl
 
 from dunning.config import DunningConfig
+from dunning.desk import holds as desk_step
 from dunning.email.message_ids import message_ids
 from dunning.email.render import draft_for
 from dunning.errors import InvalidRowsHalt, SnapshotError
@@ -197,6 +198,10 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
     exclusions = with_held(exclusions, IN_FLIGHT, payment_signals.in_flight(signals))
     # a dispute told of by this run's own events holds its invoice now; the table learns of it at the next snapshot
     exclusions = with_held(exclusions, str(ExclusionScope.INVOICE), payment_signals.disputes(signals)[0])
+    # the collections desk: promises past their grace judged (a live run records the verdicts and pages for the
+    # broken ones), the active ones and the customers waiting for an answer hold their keys
+    desk_state = desk_step.plan_desk(ledger, cycled, config, clock, run_id=recorded_as if run_id else None)
+    exclusions = desk_step.with_desk_holds(exclusions, desk_state)
     if clock.reads_live_state:
         failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts)
         events = shard.keep(events) if events is not None else None
@@ -213,7 +218,7 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
     invoices = plan_invoices(ledger, cycled, config, clock)
     escalations, stopped = plan_escalation_step(ledger, cycled, config, clock)
     plan = cycle.plan_cycle(cycled, config, failed, notices, exclusions, invoices, settle, escalations)
-    return apply_schedule(ledger, plan, cycled, config, clock, stopped)
+    return desk_step.with_broken_promises(apply_schedule(ledger, plan, cycled, config, clock, stopped), desk_state)
 
 
 DISPUTE_UNMATCHED = "dispute_unmatched"
@@ -251,7 +256,7 @@ def plan_escalation_step(
     ledger: Ledger, cycled: pl.DataFrame, config: DunningConfig, clock: CycleClock
 ) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
     """The escalations due now or retried (`dunning.plan.escalation`), and the invoices whose reminders stop."""
-    due = escalation.candidates(cycled, config)
+    due = escalation.candidates(cycled, config, ledger.broken_promise_counts())
     if due.is_empty():
         return None, None
     rows, stopped = escalation.plan_escalations(due, ledger.escalation_states)

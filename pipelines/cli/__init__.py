@@ -16,17 +16,19 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipelines.cli import cycle, feedback, going_live, keys, operate
+from pipelines.cli import cycle, desk, feedback, going_live, keys, operate
 from pipelines.cli.common import one_line_errors
 from pipelines.cli.exit_codes import run_command
 
 # the command registry: each command's parser, by name, in the order `dunning --help` lists them
 PARSERS: dict[str, Callable[[Any], None]] = {
     **cycle.PARSERS, **going_live.PARSERS, **operate.PARSERS, **keys.PARSERS, **feedback.PARSERS,
+    **desk.PARSERS,
 }  # fmt: skip
 ORDER = (
     "run", "preview", "test-send", "adopt", "backfill", "pause", "resume", "recover", "resolve", "retry", "exclude",
-    "include", "ingest", "suppress", "unsuppress", "feedback", "serve-webhooks", "report", "prune", "status",
+    "include", "promise", "promises", "ingest", "suppress", "unsuppress", "feedback", "serve-webhooks", "report",
+    "prune", "status",
 )  # fmt: skip
 
 

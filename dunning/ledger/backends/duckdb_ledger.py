@@ -15,6 +15,7 @@ from dunning.ledger.backends.connection import LedgerConnection, connect
 from dunning.ledger.backends.publication import publish
 from dunning.ledger.stores.claims import ClaimStore
 from dunning.ledger.stores.cursors import CursorStore
+from dunning.ledger.stores.desk.promise_store import PromiseStore
 from dunning.ledger.stores.escalation_store import EscalationStore
 from dunning.ledger.stores.exclusions import ExclusionStore
 from dunning.ledger.stores.history import HistoryStore
@@ -71,6 +72,7 @@ class LedgerTables(
     EscalationStore,
     RetentionStore,
     MessageSecretStore,
+    PromiseStore,
 ):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dunning.errors import UserInputError
+from dunning.ledger.schema.desk_tables import DESK_DDL
 from dunning.ledger.schema.tables import DDL
 from dunning.ledger.sql import Executes
 
@@ -214,6 +215,15 @@ MIGRATIONS = (
             "ALTER TABLE applied_snapshots ADD COLUMN IF NOT EXISTS invoice_count BIGINT",
             "UPDATE applied_snapshots SET invoice_count = (SELECT d.snapshot_rows FROM dunning_runs d "
             "WHERE d.run_id = applied_snapshots.run_id) WHERE invoice_count IS NULL",
+        ),
+    ),
+    Migration(
+        21,
+        "the collections desk: promises to pay and the invoices they cover, customers' replies and their "
+        "acknowledgements, notes, IMAP cursors; every address a reminder went to (`reminder_ledger.recipients`)",
+        (
+            *DESK_DDL,
+            "ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS recipients VARCHAR",
         ),
     ),
 )
