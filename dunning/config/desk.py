@@ -26,8 +26,6 @@ class Replies(Strict):
     pause_days: Count = Field(default=3, ge=1, le=365)
     """Business days (Monday to Friday in the business `timezone`, less the send window's holidays where configured)
     an unanswered reply pauses its customer; then one `reply_unanswered` alert, and dunning resumes."""
-    excerpt_lines: Count = Field(default=5, ge=0, le=50)
-    """Lines of a reply's text (quoted history left out) kept with it and shown in its `customer_replied` alert."""
 
 
 class Imap(Strict):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from dunning.config import DunningConfig
-from dunning.desk import promises
+from dunning.desk import promises, replies
 from dunning.ledger.base import Ledger
 from dunning.plan.clock import CycleClock
 from dunning.plan.exclusions import PROMISED, REPLIED, with_held
@@ -43,7 +43,10 @@ def plan_desk(
         if clock.reads_live_state
         else pl.DataFrame(schema=promises.BROKEN_SCHEMA)
     )
-    return DeskState(promises.promised_invoices(coverage, clock.as_of, config), [], broken, verdicts)
+    waiting = replies.waiting(ledger, clock.as_of, config)
+    if clock.live and waiting.ran_out.height:
+        replies.alert_unanswered(ledger, waiting.ran_out, config, as_of=clock.as_of, run_id=run_id)
+    return DeskState(promises.promised_invoices(coverage, clock.as_of, config), waiting.paused, broken, verdicts)
 
 
 def with_desk_holds(exclusions: pl.DataFrame, state: DeskState) -> pl.DataFrame:

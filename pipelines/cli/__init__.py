@@ -27,7 +27,7 @@ PARSERS: dict[str, Callable[[Any], None]] = {
 }  # fmt: skip
 ORDER = (
     "run", "preview", "test-send", "adopt", "backfill", "pause", "resume", "recover", "resolve", "retry", "exclude",
-    "include", "promise", "promises", "ingest", "suppress", "unsuppress", "feedback", "serve-webhooks", "report",
+    "include", "promise", "promises", "ack", "ingest", "suppress", "unsuppress", "feedback", "serve-webhooks", "report",
     "prune", "status",
 )  # fmt: skip
 

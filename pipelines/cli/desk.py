@@ -1,4 +1,5 @@
-"""The collections desk's commands: `promise` (record, `--cancel`, `--import`), `promises`, with their arguments.
+"""The collections desk's commands: `promise` (record, `--cancel`, `--import`), `promises`, `ack` (a customer's reply
+answered), with their arguments.
 
 What a collector records decides only *when* a customer's keys are claimed (guarantee 14); the rules are in
 `dunning.desk`. Every refusal is one line and exit 2, with nothing recorded.
@@ -105,6 +106,44 @@ def cmd_promises(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ack(args: argparse.Namespace) -> int:
+    from dunning.errors import UserInputError
+    from dunning.ledger.factory import open_ledger_for
+    from dunning.plan import exclusions
+    from dunning.plan.clock import parse_as_of
+    from dunning.vocabulary import ExclusionScope
+
+    home = common.resolve_home(args)
+    as_of = parse_as_of(args.as_of)
+    customer = exclusions.clean_target(args.customer, ExclusionScope.CUSTOMER)
+    note = exclusions.clean_reason(args.note, "--note")
+    config = common.settings(args, home)
+    with open_ledger_for(config.ledger, home) as ledger:
+        if ledger.customer_replies_of(customer).is_empty():
+            raise UserInputError(f"customer {customer} has no reply on record: nothing to acknowledge")
+        waiting = ledger.acknowledge(customer, as_of, common.operator_name(), note)
+    say(
+        f"acknowledged {waiting} reply(ies) of customer {customer} as of {as_of:%Y-%m-%d %H:%M} UTC: "
+        "their reminders and escalation go on from the next run"
+        if waiting
+        else f"customer {customer} had no reply waiting for an answer at {as_of:%Y-%m-%d %H:%M} UTC; recorded"
+    )
+    return 0
+
+
+def add_ack(commands: Any) -> None:
+    sub = commands.add_parser(
+        "ack", help="a customer's reply is answered: their reminders and escalation go on (see `dunning status`)"
+    )
+    add_home(sub)
+    sub.add_argument("--customer", metavar="ID", required=True, help="the customer id, as in the snapshot")
+    sub.add_argument("--note", help="how it was answered, for the record")
+    sub.add_argument("--as-of", help=AS_OF_HELP)
+    sub.add_argument("--config", help=LEDGER_CONFIG_HELP)
+    sub.set_defaults(handler=cmd_ack)
+    one_line_errors(sub)
+
+
 def add_promise(commands: Any) -> None:
     sub = commands.add_parser(
         "promise", help="record a customer's promise to pay: their reminders and escalation wait until the date"
@@ -139,4 +178,4 @@ def add_promises(commands: Any) -> None:
     one_line_errors(sub)
 
 
-PARSERS = {"promise": add_promise, "promises": add_promises}
+PARSERS = {"promise": add_promise, "promises": add_promises, "ack": add_ack}

@@ -102,6 +102,19 @@ def feedback_text(result: Any, path: str) -> str:
         lines.append(f"unreadable: {result.unreadable} ({result.unreadable_new} new{where})")
     if result.not_reports:
         lines.append(f"not delivery reports (ignored): {result.not_reports}")
+    replies = result.replies
+    if replies.recorded or replies.read - replies.not_ours:
+        waiting = sorted(set(replies.pausing))
+        lines.append(
+            f"replies: {replies.recorded} new ({replies.automatic} automatic, never pausing), "
+            f"{replies.read - replies.not_ours - replies.recorded} recorded before; waiting for an answer: "
+            + (", ".join(waiting[:10]) + " (`dunning ack --customer ID` when answered)" if waiting else "none")
+            + (
+                f"; {replies.not_pausing} pausing no one (not sent from that customer's address)"
+                if replies.not_pausing
+                else ""
+            )  # fmt: skip
+        )
     return "\n".join(lines)
 
 
