@@ -202,6 +202,8 @@ class AuditNote(StrEnum):
     """`dunning_audit.reason` of a key that was not held: something its email left out."""
 
     PAYMENT_URL_DROPPED = "payment_url_dropped"  # the invoice's pay link was not https (`dunning.email.pay_links`)
+    # a copy address of `customer_cc` broke the address rule and was left out (`dunning.desk.contacts`)
+    CC_ADDRESS_DROPPED = "cc_address_dropped"
 
 
 class SetAside(StrEnum):

@@ -33,10 +33,11 @@ REQUIRED_COLUMNS = (
 # or falls back to the default, and never rejects the row
 # `invoice_lines` (JSON lines for the invoice email) is checked when an email shows it (`invoice_emails.invoice_lines`)
 # `segment` only chooses a policy (`plan.policies`), never shown; `customer_timezone` (an IANA name) places the send
-# window in the customer's time zone (`plan.schedule`): an unknown one falls back to the business zone, counted
+# window in the customer's time zone (`plan.schedule`): an unknown one falls back to the business zone, counted;
+# `customer_cc` (addresses separated by commas) is checked address by address (`desk.contacts`): a bad one is left out
 OPTIONAL_COLUMNS = (
     "customer_name", "billing_period", "snapshot_at", "auto_advance", "payment_url", "customer_locale", "invoice_lines",
-    "segment", "customer_timezone",
+    "segment", "customer_timezone", "customer_cc",
 )  # fmt: skip
 PARSED_COLUMNS = ("amount_due", "amount_paid", "due_date")
 

@@ -82,7 +82,17 @@ def build_audit(
     """`due`: this cycle's due reminder rows (with `sendable`); `outcomes`: key -> status for the sendable ones."""
     owed = snapshot.select("invoice_id", "owed", pl.col("remaining_minor").alias("snapshot_remaining"))
     # only the columns the audit reads, before the joins copy them (the plan carries every snapshot column)
-    used = [*KEY_COLUMNS, "hold", "sendable", DROPPED, "amount_minor", "currency", "policy", "waits_until"]
+    used = [
+        *KEY_COLUMNS,
+        "hold",
+        "sendable",
+        DROPPED,
+        "cc_dropped",
+        "amount_minor",
+        "currency",
+        "policy",
+        "waits_until",
+    ]
     due = due.select([c for c in used if c in due.columns])
     rows = due.join(
         outcomes.select(
@@ -94,6 +104,8 @@ def build_audit(
     hold = pl.col("hold") if "hold" in rows.columns else pl.lit(None, dtype=pl.String)
     # a key not held whose invoice's pay link was not https: its email went without the link (`pay_links`)
     dropped = pl.col(DROPPED).fill_null(False) if DROPPED in rows.columns else pl.lit(False)
+    # a key not held whose email left out a copy address that broke the address rule (`dunning.desk.contacts`)
+    cc_dropped = (pl.col("cc_dropped").fill_null(0) > 0) if "cc_dropped" in rows.columns else pl.lit(False)
     status = (
         pl.when(hold.is_not_null())
         .then(hold)
@@ -110,6 +122,7 @@ def build_audit(
         pl.coalesce(
             pl.col("_status").replace_strict(reason_of, return_dtype=pl.String),
             pl.when(dropped).then(pl.lit(AuditNote.PAYMENT_URL_DROPPED, dtype=pl.String)),
+            pl.when(cc_dropped).then(pl.lit(AuditNote.CC_ADDRESS_DROPPED, dtype=pl.String)),
         ).alias("reason"),
         pl.when(pl.col("_status") == SendStatus.SENT).then(pl.col("amount_minor")).alias("amount_stated_minor"),
         "currency",
@@ -194,6 +207,7 @@ def summarize(audit: pl.DataFrame) -> dict[str, int]:
         **{str(outcome): int(counts.get(outcome, 0)) for outcome in SUMMARIZED_OUTCOMES},
         "not_owed_reminded": int(not_owed_reminded(audit).height),
         "payment_urls_dropped": int(audit.filter(pl.col("reason") == AuditNote.PAYMENT_URL_DROPPED).height),
+        "cc_addresses_dropped": int(audit.filter(pl.col("reason") == AuditNote.CC_ADDRESS_DROPPED).height),
         "amount_mismatches": int(amount_mismatches(audit).height),
     }
 

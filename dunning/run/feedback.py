@@ -145,7 +145,12 @@ def _emails(ledger: Ledger, ids: set[str], column: str) -> dict[str, OurEmail]:
         value: OurEmail(
             tuple(r["idempotency_key"] for r in rows),
             min((r["customer_id"] for r in rows if r["customer_id"]), default=None),
-            frozenset(str(r["customer_email"]).lower() for r in rows if r["customer_email"]),
+            frozenset(
+                address.strip().lower()
+                for r in rows
+                for address in (r.get("recipients") or r["customer_email"] or "").split(",")
+                if address.strip()
+            ),
         )
         for value, rows in found.items()
         if any(r["status"] in WENT for r in rows)

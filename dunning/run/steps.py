@@ -27,6 +27,7 @@ from email.message import Message
 import polars as pl
 
 from dunning.config import DunningConfig
+from dunning.desk import contacts
 from dunning.desk import holds as desk_step
 from dunning.email.message_ids import message_ids
 from dunning.email.render import draft_for
@@ -185,6 +186,8 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
     failed, notices, settle = None, None, None
     day = business_date(clock.as_of, config)
     suppressed = ledger.suppressed_emails(day).get_column("email").to_list()
+    # every contact (`customer_cc`): copies checked, suppressed ones left out, a live copy `To` for a suppressed primary
+    cycled = contacts.resolve(cycled, suppressed)
     exclusions = with_held(in_force(ledger.open_exclusions(), day), SUPPRESSED_ADDRESS, suppressed)
     signals = ledger.signal_events(payment_signals.SIGNAL_TYPES, clock.as_of - payment_signals.LOOKBACK, clock.as_of)
     # a signal counts only when its event's customer is the invoice's own in the snapshot; another's is set aside
@@ -376,9 +379,18 @@ def alert_suppressed_contacts(
     address is suppressed (by the plan, or at the claim): someone must find the customer a working address."""
     due = cycle.due_rows(plan)
     at_claim = outcomes.filter(pl.col("status") == SendStatus.SUPPRESSED).select("idempotency_key")
+    # a suppressed primary that a copy address stands in for (`dunning.desk.contacts`) needs a new contact too
+    replaced = (
+        due.filter(pl.col("primary_email").is_not_null()).select(
+            "customer_id", pl.col("primary_email").alias("customer_email")
+        )
+        if "primary_email" in due.columns
+        else due.clear().select("customer_id", "customer_email")
+    )
     held = pl.concat([
         due.filter(pl.col("hold") == HoldReason.SUPPRESSED).select("customer_id", "customer_email"),
         due.join(at_claim, on="idempotency_key", how="semi").select("customer_id", "customer_email"),
+        replaced,
     ]).select("customer_id", pl.col("customer_email").str.to_lowercase().alias("email")).drop_nulls()  # fmt: skip
     new = ledger.new_suppression_alerts(held, at)
     for customer_id, email in new.select("customer_id", "email").iter_rows():
