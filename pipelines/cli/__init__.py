@@ -1,5 +1,5 @@
 """The `dunning` command: its parser, assembled from one module per group of commands, each holding its commands
-and their arguments (`cycle`, `going_live`, `operate`, `keys`, `feedback`), and `main(argv)`, which runs one.
+and their arguments (`cycle`, `going_live`, `operate`, `keys`, `feedback`, `desk`), and `main(argv)`, which runs one.
 
 Every failure an operator can cause ends with one line on stderr and a distinct exit code (`exit_codes`), never a
 traceback. Nothing below the command imports it (`pyproject.toml`'s import contracts); what two command modules
@@ -27,8 +27,8 @@ PARSERS: dict[str, Callable[[Any], None]] = {
 }  # fmt: skip
 ORDER = (
     "run", "preview", "test-send", "adopt", "backfill", "pause", "resume", "recover", "resolve", "retry", "exclude",
-    "include", "promise", "promises", "ack", "ingest", "suppress", "unsuppress", "feedback", "serve-webhooks", "report",
-    "prune", "status",
+    "include", "promise", "promises", "ack", "note", "customer", "ingest", "suppress", "unsuppress", "feedback",
+    "serve-webhooks", "report", "prune", "status",
 )  # fmt: skip
 
 

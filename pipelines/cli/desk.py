@@ -1,5 +1,5 @@
 """The collections desk's commands: `promise` (record, `--cancel`, `--import`), `promises`, `ack` (a customer's reply
-answered), with their arguments.
+answered), `note`, `customer` (one customer's whole story), with their arguments.
 
 What a collector records decides only *when* a customer's keys are claimed (guarantee 14); the rules are in
 `dunning.desk`. Every refusal is one line and exit 2, with nothing recorded.
@@ -144,6 +144,82 @@ def add_ack(commands: Any) -> None:
     one_line_errors(sub)
 
 
+def cmd_note(args: argparse.Namespace) -> int:
+    from dunning.errors import UserInputError
+    from dunning.ledger.factory import open_ledger_for
+    from dunning.plan import exclusions
+    from dunning.plan.clock import parse_as_of
+    from dunning.vocabulary import ExclusionScope
+
+    home = common.resolve_home(args)
+    as_of = parse_as_of(args.as_of)
+    customer = exclusions.clean_target(args.customer, ExclusionScope.CUSTOMER)
+    text = exclusions.clean_reason(args.text, "the note")
+    if text is None:
+        raise UserInputError("the note is empty")
+    config = common.settings(args, home)
+    with open_ledger_for(config.ledger, home) as ledger:
+        if not ledger.customer_known(customer):
+            raise UserInputError(f"customer {customer} is unknown: no snapshot has shown them (a typo?)")
+        note_id = ledger.add_note(customer, text, common.operator_name(), as_of)
+    say(f"note {note_id} added to customer {customer} (`dunning customer {customer}`)")
+    return 0
+
+
+def customer_story(args: argparse.Namespace, customer: str) -> dict[str, Any]:
+    """One customer's story from the home's ledger (`dunning customer`, `dunning report --customer`)."""
+    from dunning.desk import story
+    from dunning.errors import UserInputError
+    from dunning.ledger.factory import open_ledger_for
+    from dunning.plan import exclusions
+    from dunning.plan.clock import parse_as_of
+    from dunning.vocabulary import ExclusionScope
+
+    home = common.resolve_home(args, writes=False)
+    customer = exclusions.clean_target(customer, ExclusionScope.CUSTOMER)
+    config = common.settings(args, home)
+    if not home.exists():
+        raise UserInputError(f"customer {customer} is unknown: there is no ledger at {home}")
+    with open_ledger_for(config.ledger, home) as ledger:
+        return story.customer_story(ledger, customer, parse_as_of(getattr(args, "as_of", None)), config)
+
+
+def cmd_customer(args: argparse.Namespace) -> int:
+    from dunning.desk import story
+
+    told = customer_story(args, args.customer_id)
+    if args.json:
+        print(json.dumps(told, default=str, indent=2))
+        return 0
+    for line in story.story_lines(told):
+        say(line)
+    return 0
+
+
+def add_note(commands: Any) -> None:
+    sub = commands.add_parser("note", help="add a note to a customer's story (`dunning customer ID`)")
+    add_home(sub)
+    sub.add_argument("--customer", metavar="ID", required=True, help="the customer id, as in the snapshot")
+    sub.add_argument("text", help="the note")
+    sub.add_argument("--as-of", help=AS_OF_HELP)
+    sub.add_argument("--config", help=LEDGER_CONFIG_HELP)
+    sub.set_defaults(handler=cmd_note)
+    one_line_errors(sub)
+
+
+def add_customer(commands: Any) -> None:
+    sub = commands.add_parser(
+        "customer", help="one customer's whole story: open invoices, then every email, promise, reply and note"
+    )
+    add_home(sub)
+    sub.add_argument("customer_id", metavar="ID", help="the customer id, as in the snapshot")
+    sub.add_argument("--json", action="store_true", help="machine-readable output (each email with its `keys`)")
+    sub.add_argument("--as-of", help="the clock days overdue are counted at (default now)")
+    sub.add_argument("--config", help=LEDGER_CONFIG_HELP)
+    sub.set_defaults(handler=cmd_customer)
+    one_line_errors(sub)
+
+
 def add_promise(commands: Any) -> None:
     sub = commands.add_parser(
         "promise", help="record a customer's promise to pay: their reminders and escalation wait until the date"
@@ -178,4 +254,6 @@ def add_promises(commands: Any) -> None:
     one_line_errors(sub)
 
 
-PARSERS = {"promise": add_promise, "promises": add_promises, "ack": add_ack}
+PARSERS = {
+    "promise": add_promise, "promises": add_promises, "ack": add_ack, "note": add_note, "customer": add_customer,
+}  # fmt: skip

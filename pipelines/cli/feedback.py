@@ -172,6 +172,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out).expanduser()
     if out.is_dir():
         raise UserInputError(f"--out {out} is a directory; name the file, e.g. {out / 'report.html'}")
+    if args.customer is not None:  # one customer's story, from the ledger (`dunning.desk.customer_page`)
+        from dunning.desk.customer_page import render_customer_page
+        from pipelines.cli.desk import customer_story
+
+        page = render_customer_page(customer_story(args, args.customer), dt.datetime.now(dt.UTC))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(page, encoding="utf-8")
+        say(f"wrote {out}: customer {args.customer}'s story, one self-contained page")
+        return 0
     home = common.resolve_home(args, writes=False)  # it only reads the analysts' copy
     config = common.settings(args, home)
     now = dt.datetime.now(dt.UTC)
@@ -232,6 +241,10 @@ def add_report(commands: Any) -> None:
     add_home(results)
     results.add_argument("--out", required=True, metavar="FILE.html", help="where to write the page")
     results.add_argument("--days", type=int, default=90, help="days of the overdue chart (default 90)")
+    results.add_argument(
+        "--customer", metavar="ID",
+        help="instead: one customer's whole story (`dunning customer ID`) as a page to open before a call",
+    )  # fmt: skip
     results.add_argument("--config", help="config file (default: HOME/config.yaml): the stages' order")
     results.set_defaults(handler=cmd_report)
     one_line_errors(results)

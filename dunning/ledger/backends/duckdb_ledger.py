@@ -15,6 +15,7 @@ from dunning.ledger.backends.connection import LedgerConnection, connect
 from dunning.ledger.backends.publication import publish
 from dunning.ledger.stores.claims import ClaimStore
 from dunning.ledger.stores.cursors import CursorStore
+from dunning.ledger.stores.desk.customer_store import CustomerStore
 from dunning.ledger.stores.desk.promise_store import PromiseStore
 from dunning.ledger.stores.desk.reply_store import ReplyStore
 from dunning.ledger.stores.escalation_store import EscalationStore
@@ -75,6 +76,7 @@ class LedgerTables(
     MessageSecretStore,
     PromiseStore,
     ReplyStore,
+    CustomerStore,
 ):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""

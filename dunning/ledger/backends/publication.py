@@ -32,6 +32,7 @@ from pathlib import Path
 
 import duckdb
 
+from dunning.ledger.stores.desk.customer_store import CUSTOMER_TIMELINE
 from dunning.ledger.stores.history import RECOVERY_BY_STAGE
 
 log = logging.getLogger("dunning.ledger.backends.publication")
@@ -73,6 +74,12 @@ PUBLISHED_TABLES = (
     "suppressions",
     "suppression_alerts",
     "delivery_events",
+    # the collections desk (`dunning.desk`): promises, replies and their answers, notes
+    "promises",
+    "promise_invoices",
+    "customer_replies",
+    "reply_acks",
+    "customer_notes",
 )
 
 ANALYST_VIEWS = {
@@ -103,6 +110,8 @@ ANALYST_VIEWS = {
         FROM reached r LEFT JOIN paid p USING (invoice_id) GROUP BY r.policy, r.stage""",
     # recovery: a reminder recovered its amount when a later snapshot shows the invoice paid or with nothing left
     "recovery_by_stage": RECOVERY_BY_STAGE,
+    # one customer's story, every customer's: emails, skipped stages, escalations, promises, replies, notes
+    "customer_timeline": CUSTOMER_TIMELINE,
     "collections_daily": """
         WITH days AS (
             SELECT business_date, currency,
