@@ -125,11 +125,21 @@ def cmd_feedback(args: argparse.Namespace) -> int:
     from dunning.plan.clock import utc_now
     from dunning.run import feedback
 
+    home = common.resolve_home(args)
+    config = common.settings(args, home)
+    if args.imap is not None:  # a mailbox on an IMAP server, read from the ledger's cursor (`dunning.desk.imap`)
+        from dunning.desk import imap
+
+        mailbox = imap.parse_url(args.imap)
+        with open_ledger_for(config, home) as ledger:
+            read = imap.read_mailbox(ledger, mailbox, config)
+            result = feedback.apply_reports(ledger, read.reading, config, home, utc_now())
+            imap.commit_cursor(ledger, mailbox, read, utc_now())
+        say(feedback_text(result, f"{mailbox.name} ({read.messages} new message(s) since the last import)"))
+        return 0
     kind, given = next((k, v) for k, v in (("mbox", args.mbox), ("maildir", args.maildir),
                                           ("resend", args.resend_events)) if v is not None)  # fmt: skip
     path = Path(given).expanduser()
-    home = common.resolve_home(args)
-    config = common.settings(args, home)
     reading = feedback.read_file(path, kind)
     with open_ledger_for(config, home) as ledger:
         result = feedback.apply_reports(ledger, reading, config, home, utc_now())
@@ -213,7 +223,10 @@ def add_unsuppress(commands: Any) -> None:
 
 
 def add_feedback(commands: Any) -> None:
-    feedback = commands.add_parser("feedback", help="import bounce and complaint reports; suppress what they condemn")
+    feedback = commands.add_parser(
+        "feedback",
+        help="import bounce and complaint reports (suppressing what they condemn) and customers' replies (pausing)",
+    )
     add_home(feedback)
     source = feedback.add_mutually_exclusive_group(required=True)
     source.add_argument("--mbox", metavar="PATH", help="an mbox file of the bounce mailbox (DSNs, ARF complaints)")
@@ -221,6 +234,11 @@ def add_feedback(commands: Any) -> None:
     source.add_argument(
         "--resend-events", metavar="PATH", help="Resend webhook events: an object, an array, JSON Lines"
     )
+    source.add_argument(
+        "--imap", metavar="URL",
+        help="imaps://user@host:993/FOLDER: read the folder over TLS from where the last import stopped, read-only "
+        "(password from the variable feedback.imap.password_env names)",
+    )  # fmt: skip
     feedback.add_argument("--config", help="config file (default: HOME/config.yaml)")
     feedback.set_defaults(handler=cmd_feedback)
     one_line_errors(feedback)
