@@ -165,3 +165,48 @@ def test_importing_the_same_csv_twice_changes_nothing(deployment, tmp_path):
     code, _, err = deployment.cli("promise", "--import", str(bad), "--as-of", DAY4)
     assert code == 2 and "line 3" in err and "in_404 is unknown" in err
     assert deployment.query("SELECT count(*) FROM promises") == [(2,)], "a bad row records none of the file"
+
+
+ESCALATION_SECRET = "whsec-test-desk-escalation-789"
+
+
+def escalation_config(tmp_path, url: str, after: str = "after_broken_promises: 1") -> str:
+    path = tmp_path / "esc.yaml"
+    path.write_text(
+        f"escalation: {{after_days: 60, webhook_url: '{url}', secret_env: DESK_ESCALATION_SECRET, {after}}}\n"
+    )
+    return str(path)
+
+
+def test_a_broken_promise_escalates_at_the_configured_count_without_waiting_for_after_days(
+    deployment, tmp_path, monkeypatch
+):
+    from tests.escalation_receiver import EscalationServer, Receiver
+
+    monkeypatch.setenv("DESK_ESCALATION_SECRET", ESCALATION_SECRET)
+    receiver = Receiver(ESCALATION_SECRET)
+    rows = [invoice()]
+    with EscalationServer(receiver) as server:
+        config = escalation_config(tmp_path, server.url)
+        deployment.run_in_process(rows, DAY4, config)
+        promise(deployment, "--invoice", "in_1", "--until", "2026-11-06", "--as-of", DAY4, "--config", config)
+        held = deployment.run_in_process(rows, "2026-11-08T09:00:00Z", config)
+        assert held.sent_keys == [] and receiver.requests == [], "nothing while the promise holds"
+        broken = deployment.run_in_process(rows, "2026-11-09T09:00:00Z", config)
+        assert receiver.keys_requested() == {"escalation:in_1:1": 1}, "handed over at the first broken promise"
+        assert broken.sent_keys == ["escalation:in_1:1"], "stop_reminders: the day7 reminder does not go after it"
+    assert deployment.ledger("kind = 'escalation'")[0]["status"] == "sent"
+
+
+def test_without_after_broken_promises_a_broken_promise_does_not_escalate(deployment, tmp_path, monkeypatch):
+    from tests.escalation_receiver import EscalationServer, Receiver
+
+    monkeypatch.setenv("DESK_ESCALATION_SECRET", ESCALATION_SECRET)
+    receiver = Receiver(ESCALATION_SECRET)
+    rows = [invoice()]
+    with EscalationServer(receiver) as server:
+        config = escalation_config(tmp_path, server.url, "stop_reminders: true")
+        deployment.run_in_process(rows, DAY4, config)
+        promise(deployment, "--invoice", "in_1", "--until", "2026-11-06", "--as-of", DAY4, "--config", config)
+        later = deployment.run_in_process(rows, "2026-11-09T09:00:00Z", config)
+    assert receiver.requests == [] and later.sent_keys == ["dunning:in_1:1:day7"]
