@@ -135,8 +135,8 @@ def _targets(exclusions: pl.DataFrame, scope: str) -> pl.Series:
 
 
 def hold_expr(cycled: pl.DataFrame, exclusions: pl.DataFrame | None, config: DunningConfig) -> pl.Expr:
-    """Why a due key is held before sending (`excluded`, `below_minimum`, `payment_in_flight`, `promised`,
-    `replied`, then `suppressed`), or null.
+    """Why a due key is held before sending (`excluded`, `below_minimum`, `payment_in_flight`, `suppressed`, then
+    the desk's `promised` and `replied`), or null.
 
     `cycled` is the snapshot as the cycle saw it (its `auto_advance` column, when
     present, marks invoices to exclude under `source.exclude_auto_advance_false`);
@@ -174,11 +174,11 @@ def hold_expr(cycled: pl.DataFrame, exclusions: pl.DataFrame | None, config: Dun
         .then(pl.lit(str(HoldReason.BELOW_MINIMUM)))
         .when(paying)
         .then(pl.lit(str(HoldReason.PAYMENT_IN_FLIGHT)))
+        .when(suppressed)
+        .then(pl.lit(str(HoldReason.SUPPRESSED)))
         .when(promised.fill_null(False))
         .then(pl.lit(str(HoldReason.PROMISED)))
         .when(replied.fill_null(False))
         .then(pl.lit(str(HoldReason.REPLIED)))
-        .when(suppressed)
-        .then(pl.lit(str(HoldReason.SUPPRESSED)))
         .otherwise(pl.lit(None, dtype=pl.String))
     )

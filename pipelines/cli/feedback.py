@@ -100,9 +100,10 @@ def feedback_text(result: Any, path: str) -> str:
     if result.unreadable:
         where = f", kept in {result.kept_in}" if result.kept_in else ""
         lines.append(f"unreadable: {result.unreadable} ({result.unreadable_new} new{where})")
-    if result.not_reports:
-        lines.append(f"not delivery reports (ignored): {result.not_reports}")
     replies = result.replies
+    ignored = result.not_reports - (replies.read - replies.not_ours)  # neither a report nor a customer's reply
+    if ignored:
+        lines.append(f"not delivery reports (ignored): {ignored}")
     if replies.recorded or replies.read - replies.not_ours:
         waiting = sorted(set(replies.pausing))
         lines.append(
