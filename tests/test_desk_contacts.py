@@ -114,3 +114,20 @@ def test_a_bounce_of_a_copy_address_suppresses_that_address_alone(deployment, tm
     deployment.run_in_process(rows, "2026-11-08T09:00:00Z")
     later = deployment.outbox()[-1]
     assert later["To"] == "ada@example.com" and later["Cc"] == "bob@example.com"
+
+
+def test_stripe_customer_metadata_dunning_cc_fills_customer_cc(tmp_path):
+    import json
+    from zoneinfo import ZoneInfo
+
+    from dunning.ingest.stripe import load_stripe_invoices
+
+    stripe_invoice = {
+        "id": "in_1", "object": "invoice", "customer": {"id": "cus_1", "email": "ada@example.com",
+                                                        "metadata": {"dunning_cc": "bob@example.com"}},
+        "currency": "usd", "amount_due": 1000, "amount_paid": 0, "due_date": 1793491200, "status": "open",
+    }  # fmt: skip
+    path = tmp_path / "invoices.json"
+    path.write_text(json.dumps({"object": "list", "data": [stripe_invoice], "has_more": False}))
+    [row] = load_stripe_invoices(path, ZoneInfo("UTC"))
+    assert row["customer_cc"] == "bob@example.com"
