@@ -19,7 +19,7 @@ AS_OF_HELP = "the clock this command judges and records by (ISO 8601, default no
 
 
 def cmd_promise(args: argparse.Namespace) -> int:
-    from dunning.desk import promises
+    from dunning.desk import promise_import, promises
     from dunning.errors import UserInputError
     from dunning.ledger.factory import open_ledger_for
     from dunning.plan import exclusions
@@ -48,7 +48,7 @@ def cmd_promise(args: argparse.Namespace) -> int:
             raise UserInputError("--import takes the file alone (its columns say the rest)")
         path = common.existing_file(args.import_file, "--import")
         with open_ledger_for(config.ledger, home) as ledger:
-            done = promises.import_promises(ledger, path, as_of=as_of, by=by, config=config)
+            done = promise_import.import_promises(ledger, path, as_of=as_of, by=by, config=config)
         say(f"imported {len(done.added)} promise(s); {done.on_record} already on record (unchanged)")
         return 0
     if not (args.invoice or args.customer):
