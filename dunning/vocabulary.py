@@ -174,6 +174,10 @@ class HoldReason(StrEnum):
     SUPPRESSED = "suppressed"
     # a payment of the invoice is processing (`dunning.plan.payment_signals`): its keys wait until the attempt ends
     PAYMENT_IN_FLIGHT = "payment_in_flight"
+    # the collections desk (`dunning.desk`): the customer promised to pay (until the promise's date plus the grace),
+    # or replied and waits for an answer; the reminders and escalations wait, still newly due
+    PROMISED = "promised"
+    REPLIED = "replied"
     # why an `unknown` send's kept request is not resubmitted now (`dunning.send.resubmission`): it stays `unknown`
     NOT_OWED = "not_owed"  # an invoice it covers is paid, void or settled since
     AMOUNT_CHANGED = "amount_changed"  # an invoice it covers owes another amount than the email states
@@ -184,6 +188,15 @@ class HoldReason(StrEnum):
 # hold reasons a person fixes in the data (the billing system's contact), not ones the clock resolves: `preview`,
 # the run summary and `status` name the invoices held for them
 DATA_PROBLEMS = (str(HoldReason.NO_EMAIL_ADDRESS), str(HoldReason.INVALID_ADDRESS), str(HoldReason.SUPPRESSED))
+
+
+class PromiseStatus(StrEnum):
+    """`promises.status`: a promise to pay (`dunning.desk.promises`)."""
+
+    ACTIVE = "active"
+    KEPT = "kept"
+    BROKEN = "broken"
+    CANCELLED = "cancelled"
 
 
 class ExclusionScope(StrEnum):
@@ -197,6 +210,8 @@ class AuditNote(StrEnum):
     """`dunning_audit.reason` of a key that was not held: something its email left out."""
 
     PAYMENT_URL_DROPPED = "payment_url_dropped"  # the invoice's pay link was not https (`dunning.email.pay_links`)
+    # a copy address of `customer_cc` broke the address rule and was left out (`dunning.desk.contacts`)
+    CC_ADDRESS_DROPPED = "cc_address_dropped"
 
 
 class SetAside(StrEnum):

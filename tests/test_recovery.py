@@ -35,8 +35,8 @@ def analytics(deployment, sql: str) -> list[tuple]:
 def test_recovery_by_stage_counts_reminders_followed_by_payment(deployment):
     from_ledger = paid_on_the_6th(deployment)
     view = analytics(deployment, "SELECT * FROM recovery_by_stage")
-    # the last two: late fees claimed and collected (`dunning.fees`), none without fees
-    assert view == [("default", "day3", "USD", 2, 1, 1, 10000, 2.0, 0, 0)]
+    # late fees claimed and collected (`dunning.fees`), promises kept and broken (`dunning.desk`): none here
+    assert view == [("default", "day3", "USD", 2, 1, 1, 10000, 2.0, 0, 0, 0, 0)]
     assert [tuple(r.values()) for r in from_ledger.to_dicts()] == view, "the ledger's query is the view's"
 
 

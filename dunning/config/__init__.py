@@ -8,9 +8,10 @@ back to a default is how customers get the wrong email.
 
 Owns: `base` (the strict model, the field types), `stages`, `providers`, `sending` (breaker, retry, the invoice
 email), `sources` (source, events), `schedule` (the cron, send windows, holidays, escalation, what a policy
-matches), `policies`, `alerts`, `feedback`, `storage` (ledger, store, retention), `root` (`DunningConfig`) and
-`loading` (YAML to a config; the `ledger:` section alone). A new concern's keys get their own module here (fees,
-the desk). Part of the shared base: imports no room of the domain. Import names from `dunning.config`.
+matches), `policies`, `alerts`, `feedback`, `desk` (promises, replies, IMAP), `storage` (ledger, store,
+retention), `root` (`DunningConfig`) and `loading` (YAML to a config; the `ledger:` section alone). A new concern's
+keys get their own module here (fees, the desk). Part of the shared base: imports no room of the domain. Import
+names from `dunning.config`.
 """
 
 from dunning.config.alerts import Alerts
@@ -26,6 +27,7 @@ from dunning.config.base import (
     Number,
     Strict,
 )
+from dunning.config.desk import Imap, Promises, Replies
 from dunning.config.feedback import Feedback
 from dunning.config.fees import Compensation, Fees, Interest, RateEntry
 from dunning.config.loading import load_config, load_ledger_settings, parse_config
@@ -42,7 +44,7 @@ __all__ = [
     "DEFAULT_POLICY", "DEFAULT_STAGES", "ENV_NAME", "GROUP_NAME", "MAX_HOURS", "MIN_STAGE_DAYS", "NAME_PATTERN",
     "PROVIDER_KEY_MEMORY_HOURS", "STRUCTURAL_HEADERS", "WEEKDAYS", "Alerts", "Breaker", "Compensation", "Count",
     "DunningConfig", "EnvName", "Escalation", "Events", "Feedback", "Fees", "FirstContactTone", "Flag", "Holidays",
-    "Interest", "InvoiceEmails", "LedgerSettings", "MinorAmount", "Number", "Policy", "PolicyMatch", "Provider",
-    "RateEntry", "ResolvedPolicy", "Retention", "Retry", "Schedule", "SendWindow", "Source", "Stage", "Store",
-    "Strict", "check_stages", "load_config", "load_ledger_settings", "parse_config",
+    "Imap", "Interest", "InvoiceEmails", "LedgerSettings", "MinorAmount", "Number", "Policy", "PolicyMatch",
+    "Promises", "Provider", "RateEntry", "Replies", "ResolvedPolicy", "Retention", "Retry", "Schedule", "SendWindow",
+    "Source", "Stage", "Store", "Strict", "check_stages", "load_config", "load_ledger_settings", "parse_config",
 ]  # fmt: skip

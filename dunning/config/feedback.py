@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from dunning.config.base import Count, Flag, Number, Strict
+from dunning.config.desk import Imap
 
 
 class Feedback(Strict):
@@ -27,3 +28,5 @@ class Feedback(Strict):
     one from an invoice number, a stage and the sender's domain) is recorded as unmatched, and listed in `dunning
     status` for a human to confirm, unless true: then it suppresses like a signed one when its recipient was that
     email's."""
+    imap: Imap = Imap()
+    """`dunning feedback --imap URL`: the password's variable, a private CA, timeouts."""

@@ -13,6 +13,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dunning.config.alerts import Alerts
 from dunning.config.base import MAX_HOURS, Count, EnvName, MinorAmount, Number, Strict
+from dunning.config.desk import Promises, Replies
 from dunning.config.feedback import Feedback
 from dunning.config.fees import Fees, RateEntry, TableReference
 from dunning.config.policies import FirstContactTone, Policy, ResolvedPolicy
@@ -58,6 +59,10 @@ class DunningConfig(Strict):
     """When the Dagster schedule starts a cycle."""
     feedback: Feedback = Feedback()
     """Bounces and complaints: what may suppress an address."""
+    promises: Promises = Promises()
+    """Promises to pay (`dunning promise`): the grace after a promise's date."""
+    replies: Replies = Replies()
+    """Customers' replies (`dunning feedback`): how long an unanswered reply pauses the chasing."""
     store: Store = Store()
     """The snapshot store of `dunning ingest` and the shard runs."""
     retention: Retention = Retention()

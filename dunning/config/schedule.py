@@ -136,6 +136,9 @@ class Escalation(Strict):
     `Idempotency-Key` by a later run."""
     stop_reminders: Flag = True
     """From the escalation's claim, no more reminders for that invoice in the cycle."""
+    after_broken_promises: Count | None = Field(default=None, ge=1, le=100)
+    """Escalate an invoice at its Nth broken promise to pay in a cycle (`dunning promise`), without waiting for
+    `after_days`; none: broken promises do not escalate by themselves."""
 
     @field_validator("webhook_url")
     @classmethod

@@ -126,7 +126,8 @@ def compose(draft: Draft) -> WireEmail:
             _CRLF + delimiter + b"--" + _CRLF,
         )
     )
-    return WireEmail(draft.to, draft.message_id, idempotency_key_in(",".join(draft.keys), draft.message_id), data)
+    key = idempotency_key_in(",".join(draft.keys), draft.message_id)
+    return WireEmail(draft.to, draft.message_id, key, data, tuple(draft.cc))
 
 
 def wire_for(

@@ -211,6 +211,23 @@ def _fee_line(fee: dict[str, Any], locale: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def broken_promise(rows: Sequence[dict[str, Any]], locale: str) -> Context | None:
+    """The promise to pay this reminder follows up on (`dunning.desk.promises`: broken, no reminder since): its
+    `until` date and promised `amount` (None when the promise named none), else None. The latest of the email's."""
+    broken = [r for r in rows if r.get("broken_promise_until") is not None]
+    if not broken:
+        return None
+    latest = max(broken, key=lambda r: r["broken_promise_until"])
+    until, until_iso = _day(latest["broken_promise_until"], locale)
+    amount = latest.get("broken_promise_amount_minor")
+    return {
+        "until": until,
+        "until_iso": until_iso,
+        "amount_minor": amount,
+        "amount": format_amount(amount, latest["currency"], locale) if amount is not None else None,
+    }
+
+
 def reminder_context(rows: Sequence[dict[str, Any]], as_of: dt.datetime, locale: str) -> Context:
     """One reminder: `rows` are its invoices, one per row, sorted by invoice id."""
     invoices = [_reminder_line(r, locale) for r in rows]
@@ -221,6 +238,7 @@ def reminder_context(rows: Sequence[dict[str, Any]], as_of: dt.datetime, locale:
         # of a one-invoice email (per invoice in `invoices` otherwise): the interest claimed and the total claimed
         "interest_to_date": invoices[0]["interest_to_date"] if len(invoices) == 1 else None,
         "total_claimed": invoices[0]["total_claimed"] if len(invoices) == 1 else None,
+        "broken_promise": broken_promise(rows, locale),
         "customer_name": rows[0].get("customer_name"),
         "tone": str(reminder_tone(rows)),
         "first_contact": first_contact(rows),
@@ -345,6 +363,13 @@ def sample_contexts(kind: EmailKind, locale: str) -> list[Context]:
         today = [_sample_row("in_1", "gentle", paid=0, url=None, name=None, days=-3),
                  _sample_row("in_2", "gentle", paid=0, url=None, name=None, days=0)]  # fmt: skip
         samples += [reminder_context(ahead, _SAMPLE_AS_OF, locale), reminder_context(today, _SAMPLE_AS_OF, locale)]
+        # after a broken promise to pay, with and without a promised amount
+        promised = dict(one[0], broken_promise_until=dt.date(2026, 11, 6), broken_promise_amount_minor=50000)
+        vague = dict(one[0], broken_promise_until=dt.date(2026, 11, 6), broken_promise_amount_minor=None)
+        samples += [
+            reminder_context([promised], _SAMPLE_AS_OF, locale),
+            reminder_context([vague], _SAMPLE_AS_OF, locale),
+        ]
         return samples
     if kind is EmailKind.APOLOGY:
         flood = {"customer_name": "Ada", "emails": 12, "first_at": _SAMPLE_AS_OF, "last_at": _SAMPLE_AS_OF}

@@ -46,10 +46,11 @@ MAX_LINE = 998  # octets per line, RFC 5322 section 2.1.1
 # `send.render_pool.RenderSettings`): what a render worker is sent of each row, and no more
 # (`tests/test_render_pool.py` checks this list against the code that reads the rows)
 RENDER_FIELDS = frozenset({
-    "amount_due", "amount_minor", "amount_paid", "billing_period", "currency", "customer_email", "customer_email_name",
-    "customer_locale", "customer_name", "days_overdue", "due_date", "fees", "gentle_first", "idempotency_key",
-    "invoice_id", "invoice_lines", "kind", "message_id", "payment_url", "policy", "reminders_sent_before",
-    "remaining_minor", "stage", "stage_count", "stage_rank", "tone",
+    "amount_due", "amount_minor", "amount_paid", "billing_period", "broken_promise_amount_minor",
+    "broken_promise_until", "currency", "customer_cc", "customer_email", "customer_email_name", "customer_locale",
+    "customer_name", "days_overdue", "due_date", "fees", "gentle_first", "idempotency_key", "invoice_id",
+    "invoice_lines", "kind", "message_id", "payment_url", "policy", "reminders_sent_before", "remaining_minor", "stage",
+    "stage_count", "stage_rank", "tone",
 })  # fmt: skip
 
 
@@ -162,6 +163,7 @@ class Draft:
     html: str
     when: dt.datetime
     to_name: str | None = None  # the display name `customer_email` gave (`Name <address>`), kept in To
+    cc: tuple[str, ...] = ()  # the copy addresses (`dunning.desk.contacts`), each through the one address rule
 
 
 @functools.lru_cache(maxsize=64)
@@ -174,6 +176,9 @@ def checked_recipient(draft: Draft) -> str:
     """The draft's recipient, through the one address rule: `EmailBuildError` when it is not one address."""
     if not is_address(draft.to):
         raise EmailBuildError(f"recipient is not a single valid address: {draft.to!r}"[:300])
+    for copy in draft.cc:
+        if not is_address(copy):
+            raise EmailBuildError(f"Cc is not a single valid address: {copy!r}"[:300])
     return draft.to
 
 
@@ -181,6 +186,7 @@ def checked_headers(draft: Draft) -> list[tuple[str, str | Header]]:
     """The headers after From and Reply-To, in order, each value through `safe_text.header_value` (ValueError
     naming the header it refuses): what `message_of` sets and `dunning.email.compose` folds."""
     values = (
+        *((("Cc", ", ".join(draft.cc)),) if draft.cc else ()),
         ("Subject", draft.subject),
         ("Date", date_header(draft.when)),
         ("Message-ID", draft.message_id),
@@ -290,7 +296,8 @@ def _invoices_draft(
     sender = _sender(sender)
     subject, text, html = _render(templates_dir, locale, kind, _INVOICES_CONTEXT[kind](rows, as_of, locale), sender)
     to, keys = rows[0]["customer_email"], [r["idempotency_key"] for r in rows]  # in the order the headers need them
-    return Draft(to, sender, subject, message_id, kind, keys, text, html, as_of, rows[0].get("customer_email_name"))
+    cc = tuple(a for a in (rows[0].get("customer_cc") or "").split(",") if a)
+    return Draft(to, sender, subject, message_id, kind, keys, text, html, as_of, rows[0].get("customer_email_name"), cc)
 
 
 def apology_email(

@@ -37,13 +37,21 @@ class WireEmail:
     message_id: str
     idempotency_key: str
     data: bytes
+    cc: tuple[str, ...] = ()  # the copy addresses: one envelope recipient each, after `to`
 
     @classmethod
     def of(cls, message: Message) -> WireEmail:
         # the envelope takes the bare address: a To with a display name (`Name <address>`) is parsed for it
         header = message["To"]  # a Header (a name that is not ASCII) parsed as it goes on the wire, RFC 2047
         to = parseaddr(header.encode() if isinstance(header, Header) else str(header))[1] or str(header)
-        return cls(to, str(message["Message-ID"]), idempotency_key_of(message), wire_bytes(message))
+        cc = tuple(a.strip() for a in str(message["Cc"] or "").split(",") if a.strip())
+        key = idempotency_key_of(message)
+        return cls(to, str(message["Message-ID"]), key, wire_bytes(message), cc)
+
+    @property
+    def recipients(self) -> tuple[str, ...]:
+        """Every envelope recipient, `To` first."""
+        return (self.to, *self.cc)
 
     def with_header(self, name: str, value: str) -> bytes:
         """The bytes with one more header after the others, folded as `message[name] = value` then serializing

@@ -39,6 +39,7 @@ from email.message import Message
 from typing import Any
 
 from dunning.ingest.mime_bounds import structure_problem
+from dunning.ingest.replies import ReplyMessage, reply_message
 from dunning.safe_text import CONTROL_CLASS, has_control, is_address
 
 MAX_MESSAGE_BYTES = 5 * 1024 * 1024  # a bounce is a few kilobytes; a larger message is not read
@@ -91,11 +92,13 @@ class Reading:
     reports: list[Report] = field(default_factory=list)
     unreadable: list[Unreadable] = field(default_factory=list)
     not_reports: int = 0
+    replies: list[ReplyMessage] = field(default_factory=list)  # of the messages that are not reports (`replies`)
 
     def add(self, other: Reading) -> None:
         self.reports += other.reports
         self.unreadable += other.unreadable
         self.not_reports += other.not_reports
+        self.replies += other.replies
 
 
 def clean_text(value: object, limit: int = MAX_DETAIL) -> str | None:
@@ -281,6 +284,7 @@ def read_message(raw: bytes, source: str) -> Reading:
         message = _parse(raw, deadline)
         if message.get_content_type() != "multipart/report":
             reading.not_reports += 1
+            reading.replies.append(reply_message(message, raw_key, source))  # perhaps a customer's answer
             return reading
         report_type = str(message.get_param("report-type", "") or "").lower()
         for part in _parts(message):

@@ -29,9 +29,11 @@ def escalation_key_expr() -> pl.Expr:
     return pl.format("escalation:{}:{}", pl.col("invoice_id"), pl.col("cycle"))
 
 
-def candidates(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
-    """Invoices whose policy escalates, still owed in an open cycle and at least `after_days` past due: their
-    escalation is due unless on record. Columns of `cycled`, plus `idempotency_key` and `stop_reminders`."""
+def candidates(cycled: pl.DataFrame, config: DunningConfig, broken: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Invoices whose policy escalates, still owed in an open cycle and at least `after_days` past due, or with
+    `after_broken_promises` broken promises in this cycle (`broken`: `invoice_id`, `cycle`, `broken`, from
+    `Ledger.broken_promise_counts`): their escalation is due unless on record. Columns of `cycled`, plus
+    `idempotency_key` and `stop_reminders`."""
     rules = {p.name: p.escalation for p in config.resolved_policies() if p.escalation is not None}
     if not rules:
         return cycled.clear().with_columns(
@@ -41,11 +43,22 @@ def candidates(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     after = {name: rule.after_days for name, rule in rules.items()}
     stops = {name: rule.stop_reminders for name, rule in rules.items()}
     threshold = pl.col("policy").replace_strict(after, default=None, return_dtype=pl.Int32)
-    return cycled.filter(
-        pl.col("in_cycle") & pl.col("owed") & (pl.col("days_overdue") >= threshold).fill_null(False)
-    ).with_columns(
-        escalation_key_expr().alias("idempotency_key"),
-        pl.col("policy").replace_strict(stops, default=True, return_dtype=pl.Boolean).alias("stop_reminders"),
+    reached = (pl.col("days_overdue") >= threshold).fill_null(False)
+    promises = {name: rule.after_broken_promises for name, rule in rules.items() if rule.after_broken_promises}
+    if promises and broken is not None and broken.height:
+        counts = broken.select("invoice_id", pl.col("cycle").cast(pl.Int32), pl.col("broken").alias("_broken"))
+        cycled = cycled.join(counts, on=["invoice_id", "cycle"], how="left", maintain_order="left")
+        limit = pl.col("policy").replace_strict(promises, default=None, return_dtype=pl.Int32)
+        reached = reached | (pl.col("_broken") >= limit).fill_null(False)
+    else:
+        cycled = cycled.with_columns(pl.lit(None, dtype=pl.UInt32).alias("_broken"))
+    return (
+        cycled.filter(pl.col("in_cycle") & pl.col("owed") & reached)
+        .drop("_broken")
+        .with_columns(
+            escalation_key_expr().alias("idempotency_key"),
+            pl.col("policy").replace_strict(stops, default=True, return_dtype=pl.Boolean).alias("stop_reminders"),
+        )
     )
 
 

@@ -41,7 +41,7 @@ _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 HOLDS = (
     HoldReason.EXCLUDED, HoldReason.BELOW_MINIMUM, HoldReason.EVENT_ADDRESS_NOT_TRUSTED, HoldReason.ESCALATED,
     HoldReason.OUTSIDE_SEND_WINDOW, HoldReason.SPACING, HoldReason.SUPPRESSED, HoldReason.PAYMENT_IN_FLIGHT,
-    HoldReason.ESCALATION_REFUSED,
+    HoldReason.ESCALATION_REFUSED, HoldReason.PROMISED, HoldReason.REPLIED,
 )  # fmt: skip
 # holds that only move a send (`dunning.plan.schedule`): the key stays newly due and goes at the first run allowed;
 # a run that left one is no reference for an unchanged hour (`dunning.plan.unchanged`)
@@ -115,6 +115,9 @@ def in_force(exclusions: pl.DataFrame, day: dt.date) -> pl.DataFrame:
 # caller of `hold_expr` (the plan, the resubmission of unknown sends) holds them; the exclusions table never has it
 SUPPRESSED_ADDRESS = "address"
 IN_FLIGHT = "in_flight"  # likewise the invoices with a payment processing (`dunning.plan.payment_signals`)
+# and the collections desk's (`dunning.desk`): invoices an active promise covers, customers waiting for an answer
+PROMISED = "promised"
+REPLIED = "replied"
 
 
 def with_held(exclusions: pl.DataFrame, scope: str, targets: Sequence[str]) -> pl.DataFrame:
@@ -132,8 +135,8 @@ def _targets(exclusions: pl.DataFrame, scope: str) -> pl.Series:
 
 
 def hold_expr(cycled: pl.DataFrame, exclusions: pl.DataFrame | None, config: DunningConfig) -> pl.Expr:
-    """Why a due key is held before sending (`excluded`, `below_minimum`, `payment_in_flight`, then `suppressed`), or
-    null.
+    """Why a due key is held before sending (`excluded`, `below_minimum`, `payment_in_flight`, `suppressed`, then
+    the desk's `promised` and `replied`), or null.
 
     `cycled` is the snapshot as the cycle saw it (its `auto_advance` column, when
     present, marks invoices to exclude under `source.exclude_auto_advance_false`);
@@ -159,6 +162,11 @@ def hold_expr(cycled: pl.DataFrame, exclusions: pl.DataFrame | None, config: Dun
         suppressed = (pl.col("kind") != EmailKind.ESCALATION) & email.is_in(addresses.implode()).fill_null(False)
     flight = _targets(exclusions, IN_FLIGHT)
     paying = pl.col("invoice_id").is_in(flight.implode()) if flight.len() else pl.lit(False)
+    # the desk moves only the chasing: reminders and escalations wait; invoice emails and notices go
+    chasing = pl.col("kind").is_in([str(EmailKind.REMINDER), str(EmailKind.ESCALATION)])
+    promised_ids, replied_ids = _targets(exclusions, PROMISED), _targets(exclusions, REPLIED)
+    promised = chasing & pl.col("invoice_id").is_in(promised_ids.implode()) if promised_ids.len() else pl.lit(False)
+    replied = chasing & pl.col("customer_id").is_in(replied_ids.implode()) if replied_ids.len() else pl.lit(False)
     return (
         pl.when(excluded)
         .then(pl.lit(str(HoldReason.EXCLUDED)))
@@ -168,5 +176,9 @@ def hold_expr(cycled: pl.DataFrame, exclusions: pl.DataFrame | None, config: Dun
         .then(pl.lit(str(HoldReason.PAYMENT_IN_FLIGHT)))
         .when(suppressed)
         .then(pl.lit(str(HoldReason.SUPPRESSED)))
+        .when(promised.fill_null(False))
+        .then(pl.lit(str(HoldReason.PROMISED)))
+        .when(replied.fill_null(False))
+        .then(pl.lit(str(HoldReason.REPLIED)))
         .otherwise(pl.lit(None, dtype=pl.String))
     )

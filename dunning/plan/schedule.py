@@ -61,6 +61,14 @@ def _holidays(calendar: Holidays, year: int) -> frozenset[dt.date]:
     return frozenset(days)
 
 
+def is_business_day(day: dt.date, config: DunningConfig) -> bool:
+    """Monday to Friday, and not a holiday of the top-level send window's calendar where one is configured."""
+    if day.weekday() >= 5:
+        return False
+    window = config.send_window
+    return window is None or day not in _holidays(window.holidays, day.year)
+
+
 @dataclass(frozen=True)
 class Opening:
     open_now: bool

@@ -90,6 +90,7 @@ def build_audit(
         "sendable",
         "customer_email",
         DROPPED,
+        "cc_dropped",
         "amount_minor",
         "currency",
         "policy",
@@ -110,6 +111,8 @@ def build_audit(
     # an empty address is missing; anything else that is not one address (two of them, a typo) is invalid
     email = pl.col("customer_email") if "customer_email" in rows.columns else pl.lit(None, dtype=pl.String)
     blank = email.is_null() | (email.str.strip_chars() == "")
+    # a key not held whose email left out a copy address that broke the address rule (`dunning.desk.contacts`)
+    cc_dropped = (pl.col("cc_dropped").fill_null(0) > 0) if "cc_dropped" in rows.columns else pl.lit(False)
     status = (
         pl.when(hold.is_not_null())
         .then(hold)
@@ -132,6 +135,7 @@ def build_audit(
         pl.coalesce(
             pl.col("_status").replace_strict(reason_of, return_dtype=pl.String),
             pl.when(dropped).then(pl.lit(AuditNote.PAYMENT_URL_DROPPED, dtype=pl.String)),
+            pl.when(cc_dropped).then(pl.lit(AuditNote.CC_ADDRESS_DROPPED, dtype=pl.String)),
         ).alias("reason"),
         pl.when(pl.col("_status") == SendStatus.SENT).then(pl.col("amount_minor")).alias("amount_stated_minor"),
         "currency",
@@ -228,6 +232,7 @@ def summarize(audit: pl.DataFrame) -> dict[str, int]:
         "not_owed_reminded": sent_reminder & ~pl.col("owed").fill_null(False),
         "payment_urls_dropped": pl.col("reason") == AuditNote.PAYMENT_URL_DROPPED,
         "amount_mismatches": sent_reminder & (pl.col("amount_stated_minor") != pl.col("remaining_minor")),
+        "cc_addresses_dropped": pl.col("reason") == AuditNote.CC_ADDRESS_DROPPED,
     }
     row = audit.select(**{name: condition.fill_null(False).sum() for name, condition in counts.items()}).row(0)
     return {name: int(n or 0) for name, n in zip(counts, row, strict=True)}

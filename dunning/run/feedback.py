@@ -40,6 +40,8 @@ from typing import Any
 import polars as pl
 
 from dunning.config import DunningConfig
+from dunning.desk import replies
+from dunning.desk.replies import RepliesResult
 from dunning.email.message_ids import message_ids
 from dunning.errors import UserInputError
 from dunning.ingest.delivery_reports import (
@@ -81,6 +83,7 @@ class FeedbackResult:
     unreadable_new: int = 0
     not_reports: int = 0
     kept_in: str | None = None
+    replies: RepliesResult = field(default_factory=RepliesResult)
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,12 @@ def _emails(ledger: Ledger, ids: set[str], column: str) -> dict[str, OurEmail]:
         value: OurEmail(
             tuple(r["idempotency_key"] for r in rows),
             min((r["customer_id"] for r in rows if r["customer_id"]), default=None),
-            frozenset(str(r["customer_email"]).lower() for r in rows if r["customer_email"]),
+            frozenset(
+                address.strip().lower()
+                for r in rows
+                for address in (r.get("recipients") or r["customer_email"] or "").split(",")
+                if address.strip()
+            ),
         )
         for value, rows in found.items()
         if any(r["status"] in WENT for r in rows)
@@ -228,6 +236,8 @@ def apply_reports(
         condemned = _suppress_new(ledger, rows, new, suppress, result, at)
     result.suppressed, result.after_operator = condemned.suppressed, condemned.after_operator
     _keep_unreadable(reading, new, home, result)
+    if reading.replies:  # the messages that were not reports: customers' answers (`dunning.desk.replies`)
+        result.replies = replies.apply_replies(ledger, reading.replies, config, at)
     return result
 
 

@@ -27,6 +27,8 @@ from email.message import Message
 import polars as pl
 
 from dunning.config import DunningConfig
+from dunning.desk import contacts
+from dunning.desk import holds as desk_step
 from dunning.email.message_ids import message_ids
 from dunning.email.render import draft_for
 from dunning.errors import InvalidRowsHalt, SnapshotRefused
@@ -186,6 +188,8 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
     failed, notices, settle = None, None, None
     day = business_date(clock.as_of, config)
     suppressed = ledger.suppressed_emails(day).get_column("email").to_list()
+    # every contact (`customer_cc`): copies checked, suppressed ones left out, a live copy `To` for a suppressed primary
+    cycled = contacts.resolve(cycled, suppressed)
     exclusions = with_held(in_force(ledger.open_exclusions(), day), SUPPRESSED_ADDRESS, suppressed)
     signals = ledger.signal_events(payment_signals.SIGNAL_TYPES, clock.as_of - payment_signals.LOOKBACK, clock.as_of)
     # a signal counts only when its event's customer is the invoice's own in the snapshot; another's is set aside
@@ -199,6 +203,10 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
     exclusions = with_held(exclusions, IN_FLIGHT, payment_signals.in_flight(signals))
     # a dispute told of by this run's own events holds its invoice now; the table learns of it at the next snapshot
     exclusions = with_held(exclusions, str(ExclusionScope.INVOICE), payment_signals.disputes(signals)[0])
+    # the collections desk: promises past their grace judged (a live run records the verdicts and pages for the
+    # broken ones), the active ones and the customers waiting for an answer hold their keys
+    desk_state = desk_step.plan_desk(ledger, cycled, config, clock, run_id=recorded_as if run_id else None)
+    exclusions = desk_step.with_desk_holds(exclusions, desk_state)
     if clock.reads_live_state:
         failed = ledger.retryable_failures(clock.as_of, config.retry.max_attempts)
         events = shard.keep(events) if events is not None else None
@@ -217,7 +225,7 @@ def plan_step(ledger: Ledger, cycled: pl.DataFrame, events: pl.DataFrame | None,
     invoices = plan_invoices(ledger, cycled, config, clock)
     escalations, stopped = plan_escalation_step(ledger, cycled, config, clock)
     plan = cycle.plan_cycle(cycled, config, failed, notices, exclusions, invoices, settle, escalations)
-    return apply_schedule(ledger, plan, cycled, config, clock, stopped)
+    return desk_step.with_broken_promises(apply_schedule(ledger, plan, cycled, config, clock, stopped), desk_state)
 
 
 DISPUTE_UNMATCHED = "dispute_unmatched"
@@ -255,7 +263,7 @@ def plan_escalation_step(
     ledger: Ledger, cycled: pl.DataFrame, config: DunningConfig, clock: CycleClock
 ) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
     """The escalations due now or retried (`dunning.plan.escalation`), and the invoices whose reminders stop."""
-    due = escalation.candidates(cycled, config)
+    due = escalation.candidates(cycled, config, ledger.broken_promise_counts())
     if due.is_empty():
         return None, None
     rows, stopped = escalation.plan_escalations(due, ledger.escalation_states)
@@ -384,9 +392,18 @@ def alert_suppressed_contacts(
     address is suppressed (by the plan, or at the claim): someone must find the customer a working address."""
     due = cycle.due_rows(plan)
     at_claim = outcomes.filter(pl.col("status") == SendStatus.SUPPRESSED).select("idempotency_key")
+    # a suppressed primary that a copy address stands in for (`dunning.desk.contacts`) needs a new contact too
+    replaced = (
+        due.filter(pl.col("primary_email").is_not_null()).select(
+            "customer_id", pl.col("primary_email").alias("customer_email")
+        )
+        if "primary_email" in due.columns
+        else due.clear().select("customer_id", "customer_email")
+    )
     held = pl.concat([
         due.filter(pl.col("hold") == HoldReason.SUPPRESSED).select("customer_id", "customer_email"),
         due.join(at_claim, on="idempotency_key", how="semi").select("customer_id", "customer_email"),
+        replaced,
     ]).select("customer_id", pl.col("customer_email").str.to_lowercase().alias("email")).drop_nulls()  # fmt: skip
     new = ledger.new_suppression_alerts(held, at)
     for customer_id, email in new.select("customer_id", "email").iter_rows():

@@ -1,5 +1,6 @@
 """The `dunning` command: its parser, assembled from one module per group of commands, each holding its commands
-and their arguments (`cycle`, `going_live`, `operate`, `keys`, `feedback`, `fees`), and `main(argv)`, which runs one.
+and their arguments (`cycle`, `going_live`, `operate`, `keys`, `feedback`, `fees`, `desk`), and `main(argv)`, which
+runs one.
 
 Every failure an operator can cause ends with one line on stderr and a distinct exit code (`exit_codes`), never a
 traceback. Nothing below the command imports it (`pyproject.toml`'s import contracts); what two command modules
@@ -16,17 +17,19 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipelines.cli import cycle, feedback, fees, going_live, keys, operate
+from pipelines.cli import cycle, desk, feedback, fees, going_live, keys, operate
 from pipelines.cli.common import one_line_errors
 from pipelines.cli.exit_codes import run_command
 
 # the command registry: each command's parser, by name, in the order `dunning --help` lists them
 PARSERS: dict[str, Callable[[Any], None]] = {
     **cycle.PARSERS, **going_live.PARSERS, **operate.PARSERS, **keys.PARSERS, **feedback.PARSERS, **fees.PARSERS,
+    **desk.PARSERS,
 }  # fmt: skip
 ORDER = (
     "run", "preview", "test-send", "adopt", "backfill", "pause", "resume", "recover", "resolve", "retry", "exclude",
-    "include", "ingest", "suppress", "unsuppress", "feedback", "serve-webhooks", "report", "prune", "fees", "status",
+    "include", "promise", "promises", "ack", "note", "customer", "ingest", "suppress", "unsuppress", "feedback",
+    "serve-webhooks", "report", "prune", "fees", "status",
 )  # fmt: skip
 
 

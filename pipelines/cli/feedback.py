@@ -100,8 +100,22 @@ def feedback_text(result: Any, path: str) -> str:
     if result.unreadable:
         where = f", kept in {result.kept_in}" if result.kept_in else ""
         lines.append(f"unreadable: {result.unreadable} ({result.unreadable_new} new{where})")
-    if result.not_reports:
-        lines.append(f"not delivery reports (ignored): {result.not_reports}")
+    replies = result.replies
+    ignored = result.not_reports - (replies.read - replies.not_ours)  # neither a report nor a customer's reply
+    if ignored:
+        lines.append(f"not delivery reports (ignored): {ignored}")
+    if replies.recorded or replies.read - replies.not_ours:
+        waiting = sorted(set(replies.pausing))
+        lines.append(
+            f"replies: {replies.recorded} new ({replies.automatic} automatic, never pausing), "
+            f"{replies.read - replies.not_ours - replies.recorded} recorded before; waiting for an answer: "
+            + (", ".join(waiting[:10]) + " (`dunning ack --customer ID` when answered)" if waiting else "none")
+            + (
+                f"; {replies.not_pausing} pausing no one (not sent from that customer's address)"
+                if replies.not_pausing
+                else ""
+            )  # fmt: skip
+        )
     return "\n".join(lines)
 
 
@@ -112,11 +126,21 @@ def cmd_feedback(args: argparse.Namespace) -> int:
     from dunning.plan.clock import utc_now
     from dunning.run import feedback
 
+    home = common.resolve_home(args)
+    config = common.settings(args, home)
+    if args.imap is not None:  # a mailbox on an IMAP server, read from the ledger's cursor (`dunning.desk.imap`)
+        from dunning.desk import imap
+
+        mailbox = imap.parse_url(args.imap)
+        with open_ledger_for(config, home) as ledger:
+            read = imap.read_mailbox(ledger, mailbox, config)
+            result = feedback.apply_reports(ledger, read.reading, config, home, utc_now())
+            imap.commit_cursor(ledger, mailbox, read, utc_now())
+        say(feedback_text(result, f"{mailbox.name} ({read.messages} new message(s) since the last import)"))
+        return 0
     kind, given = next((k, v) for k, v in (("mbox", args.mbox), ("maildir", args.maildir),
                                           ("resend", args.resend_events)) if v is not None)  # fmt: skip
     path = Path(given).expanduser()
-    home = common.resolve_home(args)
-    config = common.settings(args, home)
     reading = feedback.read_file(path, kind)
     with open_ledger_for(config, home) as ledger:
         result = feedback.apply_reports(ledger, reading, config, home, utc_now())
@@ -164,6 +188,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out).expanduser()
     if out.is_dir():
         raise UserInputError(f"--out {out} is a directory; name the file, e.g. {out / 'report.html'}")
+    if args.customer is not None:  # one customer's story, from the ledger (`dunning.desk.customer_page`)
+        from dunning.desk.customer_page import render_customer_page
+        from pipelines.cli.desk import customer_story
+
+        page = render_customer_page(customer_story(args, args.customer), dt.datetime.now(dt.UTC))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(page, encoding="utf-8")
+        say(f"wrote {out}: customer {args.customer}'s story, one self-contained page")
+        return 0
     home = common.resolve_home(args, writes=False)  # it only reads the analysts' copy
     config = common.settings(args, home)
     now = dt.datetime.now(dt.UTC)
@@ -196,7 +229,10 @@ def add_unsuppress(commands: Any) -> None:
 
 
 def add_feedback(commands: Any) -> None:
-    feedback = commands.add_parser("feedback", help="import bounce and complaint reports; suppress what they condemn")
+    feedback = commands.add_parser(
+        "feedback",
+        help="import bounce and complaint reports (suppressing what they condemn) and customers' replies (pausing)",
+    )
     add_home(feedback)
     source = feedback.add_mutually_exclusive_group(required=True)
     source.add_argument("--mbox", metavar="PATH", help="an mbox file of the bounce mailbox (DSNs, ARF complaints)")
@@ -204,6 +240,11 @@ def add_feedback(commands: Any) -> None:
     source.add_argument(
         "--resend-events", metavar="PATH", help="Resend webhook events: an object, an array, JSON Lines"
     )
+    source.add_argument(
+        "--imap", metavar="URL",
+        help="imaps://user@host:993/FOLDER: read the folder over TLS from where the last import stopped, read-only "
+        "(password from the variable feedback.imap.password_env names)",
+    )  # fmt: skip
     feedback.add_argument("--config", help="config file (default: HOME/config.yaml)")
     feedback.set_defaults(handler=cmd_feedback)
     one_line_errors(feedback)
@@ -226,6 +267,10 @@ def add_report(commands: Any) -> None:
     add_home(results)
     results.add_argument("--out", required=True, metavar="FILE.html", help="where to write the page")
     results.add_argument("--days", type=int, default=90, help="days of the overdue chart (default 90)")
+    results.add_argument(
+        "--customer", metavar="ID",
+        help="instead: one customer's whole story (`dunning customer ID`) as a page to open before a call",
+    )  # fmt: skip
     results.add_argument("--config", help="config file (default: HOME/config.yaml): the stages' order")
     results.set_defaults(handler=cmd_report)
     one_line_errors(results)

@@ -113,6 +113,8 @@ def status(
             live.now - dt.timedelta(days=CONFIRM_DAYS), live.now.astimezone(config.zone).date()
         ).to_dicts(),
         "fees": _fees(ledger, config),
+        "replies_waiting": _replies_waiting(ledger, live.now, config),
+        "promises_active": ledger.promise_coverage().get_column("promise_id").n_unique(),
     }
 
 
@@ -129,6 +131,21 @@ def _fees(ledger: Ledger, config: DunningConfig) -> dict:
         "charge_key", "invoice_id", "customer_id", "kind", "amount_minor", "currency"
     )
     return {**claimed_against_allowed(charges, config), "proposed": proposed.to_dicts()}
+
+
+def _replies_waiting(ledger: Ledger, now: dt.datetime, config: DunningConfig) -> list[dict]:
+    """The customers whose reply waits for an answer (`dunning ack`), oldest reply first: whether it still pauses
+    them, or its pause ran out (`replies.pause_days`)."""
+    from dunning.desk import replies
+
+    unanswered = ledger.unanswered_replies(now)
+    if unanswered.is_empty():
+        return []
+    paused = set(replies.waiting(ledger, now, config).paused)
+    first = unanswered.group_by("customer_id", maintain_order=True).agg(
+        pl.col("received_at").first().alias("since"), pl.col("subject").first(), pl.len().alias("replies")
+    )
+    return [{**row, "pauses": row["customer_id"] in paused} for row in first.to_dicts()]
 
 
 CONFIRM_DAYS = 30  # how far back `status` lists the bounces and complaints a human should confirm
@@ -255,6 +272,17 @@ def status_text(s: dict) -> str:
         if fees["proposed"]:
             lines.append("  `dunning fees approve --all` (or --invoice ID) posts them with the next run; "
                          "`dunning fees waive --invoice ID` drops them")  # fmt: skip
+    if s.get("replies_waiting"):
+        lines.append(f"customers waiting for an answer: {len(s['replies_waiting'])} (oldest first; `dunning ack "
+                     "--customer ID` once answered)")  # fmt: skip
+        lines += [
+            f"  {r['customer_id']}: {r['replies']} reply(ies) since {liveness.wall(r['since'])}"
+            + (f" {r['subject']!r}" if r["subject"] else "")
+            + ("" if r["pauses"] else " (pause ran out: their reminders go on)")
+            for r in s["replies_waiting"][:20]
+        ]
+    if s.get("promises_active"):
+        lines.append(f"promises to pay active: {s['promises_active']} (`dunning promises`)")
     if s["config_error"]:
         lines.append(f"config: {s['config_error']} (default thresholds used above)")
     return "\n".join(lines)

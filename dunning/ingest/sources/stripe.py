@@ -40,6 +40,7 @@ SNAPSHOT_FIELDS = (
     "segment",
     "customer_timezone",
     "customer_type",
+    "customer_cc",
 )
 
 
@@ -71,10 +72,11 @@ def _preferred_locale(customer: Any) -> object:
     return locales[0] if isinstance(locales, list) and locales and isinstance(locales[0], str) else None
 
 
-def _segment(customer: Any) -> object:
-    """The customer's `metadata.dunning_segment`, when the invoice's customer is expanded: it chooses the policy."""
+def _segment(customer: Any, key: str = "dunning_segment") -> object:
+    """The customer's `metadata.dunning_segment` (it chooses the policy), or another metadata `key`
+    (`dunning_cc`: the copy addresses, `dunning.desk.contacts`), when the invoice's customer is expanded."""
     metadata = customer.get("metadata") if isinstance(customer, dict) else None
-    segment = metadata.get("dunning_segment") if isinstance(metadata, dict) else None
+    segment = metadata.get(key) if isinstance(metadata, dict) else None
     return segment if isinstance(segment, str) else None
 
 
@@ -134,6 +136,7 @@ def invoice_row(invoice: dict[str, Any], zone: ZoneInfo) -> dict[str, Any]:
         "segment": _segment(invoice.get("customer")),
         "customer_timezone": None,  # Stripe keeps no time zone for a customer; a send window uses the business zone
         "customer_type": _customer_type(invoice.get("customer")),
+        "customer_cc": _segment(invoice.get("customer"), "dunning_cc"),
     }
     return {k: (None if v is None else str(v)) for k, v in row.items()}
 

@@ -16,6 +16,9 @@ from dunning.ledger.backends.publication import publish
 from dunning.ledger.stores.charges import ChargeStore
 from dunning.ledger.stores.claims import ClaimStore
 from dunning.ledger.stores.cursors import CursorStore
+from dunning.ledger.stores.desk.customer_store import CustomerStore
+from dunning.ledger.stores.desk.promise_store import PromiseStore
+from dunning.ledger.stores.desk.reply_store import ReplyStore
 from dunning.ledger.stores.escalation_store import EscalationStore
 from dunning.ledger.stores.exclusions import ExclusionStore
 from dunning.ledger.stores.history import HistoryStore
@@ -73,6 +76,9 @@ class LedgerTables(
     RetentionStore,
     MessageSecretStore,
     ChargeStore,
+    PromiseStore,
+    ReplyStore,
+    CustomerStore,
 ):
     """Everything the pipeline stores, written once for both databases: `DuckDBLedger` below and
     `pg_ledger.PostgresLedger` add only their connection (`connection`, `pg_connection`)."""

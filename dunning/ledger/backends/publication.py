@@ -32,6 +32,7 @@ from pathlib import Path
 
 import duckdb
 
+from dunning.ledger.stores.desk.customer_store import CUSTOMER_TIMELINE
 from dunning.ledger.stores.history import RECOVERY_BY_STAGE
 
 log = logging.getLogger("dunning.ledger.backends.publication")
@@ -74,6 +75,12 @@ PUBLISHED_TABLES = (
     "suppression_alerts",
     "delivery_events",
     "charges",
+    # the collections desk (`dunning.desk`): promises, replies and their answers, notes
+    "promises",
+    "promise_invoices",
+    "customer_replies",
+    "reply_acks",
+    "customer_notes",
 )
 
 # what a dry run writes to the ledger (its audit, its run record, an alert it raised): all a dry run publishes
@@ -109,6 +116,8 @@ ANALYST_VIEWS = {
         FROM reached r LEFT JOIN paid p USING (invoice_id) GROUP BY r.policy, r.stage""",
     # recovery: a reminder recovered its amount when a later snapshot shows the invoice paid or with nothing left
     "recovery_by_stage": RECOVERY_BY_STAGE,
+    # one customer's story, every customer's: emails, skipped stages, escalations, promises, replies, notes
+    "customer_timeline": CUSTOMER_TIMELINE,
     "collections_daily": """
         WITH days AS (
             SELECT business_date, currency,

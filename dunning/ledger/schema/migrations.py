@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dunning.errors import UserInputError
+from dunning.ledger.schema.desk_tables import DESK_DDL
 from dunning.ledger.schema.tables import DDL
 from dunning.ledger.sql import Executes
 
@@ -230,6 +231,15 @@ MIGRATIONS = (
         "a held key's other reasons: the audit keeps one reason per key, `also_held` the rest (comma-separated), so "
         "`status` counts each reason a key waits for and a data problem never hides behind the send window",
         ("ALTER TABLE dunning_audit ADD COLUMN IF NOT EXISTS also_held VARCHAR",),
+    ),
+    Migration(
+        22,
+        "the collections desk: promises to pay and the invoices they cover, customers' replies and their "
+        "acknowledgements, notes, IMAP cursors; every address a reminder went to (`reminder_ledger.recipients`)",
+        (
+            *DESK_DDL,
+            "ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS recipients VARCHAR",
+        ),
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -10,6 +10,8 @@ These statements describe the current schema: a new ledger gets it whole, and
 with `ADD COLUMN IF NOT EXISTS`, for ledgers made before it existed).
 """
 
+from dunning.ledger.schema.desk_tables import DESK_DDL
+
 LEDGER_COLUMNS = (
     "idempotency_key",
     "kind",
@@ -55,7 +57,8 @@ DDL = (
         policy VARCHAR NOT NULL DEFAULT 'default',
         skip_reason VARCHAR,
         refused_at TIMESTAMPTZ,
-        refusal_alert_id VARCHAR
+        refusal_alert_id VARCHAR,
+        recipients VARCHAR
     )
     """,
     """
@@ -431,4 +434,5 @@ DDL = (
         since TIMESTAMPTZ NOT NULL
     )
     """,
+    *DESK_DDL,
 )

@@ -80,6 +80,14 @@ def _policy(rows: pl.DataFrame) -> pl.Expr:
     return (pl.col("policy").fill_null("default") if "policy" in rows.columns else pl.lit("default")).alias("policy")
 
 
+def _recipients(rows: pl.DataFrame) -> pl.Expr:
+    """`reminder_ledger.recipients`: every address the email goes to, `To` first (`dunning.desk.contacts`); its
+    `customer_email` for a row that names no others; null for an escalation (not an email)."""
+    given = pl.col("recipients") if "recipients" in rows.columns else pl.lit(None, dtype=pl.String)
+    email = pl.coalesce(given, pl.col("customer_email"))
+    return pl.when(pl.col("kind") != EmailKind.ESCALATION).then(email).otherwise(None).alias("recipients")
+
+
 class ClaimStore(SqlConnection):
     """Claims and outcomes, on the ledger's connection."""
 
@@ -201,10 +209,10 @@ class ClaimStore(SqlConnection):
                 rows = (
                     allowed.filter(~is_retry)
                     .with_columns(pl.lit(LedgerStatus.CLAIMED).alias("status"), *stamp)
-                    .select(*LEDGER_COLUMNS, lease, _policy(allowed))
+                    .select(*LEDGER_COLUMNS, lease, _policy(allowed), _recipients(allowed))
                 )
                 retries = allowed.filter(is_retry).select(  # the guard as a join condition: see record_outcomes
-                    "idempotency_key", "amount_minor", "customer_email", _policy(allowed),
+                    "idempotency_key", "amount_minor", "customer_email", _policy(allowed), _recipients(allowed),
                     pl.lit("failed").alias("expected_status"),
                 )  # fmt: skip
                 with self.registered("due_rows", rows), self.registered("retry_rows", retries):
@@ -261,7 +269,7 @@ class ClaimStore(SqlConnection):
             for (k,) in con.execute(
                 """
             UPDATE reminder_ledger SET status = 'claimed', run_id = ?, claimed_at = ?, amount_minor = r.amount_minor,
-                customer_email = r.customer_email, lease_expires_at = ?, policy = r.policy
+                customer_email = r.customer_email, lease_expires_at = ?, policy = r.policy, recipients = r.recipients
             FROM retry_rows r
             WHERE reminder_ledger.idempotency_key = r.idempotency_key AND reminder_ledger.status = r.expected_status
             RETURNING reminder_ledger.idempotency_key

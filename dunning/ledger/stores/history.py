@@ -39,7 +39,8 @@ HISTORY = "invoice_history_daily"
 # as written
 RECOVERY_BY_STAGE = """
     WITH sent AS (
-        SELECT idempotency_key, invoice_id, policy, stage, currency, amount_minor, CAST(sent_at AS DATE) AS sent_on
+        SELECT idempotency_key, invoice_id, policy, stage, currency, amount_minor, sent_at,
+               CAST(sent_at AS DATE) AS sent_on
         FROM reminder_ledger WHERE kind = 'reminder' AND status = 'sent' AND sent_at IS NOT NULL),
     paid AS (
         SELECT invoice_id, business_date FROM invoice_history_daily WHERE status = 'paid' OR remaining_minor = 0),
@@ -54,16 +55,32 @@ RECOVERY_BY_STAGE = """
                CAST(sum(CASE WHEN c.status = 'posted' AND f.invoice_id IS NOT NULL THEN c.amount_minor ELSE 0 END)
                     AS BIGINT) AS fees_collected_minor
         FROM charges c LEFT JOIN fee_invoices_paid f ON f.invoice_id = c.external_id
-        WHERE c.status <> 'waived' GROUP BY c.policy, c.stage, c.currency)
+        WHERE c.status <> 'waived' GROUP BY c.policy, c.stage, c.currency),
+    -- a promise to pay judged kept or broken counts for the last reminder its invoice had before it was made
+    promised AS (
+        SELECT idempotency_key, status FROM (
+            SELECT s.idempotency_key, p.status,
+                   row_number() OVER (PARTITION BY p.promise_id, i.invoice_id ORDER BY s.sent_at DESC) AS n
+            FROM promises p JOIN promise_invoices i ON i.promise_id = p.promise_id
+            JOIN sent s ON s.invoice_id = i.invoice_id AND s.sent_at <= p.created_at
+            WHERE p.status IN ('kept', 'broken')) ranked
+        WHERE n = 1),
+    promise_counts AS (
+        SELECT idempotency_key, count(*) FILTER (WHERE status = 'kept') AS kept,
+               count(*) FILTER (WHERE status = 'broken') AS broken
+        FROM promised GROUP BY idempotency_key)
     SELECT o.policy, o.stage, o.currency, count(*) AS reminders_sent,
            count(*) FILTER (WHERE o.paid_on <= o.sent_on + 7) AS paid_within_7d,
            count(*) FILTER (WHERE o.paid_on <= o.sent_on + 30) AS paid_within_30d,
            coalesce(sum(o.amount_minor) FILTER (WHERE o.paid_on IS NOT NULL), 0) AS amount_recovered_minor,
            percentile_cont(0.5) WITHIN GROUP (ORDER BY o.paid_on - o.sent_on) AS median_days_to_pay,
            coalesce(max(fees.fees_claimed_minor), 0) AS fees_claimed_minor,
-           coalesce(max(fees.fees_collected_minor), 0) AS fees_collected_minor
+           coalesce(max(fees.fees_collected_minor), 0) AS fees_collected_minor,
+           CAST(coalesce(sum(c.kept), 0) AS BIGINT) AS promises_kept,
+           CAST(coalesce(sum(c.broken), 0) AS BIGINT) AS promises_broken
     FROM outcome o
     LEFT JOIN fees ON fees.policy = o.policy AND fees.stage = o.stage AND fees.currency = o.currency
+    LEFT JOIN promise_counts c ON c.idempotency_key = o.idempotency_key
     GROUP BY o.policy, o.stage, o.currency ORDER BY o.policy, o.stage, o.currency"""
 
 

@@ -235,7 +235,7 @@ class SuppressionStore(SqlConnection):
         with self.registered("asked_ids", asked):
             return self.frame(
                 f"""
-                SELECT a.id, l.idempotency_key, l.status, l.customer_id, l.customer_email
+                SELECT a.id, l.idempotency_key, l.status, l.customer_id, l.customer_email, l.recipients
                 FROM reminder_ledger l JOIN asked_ids a ON l.{column} = a.id
                 ORDER BY a.id, l.idempotency_key
                 """

@@ -122,6 +122,8 @@ def request_params(message: Message) -> dict[str, Any]:
         "subject": _decoded(message["Subject"]),
         "headers": {name: str(message[name]).replace("\r\n", "") for name in PASSED_HEADERS if message[name]},
     }
+    if message["Cc"]:  # the copy addresses (`dunning.desk.contacts`)
+        params["cc"] = [a.strip() for a in str(message["Cc"]).split(",") if a.strip()]
     if message["Reply-To"]:
         params["reply_to"] = [str(message["Reply-To"])]
     for part in message.walk():

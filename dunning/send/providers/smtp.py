@@ -34,7 +34,7 @@ import re
 import smtplib
 import ssl
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from email.message import Message
 from email.parser import BytesHeaderParser
@@ -101,16 +101,21 @@ class _Connection:
             self.drop()
 
     def send_bytes(
-        self, to: str, message_id: str, data: bytes, may_hand_over: Callable[[str], bool] = lambda _: True
-    ) -> SendOutcome:
+        self, to: str | Sequence[str], message_id: str, data: bytes,
+        may_hand_over: Callable[[str], bool] = lambda _: True,
+    ) -> SendOutcome:  # fmt: skip
+        """One message to `to` (an address, or the `To` then the copies: one RCPT each). The `To` refused: the
+        message fails; a copy refused: it goes to the others."""
+        recipients = [to] if isinstance(to, str) else list(to)
         try:
             client = self.open()
             code, reply = client.mail(self.settings.from_address)
             if code != 250:
                 raise smtplib.SMTPSenderRefused(code, reply, self.settings.from_address)
-            code, reply = client.rcpt(to)
-            if code not in (250, 251):
-                raise smtplib.SMTPRecipientsRefused({to: (code, reply)})
+            for index, recipient in enumerate(recipients):
+                code, reply = client.rcpt(recipient)
+                if code not in (250, 251) and index == 0:
+                    raise smtplib.SMTPRecipientsRefused({recipient: (code, reply)})
         except (smtplib.SMTPSenderRefused, smtplib.SMTPRecipientsRefused) as exc:
             self.reset()
             return SendOutcome(
@@ -252,10 +257,10 @@ class SmtpProvider(EmailProvider):
             return SendOutcome(SendStatus.RELEASED, email.message_id, f"not handed over: {self.stopped_reason}"[:500])
         header = self.settings.idempotency_header
         if header is None:
-            outcome = self._connection().send_bytes(email.to, email.message_id, email.data, self.may_hand_over)
+            outcome = self._connection().send_bytes(email.recipients, email.message_id, email.data, self.may_hand_over)
         else:  # a relay with an idempotency contract: the key travels in its header, the bytes are kept if unknown
             data = email.with_header(header, email.idempotency_key)
-            outcome = self._connection().send_bytes(email.to, email.message_id, data, self.may_hand_over)
+            outcome = self._connection().send_bytes(email.recipients, email.message_id, data, self.may_hand_over)
             if outcome.status == SendStatus.UNKNOWN:
                 outcome = dataclasses.replace(outcome, payload=base64.b64encode(data).decode("ascii"))
         self._count(outcome)

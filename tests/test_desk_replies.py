@@ -1,0 +1,175 @@
+"""Customers' replies read by `dunning feedback`: a human reply matched by In-Reply-To (or the customer's address)
+holds the next stage until `dunning ack` or until `replies.pause_days` business days pass; an out-of-office reply
+holds nothing; a reply naming another customer's email pauses no one. Through the `dunning` command."""
+
+from __future__ import annotations
+
+import json
+from email.message import EmailMessage
+
+import pytest
+
+from tests.conftest import invoice
+from tests.delivery_messages import write_maildir, write_mbox
+
+DAY4 = "2026-11-04T09:00:00Z"  # in_1 due 2026-11-01: day3 reached
+BOB = {"invoice_id": "in_2", "customer_id": "cus_2", "customer_email": "bob@example.com", "customer_name": "Bob"}
+
+
+def reply(
+    sender: str = "Ada <ada@example.com>", *, in_reply_to: str | None = None, subject: str = "Re: your reminder",
+    text: str = "We paid last week, see the attached remittance.\n\nOn Wed, Billing wrote:\n> Hello Ada",
+    date: str | None = "Thu, 05 Nov 2026 10:00:00 +0000", message_id: str | None = "<r1@mail.example.com>",
+    **headers: str,
+) -> bytes:  # fmt: skip
+    message = EmailMessage()
+    message["From"] = sender
+    message["To"] = "billing@example.com"
+    message["Subject"] = subject
+    if date:
+        message["Date"] = date
+    if message_id:
+        message["Message-ID"] = message_id
+    if in_reply_to:
+        message["In-Reply-To"] = in_reply_to
+        message["References"] = in_reply_to
+    for name, value in headers.items():
+        message[name.replace("_", "-")] = value
+    message.set_content(text)
+    return message.as_bytes()
+
+
+def audit_of(deployment, run_id: str) -> dict[str, tuple[str, str | None]]:
+    rows = deployment.query("SELECT idempotency_key, outcome, reason FROM dunning_audit WHERE run_id = ?", [run_id])
+    return {key: (outcome, reason) for key, outcome, reason in rows}
+
+
+def alerts(deployment, kind: str) -> list[str]:
+    return [m for (m,) in deployment.query("SELECT message FROM alerts WHERE kind = ? ORDER BY created_at", [kind])]
+
+
+def first_reminder(deployment, rows) -> str:
+    assert deployment.run_in_process(rows, DAY4).sent_keys == ["dunning:in_1:1:day3"]
+    return deployment.outbox()[0]["Message-ID"]
+
+
+def feedback(deployment, tmp_path, messages: list[bytes], name: str = "replies.mbox") -> str:
+    box = write_mbox(tmp_path / name, messages)
+    code, out, err = deployment.cli("feedback", "--mbox", str(box))
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.slow
+def test_a_reply_holds_the_next_stage_until_ack(deployment, tmp_path):
+    rows = [invoice()]
+    ours = first_reminder(deployment, rows)
+    out = feedback(deployment, tmp_path, [reply(in_reply_to=ours)])
+    assert "replies: 1 new (0 automatic" in out and "waiting for an answer: cus_1" in out
+    [paged] = alerts(deployment, "customer_replied")
+    assert "cus_1" in paged and "Re: your reminder" in paged and "We paid last week" in paged
+    assert "Hello Ada" not in paged, "the quoted history is left out"
+    [(customer, sender, matched_by, automatic, received)] = deployment.query(
+        'SELECT customer_id, "from", matched_by, automatic, received_at::VARCHAR FROM customer_replies'
+    )
+    assert (customer, sender, matched_by, automatic) == ("cus_1", "ada@example.com", "message_id", False)
+    assert received.startswith("2026-11-05 10:00:00")
+    held = deployment.run_in_process(rows, "2026-11-08T09:00:00Z")  # day7 reached (a Sunday: 1 business day)
+    assert held.sent_keys == [] and audit_of(deployment, held.run_id) == {"dunning:in_1:1:day7": ("held", "replied")}
+    code, out, _ = deployment.cli("status", "--json")
+    waiting = json.loads(out)["replies_waiting"]
+    assert [(w["customer_id"], w["replies"]) for w in waiting] == [("cus_1", 1)]  # status reads the wall clock
+    assert "customers waiting for an answer: 1" in deployment.cli("status")[1]
+    code, out, err = deployment.cli("ack", "--customer", "cus_1", "--note", "told them it is booked",
+                                    "--as-of", "2026-11-08T12:00:00Z")  # fmt: skip
+    assert code == 0 and "acknowledged 1 reply" in out, err
+    code, _, err = deployment.run(rows, "2026-11-09T09:00:00Z")
+    assert code == 0, err
+    assert [m["X-Dunning-Keys"] for m in deployment.outbox()] == ["dunning:in_1:1:day3", "dunning:in_1:1:day7"]
+    assert json.loads(deployment.cli("status", "--json")[1])["replies_waiting"] == []
+    # importing the same mailbox again records nothing and pages no one again
+    again = feedback(deployment, tmp_path, [reply(in_reply_to=ours)], "again.mbox")
+    assert "replies: 0 new" in again and len(alerts(deployment, "customer_replied")) == 1
+
+
+def test_an_ack_holds_only_for_runs_at_or_after_it(deployment, tmp_path):
+    rows = [invoice()]
+    ours = first_reminder(deployment, rows)
+    feedback(deployment, tmp_path, [reply(in_reply_to=ours)])
+    assert deployment.cli("ack", "--customer", "cus_1", "--as-of", "2026-11-09T12:00:00Z")[0] == 0
+    assert deployment.run_in_process(rows, "2026-11-09T09:00:00Z").sent_keys == [], "the ack is later that day"
+    assert deployment.run_in_process(rows, "2026-11-09T13:00:00Z").sent_keys == ["dunning:in_1:1:day7"]
+
+
+def test_an_out_of_office_reply_holds_nothing_and_pages_no_one(deployment, tmp_path):
+    rows = [invoice()]
+    ours = first_reminder(deployment, rows)
+    messages = [
+        reply(in_reply_to=ours, subject="Out of Office: Re: your reminder", message_id="<o1@x>"),
+        reply(in_reply_to=ours, subject="Re: your reminder", message_id="<o2@x>", Auto_Submitted="auto-replied"),
+        reply(in_reply_to=ours, subject="Abwesenheitsnotiz", message_id="<o3@x>"),
+        reply(in_reply_to=ours, subject="thanks", message_id="<o4@x>", Precedence="bulk"),
+        reply(in_reply_to=ours, subject="hi", message_id="<o5@x>", X_Autoreply="yes"),
+    ]
+    out = feedback(deployment, tmp_path, messages)
+    assert "replies: 5 new (5 automatic" in out
+    assert deployment.query("SELECT count(*) FROM customer_replies WHERE automatic") == [(5,)]
+    assert alerts(deployment, "customer_replied") == []
+    assert deployment.run_in_process(rows, "2026-11-08T09:00:00Z").sent_keys == ["dunning:in_1:1:day7"]
+
+
+def test_an_unanswered_reply_pauses_for_the_business_days_then_pages_once_and_dunning_resumes(deployment, tmp_path):
+    rows = [invoice()]
+    ours = first_reminder(deployment, rows)
+    feedback(deployment, tmp_path, [reply(in_reply_to=ours)])  # Thursday 5 November
+    # Fri 6 and Mon 9 are two business days: still paused on Monday; Tue 10 is the third
+    assert deployment.run_in_process(rows, "2026-11-09T09:00:00Z").sent_keys == []
+    assert alerts(deployment, "reply_unanswered") == []
+    assert deployment.run_in_process(rows, "2026-11-10T09:00:00Z").sent_keys == ["dunning:in_1:1:day7"]
+    [unanswered] = alerts(deployment, "reply_unanswered")
+    assert "cus_1" in unanswered and "3 business days" in unanswered
+    deployment.run_in_process(rows, "2026-11-10T15:00:00Z")
+    assert len(alerts(deployment, "reply_unanswered")) == 1
+
+
+def test_a_reply_from_the_customers_address_pauses_without_in_reply_to(deployment, tmp_path):
+    rows = [invoice()]
+    first_reminder(deployment, rows)
+    out = feedback(deployment, tmp_path, [reply("ADA@example.com")], "plain.mbox")
+    assert "replies: 1 new" in out
+    assert deployment.query("SELECT customer_id, matched_by FROM customer_replies") == [("cus_1", "address")]
+    assert deployment.run_in_process(rows, "2026-11-08T09:00:00Z").sent_keys == []
+
+
+def test_a_reply_naming_another_customers_email_is_recorded_and_pauses_no_one(deployment, tmp_path):
+    rows = [invoice(), invoice(**BOB)]
+    deployment.run_in_process(rows, DAY4)
+    ada_message = next(m["Message-ID"] for m in deployment.outbox() if m["To"] == "ada@example.com")
+    out = feedback(deployment, tmp_path, [reply("bob@example.com", in_reply_to=ada_message)])
+    assert "1 pausing no one" in out
+    assert deployment.query("SELECT customer_id, pauses FROM customer_replies") == [("cus_1", False)]
+    later = deployment.run_in_process(rows, "2026-11-08T09:00:00Z")
+    assert later.sent_keys == ["dunning:in_1:1:day7", "dunning:in_2:1:day7"]
+
+
+def test_a_reply_never_suppresses_nor_changes_a_recipient_and_strangers_are_not_recorded(deployment, tmp_path):
+    rows = [invoice()]
+    ours = first_reminder(deployment, rows)
+    box = write_maildir(tmp_path / "Maildir", [
+        reply(in_reply_to=ours, text="please write to ap@ada.example from now on"),
+        reply("stranger@elsewhere.example", message_id="<s1@x>"),  # names nothing of ours, from no customer
+        reply("Ada <ada@example.com>", message_id=None, date=None, subject="\x1b[31mred\x1b[0m <b>bold</b>"),
+    ])  # fmt: skip
+    code, out, err = deployment.cli("feedback", "--maildir", str(box))
+    assert code == 0, err
+    assert deployment.query("SELECT count(*) FROM customer_replies") == [(2,)]
+    assert deployment.query("SELECT count(*) FROM suppressions") == [(0,)]
+    for paged in alerts(deployment, "customer_replied"):
+        assert "\x1b" not in paged
+    # no Date: the import's time; no Message-ID: unique on a digest of the message
+    [(key,)] = deployment.query("SELECT reply_key FROM customer_replies WHERE message_id IS NULL")
+    assert key.startswith("sha256:")
+    deployment.cli("ack", "--customer", "cus_1", "--as-of", "2099-01-01T00:00:00Z")
+    assert deployment.run_in_process(rows, "2026-11-08T09:00:00Z").sent_keys == []  # paused: the ack is later
+    code, _, err = deployment.cli("ack", "--customer", "cus_404")
+    assert code == 2 and "no reply on record" in err
