@@ -99,7 +99,7 @@ def test_the_breaker_still_counts_per_customer_not_per_address(deployment, tmp_p
 def test_resend_gets_the_copies_in_cc():
     draft = Draft("ada@example.com", Sender("billing@example.com"), "Reminder", "<m@example.com>",
                   EmailKind.REMINDER, ["dunning:in_1:1:day3"], "text", "<p>html</p>",
-                  dt.datetime(2026, 11, 4, tzinfo=dt.UTC), ("bob@example.com", "carol@example.com"))  # fmt: skip
+                  dt.datetime(2026, 11, 4, tzinfo=dt.UTC), cc=("bob@example.com", "carol@example.com"))  # fmt: skip
     params = request_params(email.message_from_bytes(message_of(draft).as_bytes(), policy=policy.compat32))
     assert params["to"] == ["ada@example.com"] and params["cc"] == ["bob@example.com", "carol@example.com"]
 
@@ -120,7 +120,7 @@ def test_stripe_customer_metadata_dunning_cc_fills_customer_cc(tmp_path):
     import json
     from zoneinfo import ZoneInfo
 
-    from dunning.ingest.stripe import load_stripe_invoices
+    from dunning.ingest.sources.stripe import load_stripe_invoices
 
     stripe_invoice = {
         "id": "in_1", "object": "invoice", "customer": {"id": "cus_1", "email": "ada@example.com",

@@ -58,7 +58,10 @@ def test_old_runs_go_on_the_wall_clock_failed_ones_after_90_days_and_no_decision
     rows = [invoice()]
     assert deployment.run(rows, "2026-10-01T09:00:00Z")[0] == 0  # an as-of months back: it does not make a run old
     assert deployment.run(rows, "2026-10-02T09:00:00Z")[0] == 0
-    assert deployment.run([invoice(amount_due="ten")], "2026-10-03T09:00:00Z")[0] == 2  # a failed run
+    # a failed run: a file without its status column cannot be read (a refused one, say none of its rows accepted,
+    # ends without failing)
+    no_status = {k: v for k, v in invoice().items() if k != "status"}
+    assert deployment.run([no_status], "2026-10-03T09:00:00Z")[0] == 2
     assert deployment.cli("suppress", "--email", "x@example.com")[0] == 0
     before, runs = decisions(deployment), runs_by_status(deployment)
     assert runs == {"SUCCESS": 2, "FAILURE": 1}
