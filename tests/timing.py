@@ -11,8 +11,6 @@ import time
 
 import pytest
 
-_TIMES = os.environ.get("DUNNING_TEST_TIMES")
-
 
 def _cpu_seconds() -> float:
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -21,14 +19,15 @@ def _cpu_seconds() -> float:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    if not _TIMES:
+    times = os.environ.get("DUNNING_TEST_TIMES")
+    if not times:
         yield
         return
     wall, cpu = time.perf_counter(), _cpu_seconds()
     yield
     line = f"{item.nodeid}\t{time.perf_counter() - wall:.3f}\t{_cpu_seconds() - cpu:.3f}\t"
     line += os.environ.get("PYTEST_XDIST_WORKER", "main") + "\n"
-    fd = os.open(_TIMES, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(times, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
     finally:
