@@ -178,6 +178,7 @@ def test_a_deadlock_on_postgres_loses_the_chunk_and_leaves_nothing(postgres_dsn)
         assert again.won == {"dunning:in_a:1:day3", "dunning:in_b:1:day3"} and not again.lost
 
 
+@pytest.mark.slow
 def test_a_worker_never_expires_another_live_workers_claims(backend):
     with backend.open() as ledger, backend.twin(ledger) as other:
         ledger.claim(due_rows(2), NO_SKIPS, "worker-a", AS_OF, lease_until=AS_OF + 30 * dt.timedelta(minutes=1))

@@ -166,6 +166,7 @@ def test_status_shows_the_last_live_run_and_the_last_backfill_apart(deployment):
     assert status["stale_runs"] is True and 4.9 < status["hours_since_last_live_run"] < 5.1
 
 
+@pytest.mark.slow
 def test_a_ledger_held_past_the_threshold_pages_once_without_the_ledger(tmp_path, monkeypatch):
     def held(self, timeout_seconds=None):
         raise LedgerBusy("held")

@@ -96,6 +96,7 @@ def test_the_example_config_loads_with_its_templates_and_no_warning():
     assert template_warnings(config) == []
 
 
+@pytest.mark.slow
 def test_previewing_the_example_invoices_with_the_example_config(deployment):
     code, out, err = deployment.cli(
         "preview", "--snapshot", str(ROOT / "examples" / "invoices.csv"),

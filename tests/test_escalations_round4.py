@@ -58,6 +58,7 @@ def audit_reason(result, key: str) -> str | None:
 # --- 2. an escalation refused for good: one alert, in `status`, `retry`, `resolve` ---------------------------------
 
 
+@pytest.mark.slow
 def test_a_receiver_down_past_max_attempts_pages_once_shows_in_status_and_retry_delivers_once(
     deployment, tmp_path, monkeypatch
 ):
@@ -102,6 +103,7 @@ def test_a_receiver_down_past_max_attempts_pages_once_shows_in_status_and_retry_
     assert len(refusal_alerts(deployment)) == 1
 
 
+@pytest.mark.slow
 def test_a_4xx_refusal_pages_at_once_and_a_retry_refused_again_pages_again(deployment, tmp_path, monkeypatch):
     monkeypatch.setenv(ENV, SECRET)
     receiver = Receiver(SECRET, statuses=[422, 422])
@@ -122,6 +124,7 @@ def test_a_4xx_refusal_pages_at_once_and_a_retry_refused_again_pages_again(deplo
     assert len(refusal_alerts(deployment)) == 2
 
 
+@pytest.mark.slow
 def test_resolve_sent_settles_a_refused_escalation_and_its_reminders_stay_stopped(deployment, tmp_path, monkeypatch):
     monkeypatch.setenv(ENV, SECRET)
     receiver = Receiver(SECRET, statuses=[404])
@@ -140,6 +143,7 @@ def test_resolve_sent_settles_a_refused_escalation_and_its_reminders_stay_stoppe
     assert deployment.ledger("kind = 'reminder' AND status = 'sent'") == []
 
 
+@pytest.mark.slow
 def test_resolve_not_sent_gives_a_refused_escalations_invoice_back_to_its_reminders(deployment, tmp_path, monkeypatch):
     monkeypatch.setenv(ENV, SECRET)
     receiver = Receiver(SECRET, statuses=[422])
@@ -158,6 +162,7 @@ def test_resolve_not_sent_gives_a_refused_escalations_invoice_back_to_its_remind
     assert escalation(deployment)["status"] == "skipped"
 
 
+@pytest.mark.slow
 def test_retry_names_every_key_it_cannot_put_back_and_puts_back_the_others(deployment, tmp_path, monkeypatch):
     monkeypatch.setenv(ENV, SECRET)
     with EscalationServer(Receiver(SECRET, statuses=[422])) as server:
@@ -303,6 +308,7 @@ def test_an_escalation_error_is_stored_with_the_url_cut_to_its_host(monkeypatch)
     assert "127.0.0.1" in answer.error
 
 
+@pytest.mark.slow
 def test_migration_18_scrubs_urls_out_of_errors_recorded_before(backend):
     old = (
         f"not delivered (never left): ConnectionError: HTTPConnectionPool(host='hooks.example', port=443): Max retries "
@@ -325,6 +331,7 @@ def test_migration_18_scrubs_urls_out_of_errors_recorded_before(backend):
     assert rows["dunning:in_1:1:day3"] == "no url here: HTTP 500"
 
 
+@pytest.mark.slow
 def test_resume_proves_the_guard_without_posting_an_escalation(deployment, tmp_path, monkeypatch):
     """The guard's double pass runs the real send step with its claims rolled back: a hand-over it posted would
     reach the collections system for real, and be posted again by the first run after the resume."""

@@ -294,6 +294,7 @@ else:
                     target[key] = value
         return event
 
+    @pytest.mark.slow
     @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(st.lists(_payment_failed_events(), max_size=4))
     def test_validation_never_raises_and_accepts_only_sound_events(events):
@@ -363,6 +364,7 @@ def test_an_unknown_invoices_notice_uses_the_events_address_only_when_trusted(de
         assert held == ["event_address_not_trusted"]
 
 
+@pytest.mark.slow
 def test_a_stored_event_past_the_lookback_is_counted_as_expired_in_the_summary_and_status(deployment):
     """Issue 35, item 11: an event older than `source.events_lookback_days` was stored and silently yielded nothing.
     Now it is set aside once as `expired` (table event_quarantine), and the run summary and `status` count it."""

@@ -222,6 +222,7 @@ def test_bad_arguments_exit_2_with_one_line(deployment, args, message, capsys):
     assert message in err and len(err.strip().splitlines()) == 1 and "\x1b" not in err, err
 
 
+@pytest.mark.slow
 def test_status_lists_the_exclusions_in_force(deployment):
     assert deployment.cli("exclude", "--customer", "cus_1", "--reason", "disputed", "--until", "2099-12-31")[0] == 0
     code, out, _ = deployment.cli("exclude", "--customer", "cus_1", "--reason", "still disputed")

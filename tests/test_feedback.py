@@ -34,6 +34,7 @@ def two_customers(deployment):
     return rows
 
 
+@pytest.mark.slow
 def test_a_hard_bounce_of_our_email_suppresses_its_address_once_and_the_next_run_holds_its_keys(deployment, tmp_path):
     rows = two_customers(deployment)
     ids = sent_to(deployment)
@@ -53,6 +54,7 @@ def test_a_hard_bounce_of_our_email_suppresses_its_address_once_and_the_next_run
     assert later.sent_keys == ["dunning:in_2:1:day7"], "no one is mailed after they bounced"
 
 
+@pytest.mark.slow
 def test_a_soft_bounce_is_counted_and_suppresses_nothing(deployment, tmp_path):
     two_customers(deployment)
     ids = sent_to(deployment)
@@ -62,6 +64,7 @@ def test_a_soft_bounce_is_counted_and_suppresses_nothing(deployment, tmp_path):
     assert "soft_bounce 1" in out and suppressions(deployment) == []
 
 
+@pytest.mark.slow
 def test_a_complaint_suppresses_and_a_maildir_is_read_too(deployment, tmp_path):
     two_customers(deployment)
     ids = sent_to(deployment)
@@ -71,6 +74,7 @@ def test_a_complaint_suppresses_and_a_maildir_is_read_too(deployment, tmp_path):
     assert suppressions(deployment) == [("bob@example.com", "complaint", "maildir")]
 
 
+@pytest.mark.slow
 def test_a_spoofed_report_about_an_address_we_never_emailed_is_recorded_not_trusted(deployment, tmp_path):
     two_customers(deployment)
     forged = [
@@ -91,6 +95,7 @@ def test_a_spoofed_report_about_an_address_we_never_emailed_is_recorded_not_trus
     assert suppressions(deployment) == [("dave@example.com", "hard_bounce", "mbox")]
 
 
+@pytest.mark.slow
 def test_an_operator_lifts_a_suppression_and_an_old_file_imported_again_does_not_restore_it(deployment, tmp_path):
     two_customers(deployment)
     box = write_mbox(tmp_path / "b.mbox", [dsn("ada@example.com", sent_to(deployment)["ada@example.com"])])
@@ -100,6 +105,7 @@ def test_an_operator_lifts_a_suppression_and_an_old_file_imported_again_does_not
     assert suppressions(deployment) == []
 
 
+@pytest.mark.slow
 def test_resend_events_as_object_array_and_lines_suppress_permanent_bounces_and_complaints_once(deployment, tmp_path):
     two_customers(deployment)
     permanent = resend_event("email.bounced", "re_1", "ada@example.com")
@@ -160,6 +166,7 @@ def test_bad_feedback_input_is_exit_2_naming_the_file(deployment, tmp_path):
     assert code == 2 and "not a Maildir" in err
 
 
+@pytest.mark.slow
 def test_a_file_dropped_in_the_feedback_landing_folder_is_imported_once_by_the_sensor(deployment, tmp_path):
     import dagster as dg
 
@@ -183,6 +190,7 @@ def test_a_file_dropped_in_the_feedback_landing_folder_is_imported_once_by_the_s
     assert suppressions(deployment) == [("ada@example.com", "hard_bounce", "mbox")]
 
 
+@pytest.mark.slow
 def test_a_bounce_after_an_operators_date_has_passed_suppresses_for_good(deployment, tmp_path):
     """The operator's suppression has ended by the wall clock when the bounce comes: the bounce takes its place. One
     arriving before the date waits behind it (`test_forged_reports.py`)."""
@@ -215,6 +223,7 @@ def test_a_report_naming_our_message_id_but_no_valid_recipient_suppresses_nothin
     assert code == 0 and suppressions(deployment) == []
 
 
+@pytest.mark.slow
 def test_the_same_bounce_by_another_route_after_a_lift_does_not_suppress_again(deployment, tmp_path):
     two_customers(deployment)
     raw = dsn("ada@example.com", sent_to(deployment)["ada@example.com"])
@@ -224,6 +233,7 @@ def test_the_same_bounce_by_another_route_after_a_lift_does_not_suppress_again(d
     assert suppressions(deployment) == []
 
 
+@pytest.mark.slow
 def test_a_failure_between_recording_and_suppressing_loses_no_bounce(deployment, tmp_path, monkeypatch):
     from dunning.ledger.stores.suppressions import SuppressionStore
 
@@ -241,6 +251,7 @@ def test_a_failure_between_recording_and_suppressing_loses_no_bounce(deployment,
     assert suppressions(deployment) == [("ada@example.com", "hard_bounce", "mbox")]
 
 
+@pytest.mark.slow
 def test_one_hostile_resend_event_never_costs_the_files_good_ones(deployment, tmp_path):
     two_customers(deployment)
     good = json.dumps(resend_event("email.bounced", "re_1", "ada@example.com"))

@@ -58,6 +58,7 @@ def feedback(deployment, tmp_path, name: str, messages: list[bytes], *extra: str
     return out
 
 
+@pytest.mark.slow
 def test_a_forged_dsn_or_arf_suppresses_no_one_and_is_counted_as_unmatched(deployment, tmp_path):
     deployment.run_in_process(ROWS, DAY4)
     real = sent_to(deployment)
@@ -117,6 +118,7 @@ def test_a_report_on_a_legacy_message_id_of_a_release_0_1_ledger_is_unmatched_un
     assert suppressions(deployment) == [("ada@example.com", "complaint")]
 
 
+@pytest.mark.slow
 def test_a_report_on_a_legacy_message_id_is_unmatched_and_listed_unless_legacy_ids_are_trusted(deployment, tmp_path):
     deployment.run_in_process(ROWS, DAY4)
     legacy = computed_by_an_attacker("in_1")
@@ -141,6 +143,7 @@ def test_a_report_on_a_legacy_message_id_is_unmatched_and_listed_unless_legacy_i
     assert "bounces and complaints to confirm" not in deployment.cli("status")[1], "suppressed now: nothing to confirm"
 
 
+@pytest.mark.slow
 def test_a_report_quoting_no_message_id_is_listed_in_status_for_a_human_to_confirm(deployment, tmp_path):
     deployment.run_in_process(ROWS, DAY4)
     out = feedback(deployment, tmp_path, "bare.mbox", [dsn("ada@example.com", None), dsn("nobody-valid", None)])
@@ -156,6 +159,7 @@ def test_a_report_quoting_no_message_id_is_listed_in_status_for_a_human_to_confi
     assert json.loads(deployment.cli("status", "--json")[1])["reports_to_confirm"] == [], "confirmed: off the list"
 
 
+@pytest.mark.slow
 def test_a_bounce_never_lengthens_an_operators_suppression_and_holds_the_address_after_it(deployment, tmp_path):
     deployment.run_in_process(ROWS, DAY4)
     until = dt.datetime.now(dt.UTC).date() + dt.timedelta(days=30)  # not passed when the bounce is imported
@@ -176,6 +180,7 @@ def test_a_bounce_never_lengthens_an_operators_suppression_and_holds_the_address
     assert suppressions(deployment) == []
 
 
+@pytest.mark.slow
 def test_message_secret_env_mints_instead_of_the_ledger_and_ids_minted_before_still_verify(
     deployment, tmp_path, monkeypatch
 ):
@@ -346,6 +351,7 @@ def test_two_workers_making_the_secret_at_once_both_end_with_the_first(backend):
         assert mine is not None and len(mine) == 64 and other.message_secret() == mine
 
 
+@pytest.mark.slow
 def test_a_bounce_of_an_email_one_of_whose_keys_failed_for_good_still_verifies(deployment, tmp_path):
     """A retry sends the keys still owed under the email's first Message-ID, signed over all the keys it was minted
     for: verifying it reads them all, whatever became of each."""
@@ -360,6 +366,7 @@ def test_a_bounce_of_an_email_one_of_whose_keys_failed_for_good_still_verifies(d
     assert suppressions(deployment) == [("ada@example.com", "hard_bounce")]
 
 
+@pytest.mark.slow
 def test_the_resume_guards_simulated_sends_leave_no_secret(deployment):
     """The guard's double pass claims and 'sends' inside a transaction it rolls back: the secret it made goes too."""
     assert deployment.cli("pause", "--reason", "check")[0] == 0

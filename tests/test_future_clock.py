@@ -60,6 +60,7 @@ def test_the_stale_refusal_after_a_run_from_the_future_names_that_run(deployment
     assert "--allow-stale" in err
 
 
+@pytest.mark.slow
 def test_a_run_launched_with_a_clock_ahead_outside_the_cli_is_refused_in_its_first_step(deployment):
     """The Dagster launchpad sets `cycle_request.as_of` itself: the first step refuses as the CLI does."""
     import dagster as dg

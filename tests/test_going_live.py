@@ -62,6 +62,7 @@ def test_preview_writes_exactly_what_the_live_run_sends_and_changes_nothing(depl
     assert previewed and previewed == sent, "each previewed email is byte for byte the one the run wrote"
 
 
+@pytest.mark.slow
 def test_preview_flags_a_customer_emailed_in_the_breakers_window_and_shows_a_breaker_halt(deployment, tmp_path):
     deployment.run_in_process([invoice()], DAY)
     rows = [invoice(), invoice(invoice_id="in_b", due_date="2026-10-20")]
@@ -116,6 +117,7 @@ def test_test_send_through_smtp_that_refuses_the_connection_is_exit_6_naming_hos
 # --- adopt -------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_adopt_records_the_stages_already_reached_and_the_first_run_sends_only_later_ones(deployment):
     rows = [invoice(), invoice(invoice_id="in_new", customer_id="cus_new", customer_email="n@example.com",
                                due_date="2026-11-09")]  # fmt: skip
@@ -139,6 +141,7 @@ def test_adopt_records_the_stages_already_reached_and_the_first_run_sends_only_l
 # --- no silent success -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dry", [False, True])
 def test_a_snapshot_with_no_row_accepted_is_exit_2(deployment, dry):
     rows = [invoice(invoice_id=f"in_{i}", amount_due="12.50") for i in range(3)]
@@ -186,6 +189,7 @@ def test_company_name_and_signature_sign_both_parts_of_every_default_template(de
             assert "Die Buchhaltung von Acme" in body and "Acme GmbH" in body, (email["X-Dunning-Kind"], part)
 
 
+@pytest.mark.slow
 def test_overriding_one_part_of_a_pair_warns_naming_the_other(deployment, tmp_path):
     templates = tmp_path / "templates"
     templates.mkdir()

@@ -127,6 +127,7 @@ def test_resume_refuses_when_the_unique_key_is_gone_and_succeeds_when_live(deplo
     assert json.loads(deployment.cli("status", "--json")[1])["paused"] is False
 
 
+@pytest.mark.slow
 def test_resume_refuses_when_the_next_pass_would_trip_the_breaker(deployment, tmp_path):
     deployment.cli("pause")
     snapshot = deployment.snapshot(flood_rows(5))
@@ -246,6 +247,7 @@ def test_recovery_from_a_provider_send_log_before_the_ledger_existed(deployment,
     )
 
 
+@pytest.mark.slow
 def test_recover_names_a_bad_sent_log(deployment, tmp_path):
     log = tmp_path / "sent.csv"
     log.write_text("recipient,when\nx@example.com,yesterday\n")

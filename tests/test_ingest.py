@@ -73,6 +73,7 @@ def test_a_part_missing_or_altered_in_the_store_is_exit_2(deployment, tmp_path):
     assert code == 2 and "cannot be read" in err
 
 
+@pytest.mark.slow
 def test_two_ingests_of_one_hour_leave_the_newest_and_no_key_is_sent_twice(deployment, tmp_path):
     cfg = config(tmp_path, shards=1)
     for _ in range(2):
@@ -116,6 +117,7 @@ def moto_s3(monkeypatch):
     server.stop()
 
 
+@pytest.mark.slow
 def test_the_store_on_s3_holds_the_parts_and_a_shard_reads_its_own(deployment, tmp_path, moto_s3):
     cfg = config(tmp_path, extra="store: {url: 's3://dunning-test/acme'}\n")
     code, out, err = deployment.cli("ingest", "--snapshot", str(deployment.snapshot(customers(6))), "--as-of", AS_OF,
@@ -154,6 +156,7 @@ def test_a_shard_started_while_its_ingest_is_still_writing_parts_refuses_with_ex
     assert deployment.outbox() == []
 
 
+@pytest.mark.slow
 def test_an_empty_part_carries_the_ingests_snapshot_time_so_no_shard_is_refused_as_stale(deployment, tmp_path):
     cfg = config(tmp_path, shards=4)
     rows = [invoice(invoice_id="in_a", customer_id="cus_a", snapshot_at="2026-11-04T08:50:00Z"),

@@ -154,6 +154,7 @@ def test_vectorized_email_ids_equal_the_key_function():
         assert members.get_column("message_id")[0] == f"<{ids.email_id(keys)}@example.com>" == ids.message_id(keys)
 
 
+@pytest.mark.slow
 def test_send_due_gives_unnumbered_keys_their_message_ids_and_keeps_existing_ones(tmp_path, backend):
     """The plan carries no Message-IDs for new keys; each chunk gets them at claim time (signed with the secret the
     send made in the ledger), a retry keeps its own."""

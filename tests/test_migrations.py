@@ -68,6 +68,7 @@ def test_the_next_cycle_on_an_upgraded_home_sends_nothing_twice(deployment):
     assert [m["X-Dunning-Keys"] for m in deployment.outbox()] == ["dunning:in_1:1:day14"]
 
 
+@pytest.mark.slow
 def test_a_ledger_newer_than_the_code_is_refused(deployment):
     path = unpack(deployment.home / "dunning.duckdb")
     with open_ledger(path) as ledger:

@@ -9,6 +9,8 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import pytest
+
 from dunning.ingest.sources.stripe_api import POLLED_TYPES
 from dunning.plan import payment_signals
 from tests.conftest import invoice
@@ -58,6 +60,7 @@ def test_the_poll_asks_stripe_for_every_signal_it_acts_on():
     assert set(payment_signals.SIGNAL_TYPES) <= set(POLLED_TYPES) and len(POLLED_TYPES) <= 20  # Stripe's limit
 
 
+@pytest.mark.slow
 def test_a_dispute_excludes_its_invoice_until_it_closes_and_status_shows_it(deployment, tmp_path):
     rows = [invoice()]
     opened = events_file(tmp_path, "opened.json", [dispute("evt_d1", "charge.dispute.created", "2026-11-03T12:00:00Z")])
@@ -73,6 +76,7 @@ def test_a_dispute_excludes_its_invoice_until_it_closes_and_status_shows_it(depl
     assert later.sent_keys == ["dunning:in_1:1:day7"], "after the dispute closes: the stage reached by then, once"
 
 
+@pytest.mark.slow
 def test_closing_a_dispute_never_ends_an_operators_exclusion(deployment, tmp_path):
     assert deployment.cli("exclude", "--invoice", "in_1", "--reason", "payment plan")[0] == 0
     events = [dispute("evt_d1", "charge.dispute.created", "2026-11-03T12:00:00Z"),
@@ -81,6 +85,7 @@ def test_closing_a_dispute_never_ends_an_operators_exclusion(deployment, tmp_pat
     assert deployment.run_in_process([invoice()], DAY8).sent_keys == []
 
 
+@pytest.mark.slow
 def test_a_payment_in_flight_makes_its_keys_wait_until_the_attempt_ends(deployment, tmp_path):
     rows = [invoice(), invoice(invoice_id="in_2", customer_id="cus_2", customer_email="bob@example.com")]
     processing = events_file(
@@ -96,6 +101,7 @@ def test_a_payment_in_flight_makes_its_keys_wait_until_the_attempt_ends(deployme
     assert later.sent_keys == ["dunning:in_1:1:day3"], "the attempt failed: the reminder goes, once"
 
 
+@pytest.mark.slow
 def test_an_invoice_paid_between_snapshots_closes_its_cycle_and_an_older_snapshot_never_reopens_it(
     deployment, tmp_path
 ):
@@ -109,6 +115,7 @@ def test_an_invoice_paid_between_snapshots_closes_its_cycle_and_an_older_snapsho
     assert deployment.query("SELECT cycle_open FROM invoice_cycles WHERE invoice_id = 'in_1'") == [(False,)]
 
 
+@pytest.mark.slow
 def test_a_snapshot_taken_after_the_payment_decides_by_itself(deployment, tmp_path):
     export = invoice(snapshot_at="2026-11-04T06:00:00Z")
     paid_file = events_file(tmp_path, "paid.json", [paid("evt_paid", "2026-11-04T10:00:00Z")])
@@ -147,6 +154,7 @@ def set_aside(deployment) -> list[tuple[str, str]]:
     return deployment.query("SELECT event_id, reason FROM event_quarantine ORDER BY event_id")
 
 
+@pytest.mark.slow
 def test_a_payment_in_flight_of_another_customer_naming_an_invoice_in_its_metadata_pauses_nothing(deployment, tmp_path):
     """Issue 35, item 9: `metadata.invoice_id` is the merchant's free text; the event's customer must be the
     invoice's own in the snapshot, else the signal is recorded, counted and ignored."""
@@ -165,6 +173,7 @@ def test_a_payment_in_flight_of_another_customer_naming_an_invoice_in_its_metada
     assert again.sent_keys == [] and len(set_aside(deployment)) == 1, "recorded once, not again by every run"
 
 
+@pytest.mark.slow
 def test_a_dispute_of_another_customer_excludes_nothing_and_is_set_aside(deployment, tmp_path):
     rows = [invoice()]
     opened = events_file(tmp_path, "d.json", [dispute("evt_d1", "charge.dispute.created", "2026-11-03T12:00:00Z",
@@ -175,6 +184,7 @@ def test_a_dispute_of_another_customer_excludes_nothing_and_is_set_aside(deploym
     assert [e for e, _ in set_aside(deployment)] == ["evt_d1"]
 
 
+@pytest.mark.slow
 def test_a_closing_dispute_of_another_customer_never_ends_the_invoices_own(deployment, tmp_path):
     rows = [invoice()]
     events = [dispute("evt_d1", "charge.dispute.created", "2026-11-03T12:00:00Z"),

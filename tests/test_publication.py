@@ -62,6 +62,7 @@ def view_count(home, sql: str) -> int:
         con.close()
 
 
+@pytest.mark.slow
 def test_only_changed_days_are_rewritten_and_removed_days_disappear(tmp_path):
     days = [dt.date(2026, 11, d) for d in (1, 2, 3)]
     with open_ledger(tmp_path / "dunning.duckdb") as ledger:
@@ -213,6 +214,7 @@ def assert_opens_and_answers(home, invoices: int) -> None:
             con.close()
 
 
+@pytest.mark.slow
 def test_a_table_written_by_an_analyst_who_was_killed_does_not_break_the_next_publication(tmp_path, analysts, caplog):
     wal = tmp_path / "analytics.duckdb.wal"
     with open_ledger(tmp_path / "dunning.duckdb") as ledger:
@@ -310,6 +312,7 @@ def test_a_file_that_does_not_open_is_rebuilt_once_and_then_named_in_the_error(t
             publish(ledger.con, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_broken_old_file_and_another_database_s_log_never_stop_publication(tmp_path):
     (tmp_path / "analytics.duckdb").write_bytes(b"not a database" * 500)
     (tmp_path / "other").mkdir()
@@ -328,6 +331,7 @@ def test_a_broken_old_file_and_another_database_s_log_never_stop_publication(tmp
 HOSTILE_TEXTS = ['a,"b"\nc\r\nd', "", None, "é ünï 😀\t\\N", "NULL", '""', "x" * 5000]
 
 
+@pytest.mark.slow
 def test_a_postgresql_ledger_publishes_exactly_what_a_duckdb_ledger_does_whatever_the_text(tmp_path, postgres_dsn):
     """The PostgreSQL rows reach the analysts' copy as CSV: quotes, commas, line breaks, empty strings against
     NULLs, the text 'NULL', non-ASCII, long values and microseconds must all arrive as the DuckDB ledger keeps them."""
@@ -366,6 +370,7 @@ def test_a_postgresql_ledger_publishes_exactly_what_a_duckdb_ledger_does_whateve
     assert seen["postgres"] == seen["duckdb"]
 
 
+@pytest.mark.slow
 def test_a_postgresql_ledger_copies_only_the_days_that_changed_and_publishes_them_all(
     tmp_path, postgres_dsn, monkeypatch
 ):
@@ -406,6 +411,7 @@ def test_a_postgresql_ledger_copies_only_the_days_that_changed_and_publishes_the
     assert view_count(tmp_path, "SELECT count(*) FROM invoice_history_daily WHERE amount_paid = 40") == 12
 
 
+@pytest.mark.slow
 def test_a_table_published_whole_is_rewritten_only_when_it_changed(tmp_path):
     """A dry run, or an hour with nothing new, must not rewrite a million-row invoice_cycles for the analysts."""
     with open_ledger(tmp_path / "dunning.duckdb") as ledger:

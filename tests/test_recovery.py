@@ -32,6 +32,7 @@ def analytics(deployment, sql: str) -> list[tuple]:
         con.close()
 
 
+@pytest.mark.slow
 def test_recovery_by_stage_counts_reminders_followed_by_payment(deployment):
     from_ledger = paid_on_the_6th(deployment)
     view = analytics(deployment, "SELECT * FROM recovery_by_stage")
@@ -40,6 +41,7 @@ def test_recovery_by_stage_counts_reminders_followed_by_payment(deployment):
     assert [tuple(r.values()) for r in from_ledger.to_dicts()] == view, "the ledger's query is the view's"
 
 
+@pytest.mark.slow
 def test_collections_daily_tracks_overdue_amounts_reminders_and_recoveries(deployment):
     paid_on_the_6th(deployment)
     rows = analytics(deployment, "SELECT * FROM collections_daily ORDER BY business_date")

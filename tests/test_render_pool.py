@@ -140,6 +140,7 @@ def test_a_pool_renders_the_same_bytes_in_the_same_order(tmp_path):
     assert pooled == [WireEmail.of(render_for(g, sender=settings.sender, as_of=AS_OF)) for g in groups]
 
 
+@pytest.mark.slow
 def test_an_email_that_cannot_be_built_fails_alone_in_a_worker_too(tmp_path):
     settings = RenderSettings(Sender("billing@example.com"), AS_OF)
     good = [dict(reminder_row(), message_id="<g@example.com>")]

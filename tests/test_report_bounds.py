@@ -77,6 +77,7 @@ def messages(draw) -> bytes:
     return (eol.join(lines) + draw(st.sampled_from([eol, ""]))).encode()
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(messages(), st.booleans())
 def test_the_raw_walk_refuses_exactly_what_the_parsers_tree_exceeds(raw, large):

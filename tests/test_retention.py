@@ -54,6 +54,7 @@ def decisions(deployment) -> tuple:
     )
 
 
+@pytest.mark.slow
 def test_old_runs_go_on_the_wall_clock_failed_ones_after_90_days_and_no_decision_is_touched(deployment, monkeypatch):
     rows = [invoice()]
     assert deployment.run(rows, "2026-10-01T09:00:00Z")[0] == 0  # an as-of months back: it does not make a run old
@@ -90,6 +91,7 @@ def test_old_runs_go_on_the_wall_clock_failed_ones_after_90_days_and_no_decision
     assert decisions(deployment) == before, "the ledger, audit, alerts, suppressions and quarantines stay whole"
 
 
+@pytest.mark.slow
 def test_the_hourly_job_prunes_in_its_last_step_also_an_unchanged_hour_and_a_failing_prune_fails_nothing(
     deployment, monkeypatch
 ):
@@ -126,6 +128,7 @@ def write_config(deployment, **sections) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_ingests_beyond_ingests_keep_go_never_the_one_this_hour_may_read(deployment, monkeypatch):
     write_config(deployment, shards=2, retention={"ingests_keep": 1})
     snapshot = deployment.snapshot([invoice(), invoice(invoice_id="in_2", customer_id="cus_2")])
@@ -177,6 +180,7 @@ def test_journals_of_finished_runs_go_those_with_claims_live_or_recent_stay(tmp_
     assert sorted(p.stem for p in journals.iterdir()) == ["dead-with-claims", "live", "recent"]
 
 
+@pytest.mark.slow
 def test_a_dead_runs_journal_stays_while_the_ledger_holds_its_claims(deployment, monkeypatch):
     assert deployment.run([invoice()], "2026-11-04T09:00:00Z")[0] == 0
     con = duckdb.connect(str(deployment.home / "dunning.duckdb"))
@@ -192,6 +196,7 @@ def test_a_dead_runs_journal_stays_while_the_ledger_holds_its_claims(deployment,
     assert [p.stem for p in journals.iterdir()] == ["dead-run"], "a later run still needs it to expire the claims"
 
 
+@pytest.mark.slow
 def test_inbox_leftovers_and_old_delivery_events_go_pending_events_and_suppressions_stay(deployment, monkeypatch):
     from dunning.ledger.backends.duckdb_ledger import open_ledger
     from dunning.ledger.stores.suppressions import DELIVERY_EVENT_SCHEMA

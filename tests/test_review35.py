@@ -13,6 +13,7 @@ from tests.test_escalations_round4 import ENV, SECRET, at, config
 QUIET = "policies:\n  - {name: quiet, match: {segment: [quiet]}, escalation: null}\n"
 
 
+@pytest.mark.slow
 def test_a_failed_escalation_whose_invoice_no_longer_escalates_stops_nothing_else(deployment, tmp_path, monkeypatch):
     """The receiver was down (500); the operator moves the invoice to a policy that does not escalate. Its failed key
     is no longer retried, and the run (another invoice's escalation, the emails) goes on: it used to end in a KeyError
@@ -128,6 +129,7 @@ def test_a_closing_line_right_after_a_separator_closes_nothing_for_the_walk_eith
     assert structure_problem(raw, max_depth=deepest, max_parts=parts, deadline=10**9) is None
 
 
+@pytest.mark.slow
 def test_an_answer_recorded_after_another_run_took_the_claim_keeps_the_body_for_that_run(
     deployment, tmp_path, monkeypatch
 ):
@@ -185,6 +187,7 @@ class _Killed(BaseException):
     """The process dying where the test raises it."""
 
 
+@pytest.mark.slow
 def test_a_run_killed_between_the_escalation_claim_and_its_journal_leaves_a_key_that_never_left(
     deployment, tmp_path, monkeypatch
 ):
@@ -265,6 +268,7 @@ def test_a_source_pull_held_as_shrunk_pages_once_not_once_per_failed_hour(deploy
 # --- payment signals: a real dispute names no customer -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_dispute_whose_charge_is_not_expanded_excludes_nothing_and_pages_once(deployment, tmp_path):
     """Stripe sends a dispute's `charge` as an id: the event names no customer, so since the signals are checked
     against the invoice's customer every real dispute is set aside (fail-closed) and the invoice is dunned on. It was
@@ -326,6 +330,7 @@ def test_adopt_a_year_ahead_is_refused_it_would_record_every_stage_as_the_old_sy
     assert code == 0 and "3 stage(s)" in out, out + err
 
 
+@pytest.mark.slow
 def test_the_resume_guards_simulation_pages_no_dispute(deployment, tmp_path, http_server):
     """The guard's double pass runs the live plan inside a rolled-back transaction: an alert it raised would reach
     the pager for real, then vanish from the table and be raised again by the next real run."""
@@ -352,6 +357,7 @@ def test_the_resume_guards_simulation_pages_no_dispute(deployment, tmp_path, htt
     assert received == [], "nothing paged from a simulation"
 
 
+@pytest.mark.slow
 def test_the_resume_guards_simulation_delivers_no_alert_at_all(deployment, tmp_path, http_server):
     """The same for every alert the live steps raise: a suppressed customer's `contact_suppressed` (once per
     customer and address, ever) was delivered from the simulation, its record rolled back, and delivered again by

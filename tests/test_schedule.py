@@ -86,6 +86,7 @@ def test_a_bad_schedule_config_is_exit_2_from_the_command(deployment, tmp_path):
 # --- stages before the due date, tone, first contact ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_stage_before_the_due_date_is_sent_with_the_before_due_text_and_counts_days_until_due(deployment, tmp_path):
     path = config(tmp_path, "stages: [{name: soon, days_overdue: -3}, {name: day3, days_overdue: 3}]\n")
     row = invoice(due_date="2026-11-10")
@@ -115,6 +116,7 @@ def test_first_seen_past_a_before_due_stage_records_it_skipped(deployment, tmp_p
     assert {r["stage"]: r["status"] for r in deployment.ledger()} == {"soon": "skipped", "day3": "sent"}
 
 
+@pytest.mark.slow
 def test_the_first_contact_speaks_gently_whatever_stage_it_records_unless_configured(deployment, tmp_path):
     late = invoice(due_date="2026-10-15")  # first seen 21 days overdue: the day14 stage is the highest reached
     deployment.run_in_process([late], "2026-11-05T09:00:00Z")
@@ -126,6 +128,7 @@ def test_the_first_contact_speaks_gently_whatever_stage_it_records_unless_config
     assert subjects(other) == ["Final notice: invoice in_1 is unpaid"]
 
 
+@pytest.mark.slow
 def test_templates_see_the_reminders_place_in_its_cycle(deployment, tmp_path):
     templates = probe_templates(tmp_path)
     stages = (
@@ -141,6 +144,7 @@ def test_templates_see_the_reminders_place_in_its_cycle(deployment, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_adopted_stages_count_as_reminders_sent_before(deployment, tmp_path):
     templates = probe_templates(tmp_path)
     path = config(tmp_path, f"templates_dir: {templates}\n")
@@ -155,6 +159,7 @@ def test_adopted_stages_count_as_reminders_sent_before(deployment, tmp_path):
 # --- spacing -----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_spacing_delays_a_reminder_and_never_loses_it(deployment, tmp_path):
     path = config(tmp_path, "min_hours_between_reminders: 30\n"
                             "stages: [{name: day3, days_overdue: 3}, {name: day4, days_overdue: 4}]\n")  # fmt: skip
@@ -181,6 +186,7 @@ def test_spacing_delays_a_reminder_and_never_loses_it(deployment, tmp_path):
 WINDOW = "send_window: {days: [mon, tue, wed, thu, fri], start: '09:00', end: '17:00', timezone: %s%s}\n"
 
 
+@pytest.mark.slow
 def test_the_window_in_the_customers_zone_across_a_daylight_saving_change(deployment, tmp_path):
     path = config(tmp_path, WINDOW % ("customer", ""))
     ny = invoice(customer_timezone="America/New_York", due_date="2026-10-20")
@@ -207,6 +213,7 @@ def test_an_unknown_customer_timezone_uses_the_business_zone(deployment, tmp_pat
     assert unknown_timezones(pl.DataFrame({"customer_timezone": ["Mars/Olympus_Mons", "Europe/Paris", None]})) == 1
 
 
+@pytest.mark.slow
 def test_a_holiday_shuts_the_window_and_the_key_goes_the_next_working_day(deployment, tmp_path):
     path = config(tmp_path, "timezone: America/New_York\n"
                   + WINDOW % ("business", ", holidays: {country: US, dates: [2026-11-27]}"))  # fmt: skip
@@ -230,6 +237,7 @@ def test_opening_is_computed_in_local_time():
     assert not state.open_now and state.opens_at == dt.datetime(2026, 11, 2, 8, tzinfo=dt.UTC)
 
 
+@pytest.mark.slow
 def test_a_waiting_key_keeps_the_hour_from_being_skipped_as_unchanged(deployment, tmp_path):
     path = config(tmp_path, WINDOW % ("business", ""))
     snapshot = deployment.snapshot([invoice()])
@@ -267,6 +275,7 @@ def test_the_first_matching_policy_governs_and_names_the_key(deployment, tmp_pat
     assert {k: r["policy"] for k, r in audit_of(result).items()} == policies
 
 
+@pytest.mark.slow
 def test_one_customer_under_two_policies_gets_two_emails_and_the_breaker_counts_both(deployment, tmp_path):
     rows = [invoice(segment="enterprise", due_date="2026-10-25"), invoice(invoice_id="in_2")]
     two = deployment.run_in_process(rows, "2026-11-05T09:00:00Z", config(tmp_path, POLICIES))
@@ -277,6 +286,7 @@ def test_one_customer_under_two_policies_gets_two_emails_and_the_breaker_counts_
     assert not capped.verdict.passed and other.outbox() == []
 
 
+@pytest.mark.slow
 def test_a_policy_change_mid_cycle_never_sends_a_lower_stage(deployment, tmp_path):
     path = config(tmp_path, POLICIES)
     enterprise = invoice(segment="enterprise", due_date="2026-10-25")
@@ -316,6 +326,7 @@ def escalation_config(tmp_path: Path, url: str, extra: str = "") -> Path:
     )
 
 
+@pytest.mark.slow
 def test_an_escalation_is_signed_claimed_once_and_stops_the_reminders(deployment, tmp_path, monkeypatch):
     monkeypatch.setenv("DUNNING_TEST_ESCALATION_SECRET", SECRET)
     receiver = Receiver(SECRET)
@@ -339,6 +350,7 @@ def test_an_escalation_is_signed_claimed_once_and_stops_the_reminders(deployment
     assert again.sent_keys == [] and audit_of(again)["dunning:in_1:1:day14"]["reason"] == "escalated"
 
 
+@pytest.mark.slow
 def test_an_escalation_that_timed_out_is_resubmitted_with_the_same_body_and_a_fresh_signature(
     deployment, tmp_path, monkeypatch
 ):
@@ -359,6 +371,7 @@ def test_an_escalation_that_timed_out_is_resubmitted_with_the_same_body_and_a_fr
     assert deployment.ledger("kind = 'escalation'")[0]["status"] == "sent"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("status", "retried"), [(503, True), (429, True), (422, False)])
 def test_escalation_refusals_are_failed_and_only_transient_ones_retried(deployment, tmp_path, monkeypatch, status,
                                                                           retried):  # fmt: skip
@@ -374,6 +387,7 @@ def test_escalation_refusals_are_failed_and_only_transient_ones_retried(deployme
     assert deployment.ledger("kind = 'escalation'")[0]["status"] == ("sent" if retried else "failed")
 
 
+@pytest.mark.slow
 def test_pause_and_exclusions_stop_an_escalation_and_the_breaker_does_not_count_it(deployment, tmp_path, monkeypatch):
     monkeypatch.setenv("DUNNING_TEST_ESCALATION_SECRET", SECRET)
     receiver = Receiver(SECRET)
@@ -468,6 +482,7 @@ def test_preview_lists_the_escalation_a_live_run_would_hand_over_without_reading
     assert "cus_1  in_1  default  10000 USD (minor units)  escalation:in_1:1" in out
 
 
+@pytest.mark.slow
 def test_an_escalation_unknown_held_for_a_paid_invoice_is_resolved_by_hand(deployment, tmp_path, monkeypatch):
     monkeypatch.setenv("DUNNING_TEST_ESCALATION_SECRET", SECRET)
     receiver = Receiver(SECRET, late=1)

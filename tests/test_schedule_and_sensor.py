@@ -14,6 +14,7 @@ from tests.helpers import SCHEDULE_HOUR as HOUR
 from tests.helpers import scheduled_requests
 
 
+@pytest.mark.slow
 def test_schedule_requests_one_keyed_run_per_hour_and_skips_while_paused(tmp_path):
     request = scheduled_requests(tmp_path)
     assert isinstance(request, dg.RunRequest)

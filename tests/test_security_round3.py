@@ -121,6 +121,7 @@ def test_a_planted_secret_reaches_no_file_no_alert_and_no_output(deployment, tmp
     assert grep_tree(deployment.home, PLANTED) == []
 
 
+@pytest.mark.slow
 def test_an_error_text_quoting_a_secret_is_stored_masked_in_the_ledger_and_the_alerts(tmp_path, backend):
     """Whatever library wrote the text: the last line of defence is where it is stored."""
     remember(["re_quoted_by_some_library"])

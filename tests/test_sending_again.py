@@ -174,6 +174,7 @@ def test_the_run_summary_counts_what_it_settled(deployment, tmp_path):
     assert "settled from earlier runs: 2 unknown key(s): 2 sent by resubmission" in out
 
 
+@pytest.mark.slow
 def test_an_address_suppressed_after_the_plan_gets_no_resubmission(deployment, tmp_path, monkeypatch):
     """The plan's settle rows said the present allows a resubmission; a bounce arrived before the send step (the
     webhook receiver applies at once on PostgreSQL): the send step reads the suppressions again and holds it."""

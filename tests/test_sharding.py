@@ -171,6 +171,7 @@ def test_three_shards_send_what_one_run_sends_and_a_rerun_sends_nothing(tmp_path
     assert sharded.query(quarantined) == sorted([("bad_amount",), ("no_customer",), *again])
 
 
+@pytest.mark.slow
 def test_the_schedule_asks_for_one_run_per_shard(tmp_path):
     single = scheduled_requests(tmp_path)  # the default, one shard: exactly the unsharded request
     assert isinstance(single, dg.RunRequest) and single.run_key == f"dunning-cycle-{HOUR.isoformat()}"

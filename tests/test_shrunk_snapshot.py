@@ -50,6 +50,7 @@ def test_a_header_only_export_after_eleven_invoices_is_exit_2_and_stores_nothing
     assert stored(deployment) == before and len(deployment.outbox()) == sent
 
 
+@pytest.mark.slow
 def test_an_empty_export_is_refused_on_the_first_run_too(deployment):
     header_only = deployment.root / "header-only.csv"
     header_only.write_text(",".join(invoice()) + "\n")

@@ -69,6 +69,7 @@ def secrets_of(credentials: dict) -> tuple[str, ...]:
     return credentials["SessionToken"], credentials["SecretAccessKey"]
 
 
+@pytest.mark.slow
 def test_a_refused_write_is_exit_8_naming_the_store_without_the_servers_answer(deployment, tmp_path, read_only_s3):
     cfg = config(tmp_path, read_only_s3["store"])
     snapshot = str(deployment.snapshot(customers(4)))
@@ -85,6 +86,7 @@ def test_a_refused_write_is_exit_8_naming_the_store_without_the_servers_answer(d
             assert not any(s.encode() in path.read_bytes() for s in secrets_of(read_only_s3)), path
 
 
+@pytest.mark.slow
 def test_a_refused_write_in_the_hourly_ingest_leaves_nothing_of_the_answer_in_dagsters_run_storage(
     deployment, tmp_path, read_only_s3
 ):

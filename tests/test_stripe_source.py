@@ -320,6 +320,7 @@ def _sense(home: Path):
     return stripe_events(context)
 
 
+@pytest.mark.slow
 def test_the_sensor_asks_for_a_run_only_when_stripe_has_an_event_newer_than_the_cursor(deployment, fake, monkeypatch):
     assert isinstance(_sense(deployment.home), dg.SkipReason), "no stripe source: nothing to ask"
     stripe_home(deployment, fake, monkeypatch)

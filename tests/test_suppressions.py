@@ -32,6 +32,7 @@ def alerts(deployment, kind: str = "contact_suppressed") -> list[dict]:
     return [{"message": m, "details": json.loads(d) if isinstance(d, str) else d} for m, d in rows]
 
 
+@pytest.mark.slow
 def test_a_suppressed_address_gets_nothing_its_keys_wait_and_go_once_it_is_lifted(deployment):
     rows = [invoice(customer_email="Ada@Example.com"), invoice(invoice_id="in_2", customer_id="cus_2",
                                                                 customer_email="bob@example.com")]  # fmt: skip
@@ -56,6 +57,7 @@ def test_a_suppressed_address_gets_nothing_its_keys_wait_and_go_once_it_is_lifte
     assert [r["status"] for r in deployment.ledger("invoice_id = 'in_1'")] == ["skipped", "sent"]
 
 
+@pytest.mark.slow
 def test_suppress_until_a_date_holds_through_that_day_only(deployment):
     assert deployment.cli("suppress", "--email", "ada@example.com", "--until", "2026-11-04")[0] == 0
     assert deployment.run_in_process([invoice()], DAY4).sent_keys == []
@@ -95,6 +97,7 @@ def test_a_suppression_recorded_while_a_run_sends_holds_what_it_has_not_claimed(
     assert result.won == {"dunning:in_2:1:day3", "escalation:in_1:1"}
 
 
+@pytest.mark.slow
 def test_the_analysts_see_who_needs_a_new_contact(deployment):
     deployment.cli("suppress", "--email", "ada@example.com")
     run = deployment.run_in_process([invoice()], DAY4)

@@ -57,6 +57,7 @@ def _outbox(home) -> list[str]:
     return sorted(p.name for p in (home / "outbox").glob("*.eml"))
 
 
+@pytest.mark.slow
 def test_an_hour_later_with_nothing_new_is_skipped_and_writes_only_its_record(tmp_path):
     home, snapshot = tmp_path / "home", _snapshot(tmp_path)
     first = _run(home, snapshot, NINE)
@@ -76,6 +77,7 @@ def test_an_hour_later_with_nothing_new_is_skipped_and_writes_only_its_record(tm
     assert _run(home, snapshot, "2026-11-05T11:00:00Z").skipped
 
 
+@pytest.mark.slow
 def test_a_changed_snapshot_runs_and_sends(tmp_path):
     home = tmp_path / "home"
     _run(home, _snapshot(tmp_path), NINE)
@@ -85,6 +87,7 @@ def test_a_changed_snapshot_runs_and_sends(tmp_path):
     assert second.sent_keys == ["dunning:in_new:1:day3"]
 
 
+@pytest.mark.slow
 def test_crossing_midnight_with_the_same_snapshot_runs_and_sends_the_next_stage(tmp_path):
     home, snapshot = tmp_path / "home", _snapshot(tmp_path)
     _run(home, snapshot, "2026-11-07T23:30:00Z")  # day 6: day3 reminders
@@ -94,6 +97,7 @@ def test_crossing_midnight_with_the_same_snapshot_runs_and_sends_the_next_stage(
     assert after.sent_keys == [f"dunning:in_{i}:1:day7" for i in range(4)]
 
 
+@pytest.mark.slow
 def test_midnight_in_the_business_timezone_is_a_change_too(tmp_path):
     home, snapshot = tmp_path / "home", _snapshot(tmp_path)
     config = tmp_path / "tokyo.yaml"
@@ -103,6 +107,7 @@ def test_midnight_in_the_business_timezone_is_a_change_too(tmp_path):
     assert not after.skipped and after.sent_keys == [f"dunning:in_{i}:1:day7" for i in range(4)]
 
 
+@pytest.mark.slow
 def test_a_changed_configuration_runs(tmp_path):
     home, snapshot = tmp_path / "home", _snapshot(tmp_path)
     _run(home, snapshot, NINE)
@@ -127,6 +132,7 @@ def test_an_inclusion_after_the_run_makes_the_next_one_send(tmp_path):
     assert second.sent_keys == ["dunning:in_0:1:day3"]
 
 
+@pytest.mark.slow
 def test_a_resume_after_a_paused_run_makes_the_next_one_send(tmp_path):
     home, snapshot = tmp_path / "home", _snapshot(tmp_path)
     with open_ledger(home / "dunning.duckdb") as ledger:
@@ -139,6 +145,7 @@ def test_a_resume_after_a_paused_run_makes_the_next_one_send(tmp_path):
     assert not second.skipped and len(second.sent_keys) == 4
 
 
+@pytest.mark.slow
 def test_a_retry_whose_backoff_ended_runs_and_is_sent(tmp_path):
     home, snapshot = tmp_path / "home", _snapshot(tmp_path)
     with SmtpServer(ScriptedHandler({1: "554"})) as server:  # the first email is refused: failed, retried later
@@ -189,6 +196,7 @@ def _last_run_id(home) -> str:
         return ledger.last_ended_inputs("0/1")["run_id"]
 
 
+@pytest.mark.slow
 def test_an_open_claim_is_a_change_its_lease_may_expire(tmp_path):
     home, snapshot = _reference(tmp_path)
     assert _judge(home, snapshot, TEN, DunningConfig()).unchanged
@@ -205,6 +213,7 @@ KEPT = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "provider, kept, skipped",
     [
@@ -236,6 +245,7 @@ def test_an_unknown_outcome_is_a_change_when_the_provider_may_settle_it(tmp_path
         assert "unknown outcome(s) the provider may settle" in verdict.reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failed_while_it_ran, skipped", [(True, False), (False, True)])
 def test_a_retry_due_that_the_reference_never_planned_is_work(tmp_path, failed_while_it_ran, skipped):
     """After a crash, the rerun's send step released the dead run's never-sent claims as failed (or a lookup
@@ -257,6 +267,7 @@ def test_a_retry_due_that_the_reference_never_planned_is_work(tmp_path, failed_w
         assert "1 failed send(s) came due for a retry" in verdict.reason
 
 
+@pytest.mark.slow
 def test_a_run_that_left_keys_for_later_is_no_reference(tmp_path):
     home, snapshot = _reference(tmp_path)
     with open_ledger(home / "dunning.duckdb") as ledger:
@@ -274,6 +285,7 @@ def test_a_clock_before_the_last_run_runs(tmp_path):
     assert not verdict.unchanged and "the clock is before" in verdict.reason
 
 
+@pytest.mark.slow
 def test_history_written_by_another_run_is_a_change(tmp_path):
     home, snapshot = _reference(tmp_path)
     with open_ledger(home / "dunning.duckdb") as ledger:  # as a backfill rewriting the day would, through the merge
@@ -291,6 +303,7 @@ def test_history_written_by_another_run_is_a_change(tmp_path):
     assert not _judge(home, snapshot, TEN, DunningConfig()).unchanged
 
 
+@pytest.mark.slow
 def test_a_run_with_events_or_a_pull_is_never_skipped(tmp_path):
     home, snapshot = _reference(tmp_path)
     events = tmp_path / "events.json"
