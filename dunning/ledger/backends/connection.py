@@ -23,7 +23,6 @@ from dunning.errors import LedgerBusy
 from dunning.ledger.schema.migrations import migrate
 from dunning.ledger.sql import PROBE_INSERT, SqlConnection, quote_identifier
 
-
 CHECKPOINT_THRESHOLD = "1GB"
 
 

@@ -307,7 +307,9 @@ class ClaimStore(SqlConnection):
         )
         advanced = reminders.select("invoice_id", "cycle", "stage", "stage_days")
         with self.registered("skip_rows", skip_rows), self.registered("won_rows", advanced):
-            self.insert_by_name("reminder_ledger", "skip_rows", new_keys_only="idempotency_key", order_by="idempotency_key")
+            self.insert_by_name(
+                "reminder_ledger", "skip_rows", new_keys_only="idempotency_key", order_by="idempotency_key"
+            )
             con.execute(  # -10000: no stage on record (`plan.policies.NO_STAGE`; stages go down to -60 days)
                 """
                 UPDATE invoice_cycles SET last_stage = w.stage, last_stage_days = w.stage_days
