@@ -22,7 +22,6 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from email.message import Message
-from typing import Any
 
 import polars as pl
 
@@ -94,7 +93,7 @@ class MessageIds:
     secrets: tuple[bytes, ...] = ()
     # the minting secret's HMAC with the context already fed in, copied per email: the same HMAC-SHA256, without
     # keying a new one each time (`hmac.new` per email was two thirds of minting 173,380 ids)
-    _keyed: Any = field(default=None, init=False, repr=False, compare=False)
+    _keyed: hmac.HMAC | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.secrets:
