@@ -19,7 +19,7 @@ from pipelines import cli
 from tests.in_process import InProcessCycle, run_cycle
 
 # what each test costs (`DUNNING_TEST_TIMES=FILE`); Dagster's migration scripts parsed once per process
-pytest_plugins = ["tests.timing", "tests.alembic_cache", "pytester"]
+pytest_plugins = ["tests.timing", "pytester"]
 
 INVOICE_DEFAULTS = {
     "invoice_id": "in_1",

@@ -45,6 +45,7 @@ def test_the_counts_in_one_pass_are_those_of_a_filter_each_nulls_included():
         **{str(o): audit.filter(pl.col("outcome") == o).height for o in audit_rules.SUMMARIZED_OUTCOMES},
         "not_owed_reminded": audit_rules.not_owed_reminded(audit).height,
         "payment_urls_dropped": audit.filter(pl.col("reason") == "payment_url_dropped").height,
+        "cc_addresses_dropped": audit.filter(pl.col("reason") == "cc_address_dropped").height,
         "amount_mismatches": audit_rules.amount_mismatches(audit).height,
     }
     counts = audit_rules.summarize(audit)

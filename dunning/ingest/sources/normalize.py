@@ -24,7 +24,7 @@ import polars as pl
 
 from dunning.ingest.sources.stripe import SNAPSHOT_FIELDS
 
-ROW_FIELDS = (*SNAPSHOT_FIELDS, "customer_cc")
+ROW_FIELDS = tuple(dict.fromkeys((*SNAPSHOT_FIELDS, "customer_cc")))  # Stripe's fields hold it too (its `dunning_cc`)
 MIRROR_SCHEMA = pl.Schema({name: pl.String() for name in ROW_FIELDS})
 MAX_DIGITS = 18  # an amount past int64's range is refused, not wrapped
 
