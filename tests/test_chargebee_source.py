@@ -125,6 +125,7 @@ def test_a_payment_failed_event_gives_one_notice_keyed_by_the_vendor(deployment,
     ]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_signals_in_flight_paid_and_disputed_and_a_missing_disputes_api_is_counted(fake):
     for n in range(3):
         fake.put(chargebee_invoice(n, AS_OF), at=1_790_000_000 + n)

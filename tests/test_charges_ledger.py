@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 import polars as pl
+import pytest
 
 from dunning.fees.planning import CHARGE_SCHEMA
 from tests.helpers import due_frame
@@ -25,6 +26,7 @@ def charges_for(invoice_ids: list[str], stage: str = "day3") -> pl.DataFrame:
     return pl.DataFrame(rows, schema=CHARGE_SCHEMA)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_charge_is_claimed_with_its_reminder_once_and_only_when_the_reminder_is_won(backend):
     with backend.open() as ledger, backend.twin(ledger) as other:
         due = due_frame(["in_1", "in_2"])

@@ -45,6 +45,7 @@ def test_two_copy_addresses_get_one_email_with_cc_in_the_outbox(deployment):
     assert row["customer_email"] == "ada@example.com"
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_smtp_sends_one_message_with_one_envelope_recipient_per_address(deployment, tmp_path):
     handler = EnvelopeHandler()
     with SmtpServer(handler) as server:
@@ -66,6 +67,7 @@ def test_a_bad_copy_address_is_left_out_and_counted(deployment):
     assert split_cc("a@example.com, bad, b@example.com,,A@example.com", None) == (["a@example.com", "b@example.com"], 1)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_with_the_primary_suppressed_the_first_live_copy_is_to_and_a_new_primary_is_asked_for(deployment):
     assert deployment.cli("suppress", "--email", "ada@example.com")[0] == 0
     assert deployment.cli("suppress", "--email", "bob@example.com")[0] == 0
@@ -80,6 +82,7 @@ def test_with_the_primary_suppressed_the_first_live_copy_is_to_and_a_new_primary
     assert "ada@example.com" in message
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_every_address_suppressed_holds_the_key(deployment):
     for address in ("ada@example.com", "bob@example.com"):
         deployment.cli("suppress", "--email", address)
@@ -104,6 +107,7 @@ def test_resend_gets_the_copies_in_cc():
     assert params["to"] == ["ada@example.com"] and params["cc"] == ["bob@example.com", "carol@example.com"]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_bounce_of_a_copy_address_suppresses_that_address_alone(deployment, tmp_path):
     rows = [invoice(customer_cc=TWO_COPIES)]
     deployment.run_in_process(rows, DAY4)

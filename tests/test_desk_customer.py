@@ -71,6 +71,7 @@ def test_the_customer_shows_every_email_promise_reply_and_note_in_order(deployme
     assert analytics(deployment, "SELECT sum(promises_kept), sum(promises_broken) FROM recovery_by_stage") == [(0, 0)]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_an_unknown_customer_is_refused(deployment):
     deployment.run_in_process([invoice()], DAY4)
     code, _, err = deployment.cli("customer", "cus_404")
@@ -80,6 +81,7 @@ def test_an_unknown_customer_is_refused(deployment):
     assert deployment.query("SELECT count(*) FROM customer_notes") == [(0,)]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_recovery_by_stage_counts_promises_kept_and_broken(deployment):
     rows = [invoice(), invoice(invoice_id="in_2", customer_id="cus_2", customer_email="bob@example.com")]
     deployment.run_in_process(rows, DAY4)

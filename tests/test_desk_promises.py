@@ -57,6 +57,7 @@ def test_a_broken_promise_holds_until_its_grace_ends_then_sends_one_reminder_of_
     assert len(alerts(deployment, "promise_broken")) == 1
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_stages_passed_while_a_promise_held_are_recorded_skipped_not_sent(deployment):
     rows = [invoice()]
     deployment.run_in_process(rows, DAY4)
@@ -70,6 +71,7 @@ def test_stages_passed_while_a_promise_held_are_recorded_skipped_not_sent(deploy
     }  # fmt: skip
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_kept_promise_sends_nothing_and_raises_no_alert(deployment):
     rows = [invoice()]
     deployment.run_in_process(rows, DAY4)
@@ -90,6 +92,7 @@ def test_a_kept_promise_sends_nothing_and_raises_no_alert(deployment):
     assert deployment.query("SELECT status FROM promises ORDER BY created_at") == [("kept",), ("kept",)]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_promise_holds_only_runs_whose_clock_is_at_or_after_it(deployment):
     rows = [invoice()]
     promise_rows = [invoice()]
@@ -114,6 +117,7 @@ def test_a_promise_holds_only_runs_whose_clock_is_at_or_after_it(deployment):
         (("--invoice", "in_1", "--until", "2026-11-10", "--note", "a\x1b[2Jb"), "control character"),
     ],
 )
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_what_cannot_be_promised_is_refused_with_the_reason_and_nothing_recorded(deployment, args, said):
     deployment.run_in_process([invoice(), invoice(invoice_id="in_paid", status="paid", amount_paid=10000)], DAY4)
     code, out, err = deployment.cli("promise", *args, "--as-of", DAY4)
@@ -122,6 +126,7 @@ def test_what_cannot_be_promised_is_refused_with_the_reason_and_nothing_recorded
     assert deployment.query("SELECT count(*) FROM promises") == [(0,)]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_cancel_ends_the_hold_and_promises_lists_what_is_active(deployment):
     rows = [invoice(), invoice(invoice_id="in_2", customer_id="cus_2", customer_email="bob@example.com")]
     deployment.run_in_process(rows, "2026-11-02T09:00:00Z")
@@ -144,6 +149,7 @@ def test_cancel_ends_the_hold_and_promises_lists_what_is_active(deployment):
     assert second in out and first not in out and "CFO" not in out
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_importing_the_same_csv_twice_changes_nothing(deployment, tmp_path):
     rows = [invoice(), invoice(invoice_id="in_2", customer_id="cus_2", customer_email="bob@example.com")]
     deployment.run_in_process(rows, "2026-11-02T09:00:00Z")
@@ -178,6 +184,7 @@ def escalation_config(tmp_path, url: str, after: str = "after_broken_promises: 1
     return str(path)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_broken_promise_escalates_at_the_configured_count_without_waiting_for_after_days(
     deployment, tmp_path, monkeypatch
 ):
@@ -198,6 +205,7 @@ def test_a_broken_promise_escalates_at_the_configured_count_without_waiting_for_
     assert deployment.ledger("kind = 'escalation'")[0]["status"] == "sent"
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_without_after_broken_promises_a_broken_promise_does_not_escalate(deployment, tmp_path, monkeypatch):
     from tests.escalation_receiver import EscalationServer, Receiver
 

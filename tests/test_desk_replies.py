@@ -92,6 +92,7 @@ def test_a_reply_holds_the_next_stage_until_ack(deployment, tmp_path):
     assert "replies: 0 new" in again and len(alerts(deployment, "customer_replied")) == 1
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_an_ack_holds_only_for_runs_at_or_after_it(deployment, tmp_path):
     rows = [invoice()]
     ours = first_reminder(deployment, rows)
@@ -101,6 +102,7 @@ def test_an_ack_holds_only_for_runs_at_or_after_it(deployment, tmp_path):
     assert deployment.run_in_process(rows, "2026-11-09T13:00:00Z").sent_keys == ["dunning:in_1:1:day7"]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_an_out_of_office_reply_holds_nothing_and_pages_no_one(deployment, tmp_path):
     rows = [invoice()]
     ours = first_reminder(deployment, rows)
@@ -118,6 +120,7 @@ def test_an_out_of_office_reply_holds_nothing_and_pages_no_one(deployment, tmp_p
     assert deployment.run_in_process(rows, "2026-11-08T09:00:00Z").sent_keys == ["dunning:in_1:1:day7"]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_an_unanswered_reply_pauses_for_the_business_days_then_pages_once_and_dunning_resumes(deployment, tmp_path):
     rows = [invoice()]
     ours = first_reminder(deployment, rows)
@@ -132,6 +135,7 @@ def test_an_unanswered_reply_pauses_for_the_business_days_then_pages_once_and_du
     assert len(alerts(deployment, "reply_unanswered")) == 1
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_reply_from_the_customers_address_pauses_without_in_reply_to(deployment, tmp_path):
     rows = [invoice()]
     first_reminder(deployment, rows)
@@ -141,6 +145,7 @@ def test_a_reply_from_the_customers_address_pauses_without_in_reply_to(deploymen
     assert deployment.run_in_process(rows, "2026-11-08T09:00:00Z").sent_keys == []
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_reply_naming_another_customers_email_is_recorded_and_pauses_no_one(deployment, tmp_path):
     rows = [invoice(), invoice(**BOB)]
     deployment.run_in_process(rows, DAY4)
@@ -152,6 +157,7 @@ def test_a_reply_naming_another_customers_email_is_recorded_and_pauses_no_one(de
     assert later.sent_keys == ["dunning:in_1:1:day7", "dunning:in_2:1:day7"]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_reply_never_suppresses_nor_changes_a_recipient_and_strangers_are_not_recorded(deployment, tmp_path):
     rows = [invoice()]
     ours = first_reminder(deployment, rows)

@@ -116,6 +116,7 @@ def test_previewing_the_example_invoices_with_the_example_config(deployment):
     assert not deployment.home.exists()
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_the_preview_the_readme_and_going_live_show_is_what_the_example_prints(deployment):
     code, out, err = deployment.cli(
         "preview", "--snapshot", str(ROOT / "examples" / "invoices.csv"),

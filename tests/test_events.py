@@ -327,6 +327,7 @@ else:
             assert dt.datetime(2000, 1, 1, tzinfo=dt.UTC) <= row["created_at"] < dt.datetime(2100, 1, 1, tzinfo=dt.UTC)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_an_event_never_chooses_the_recipient(deployment, tmp_path):
     """The event names the victim's invoice and customer but the attacker's address: the notice goes to the
     victim's address from the snapshot, with the victim's own pay link; an event naming someone else's invoice is
@@ -352,6 +353,7 @@ def test_an_event_never_chooses_the_recipient(deployment, tmp_path):
 
 
 @pytest.mark.parametrize("trusted", [False, True])
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_an_unknown_invoices_notice_uses_the_events_address_only_when_trusted(deployment, tmp_path, trusted):
     config = tmp_path / "c.yaml"
     config.write_text(f"events: {{trust_event_email: {str(trusted).lower()}}}\n")

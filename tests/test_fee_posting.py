@@ -63,6 +63,7 @@ def assert_one_fee_invoice(fake: FakeStripe, deployment) -> dict:
     return fee
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_charged_fees_make_one_fee_invoice_with_one_item_per_charge_and_never_a_second(deployment, stripe_fake):
     config = config_for(deployment.root, stripe_fake)
     deployment.run_in_process(ROWS, AS_OF, config)
@@ -74,6 +75,7 @@ def test_charged_fees_make_one_fee_invoice_with_one_item_per_charge_and_never_a_
     assert len(stripe_fake.posts) == posts and assert_one_fee_invoice(stripe_fake, deployment)["id"] == fee["id"]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_an_answer_lost_after_stripe_accepted_and_a_key_stripe_forgot_still_make_one_fee_invoice(
     deployment, stripe_fake
 ):
@@ -87,6 +89,7 @@ def test_an_answer_lost_after_stripe_accepted_and_a_key_stripe_forgot_still_make
     assert_one_fee_invoice(stripe_fake, deployment)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_lost_item_answer_is_settled_by_the_items_metadata(deployment, stripe_fake):
     config = config_for(deployment.root, stripe_fake)
     stripe_fake.drop_after_accept["/v1/invoiceitems"] = 1
@@ -98,6 +101,7 @@ def test_a_lost_item_answer_is_settled_by_the_items_metadata(deployment, stripe_
     assert len(stripe_fake.invoice_items) == 2
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_refused_post_is_failed_and_retried_after_its_backoff(deployment, stripe_fake):
     config = config_for(deployment.root, stripe_fake)
     stripe_fake.key = "sk_test_another"  # 401: definitely not carried out
@@ -108,6 +112,7 @@ def test_a_refused_post_is_failed_and_retried_after_its_backoff(deployment, stri
     assert_one_fee_invoice(stripe_fake, deployment)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_proposed_fees_wait_for_approval_then_the_next_run_posts_them(deployment, stripe_fake):
     config = config_for(deployment.root, stripe_fake, mode="propose")
     deployment.run_in_process(ROWS, AS_OF, config)
@@ -122,6 +127,7 @@ def test_proposed_fees_wait_for_approval_then_the_next_run_posts_them(deployment
     assert_one_fee_invoice(stripe_fake, deployment)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_waived_charge_is_never_posted_and_export_is_csv_injection_safe(deployment, stripe_fake, tmp_path):
     config = config_for(deployment.root, stripe_fake, mode="propose", post_to="none")
     rows = [dict(ROWS[0], invoice_id='=HYPERLINK("http://x.example")'), dict(ROWS[0], invoice_id="in_ok")]
@@ -139,6 +145,7 @@ def test_a_waived_charge_is_never_posted_and_export_is_csv_injection_safe(deploy
     assert all(r["invoice_id"].startswith("'=") for r in exported)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_key_that_cannot_be_read_leaves_the_charges_approved_with_one_alert(deployment, stripe_fake, monkeypatch):
     config = config_for(deployment.root, stripe_fake)
     monkeypatch.delenv("STRIPE_API_KEY")
@@ -152,6 +159,7 @@ def test_a_key_that_cannot_be_read_leaves_the_charges_approved_with_one_alert(de
     assert_one_fee_invoice(stripe_fake, deployment)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_interest_that_waited_for_its_rate_goes_on_a_fee_invoice_of_its_own(deployment, stripe_fake):
     body = yaml.safe_load(config_for(deployment.root, stripe_fake).read_text())
     body.pop("rates_valid_through")  # the shipped ECB rates end 2026-06-30: the interest waits

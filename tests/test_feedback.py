@@ -214,6 +214,7 @@ def test_a_bounce_after_an_operators_date_has_passed_suppresses_for_good(deploym
     )
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_report_naming_our_message_id_but_no_valid_recipient_suppresses_nothing(deployment, tmp_path):
     """A Message-ID is no secret to whoever received the email: the report must also state an address it went to."""
     two_customers(deployment)

@@ -180,6 +180,7 @@ def charges_of(deployment) -> list[dict]:
         con.close()
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_eur_40_is_claimed_once_per_invoice_across_many_runs_and_reminders(deployment):
     config = write_config(deployment.root, EU)
     rows = [invoice(invoice_id="in_b", customer_id="cus_b", currency="EUR", due_date="2026-11-01",
@@ -201,6 +202,7 @@ def test_eur_40_is_claimed_once_per_invoice_across_many_runs_and_reminders(deplo
     assert [r["stage"] for r in reminders] == ["day14", "day3", "day7"]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_consumer_gets_no_fee_under_eu_b2b_or_de(deployment):
     for preset in ("eu_b2b", "de"):
         config = write_config(deployment.root, {"fees": {"preset": preset},
@@ -216,6 +218,7 @@ def test_a_consumer_gets_no_fee_under_eu_b2b_or_de(deployment):
     assert {r["stage"] for r in deployment.ledger("kind = 'reminder' AND status = 'sent'")} == {"day14"}
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_paid_invoice_is_never_charged_and_a_waiting_reminder_makes_its_charge_wait(deployment):
     config = write_config(deployment.root, {**EU, "send_window": {"days": ["mon"], "start": "09:00", "end": "10:00"}})
     rows = [
@@ -231,6 +234,7 @@ def test_a_paid_invoice_is_never_charged_and_a_waiting_reminder_makes_its_charge
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_stale_rate_table_makes_only_the_interest_wait_with_one_alert_naming_the_table(deployment):
     config = write_config(deployment.root, {"fees": {"preset": "eu_b2b"}})  # the shipped ECB rates end 2026-06-30
     rows = [invoice(invoice_id="in_s", customer_id="cus_s", currency="EUR", customer_type="business")]
@@ -256,6 +260,7 @@ def test_a_stale_rate_table_makes_only_the_interest_wait_with_one_alert_naming_t
     assert deployment.query("SELECT count(*) FROM charge_waits") == [(0,)]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_fee_invoice_is_dunned_but_never_charged_a_fee_and_a_new_cycle_may_claim_again(deployment):
     config = write_config(deployment.root, EU)
     rows = [invoice(invoice_id="in_r", customer_id="cus_r", currency="EUR", customer_type="business")]
@@ -288,6 +293,7 @@ def _body(message) -> str:
         ("de", "EUR", "de_DE", "nach § 288 BGB"),
     ],
 )
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_the_claiming_email_lists_each_fee_the_total_and_the_legal_basis(deployment, preset, currency, locale, said):
     config = write_config(deployment.root, {"fees": {"preset": preset}, "rates_valid_through": {
         "ecb_mro": "2027-12-31", "de_basiszins": "2027-12-31", "boe_base": "2027-12-31"}})  # fmt: skip
@@ -308,6 +314,7 @@ def test_the_claiming_email_lists_each_fee_the_total_and_the_legal_basis(deploym
     assert charges["compensation"] == 4000
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_the_audit_holds_fees_claimed_against_allowed_and_recovery_by_stage_counts_them(deployment):
     from dunning.ledger.backends.duckdb_ledger import open_ledger
     from dunning.report.fee_audit import claimed_against_allowed
@@ -333,6 +340,7 @@ def test_the_audit_holds_fees_claimed_against_allowed_and_recovery_by_stage_coun
     assert recovery[0]["fees_claimed_minor"] == claimed and recovery[0]["fees_collected_minor"] == 0
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_claiming_email_that_failed_lists_its_fees_again_when_retried(deployment):
     from email.message import Message
 
@@ -357,6 +365,7 @@ def test_a_claiming_email_that_failed_lists_its_fees_again_when_retried(deployme
     assert len(charges_of(deployment)) == 2
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_claim_stage_passed_by_catch_up_claims_with_the_higher_stage(deployment):
     config = write_config(deployment.root, {**EU, "fees": {"preset": "eu_b2b", "claim_at_stage": "day7"}})
     rows = [invoice(invoice_id="in_k", customer_id="cus_k", currency="EUR", customer_type="business")]

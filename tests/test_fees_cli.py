@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from dunning.email.context import format_amount
@@ -14,6 +15,7 @@ ROWS = [invoice(invoice_id="in_cli", customer_id="cus_cli", currency="EUR", cust
                 due_date="2026-11-01")]  # fmt: skip
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_preview_shows_the_fees_a_run_would_claim_then_the_run_claims_them_once_and_status_lists_them(deployment):
     config = deployment.root / "config.yaml"
     config.write_text(yaml.safe_dump(CONFIG), encoding="utf-8")

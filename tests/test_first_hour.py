@@ -24,6 +24,7 @@ def _config(deployment, text: str = WINDOW) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_preview_says_when_the_send_window_opens_in_text_and_json(deployment):
     snapshot, config = deployment.snapshot(ROWS), _config(deployment)
     code, out, err = deployment.cli("preview", "--snapshot", str(snapshot), "--as-of", EARLY, "--config", config)
@@ -55,6 +56,7 @@ def test_preview_tells_each_policy_its_own_window_and_names_another_day(deployme
     assert "the send window for policy weekend_only opens Sat 2026-12-05 10:00 Europe/Berlin (in 2 d 2 h)" in out
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_key_held_for_several_reasons_counts_under_each_and_the_data_problem_is_named(deployment):
     snapshot, config = deployment.snapshot(ROWS), _config(deployment)
     code, out, err = deployment.cli(
@@ -71,6 +73,7 @@ def test_a_key_held_for_several_reasons_counts_under_each_and_the_data_problem_i
     assert "put copies in customer_cc" in out
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_the_audit_keeps_one_reason_and_status_counts_every_reason(deployment):
     config = _config(deployment)
     (deployment.home).mkdir(parents=True)
@@ -128,6 +131,7 @@ def test_a_locale_without_templates_gets_english_text_with_english_dates_and_num
     assert "01.11.2026" in _reminder_text(customer_locale="de_AT")
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_preview_lists_the_locales_that_fell_back(deployment):
     rows = [
         invoice(customer_locale="sv_SE"),
@@ -162,6 +166,7 @@ def _report(deployment, *extra: str) -> str:
     return out.read_text()
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_the_report_after_the_first_run_states_the_data_span_and_what_it_will_show(deployment):
     deployment.run_in_process([invoice()], "2026-11-04T09:00:00Z")
     _publish(deployment)
@@ -174,6 +179,7 @@ def test_the_report_after_the_first_run_states_the_data_span_and_what_it_will_sh
     assert page.count("<svg") == 1, "the funnel only: no empty recovery chart, no one-dot overdue chart"
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_each_currency_gets_its_own_overdue_chart_with_plain_numbers(deployment):
     rows = [
         invoice(currency="EUR", amount_due=12000),
@@ -194,6 +200,7 @@ def test_each_currency_gets_its_own_overdue_chart_with_plain_numbers(deployment)
 # --- item 4: a refused input is not a tripped breaker ------------------------------------------------------------
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_refused_snapshot_skips_the_checks_it_never_evaluated(deployment):
     import dagster as dg
 
@@ -320,6 +327,7 @@ def test_a_file_separated_by_semicolons_says_so(deployment):
     assert code == 2 and "is separated by semicolons (;), not commas" in err and "Traceback" not in err
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_named_address_keeps_its_display_name_in_to(deployment):
     rows = [
         invoice(customer_email="Ada Lovelace <ada@example.com>"),

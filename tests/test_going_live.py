@@ -205,6 +205,7 @@ def test_overriding_one_part_of_a_pair_warns_naming_the_other(deployment, tmp_pa
 # --- sharp edges -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_excluding_an_id_no_snapshot_has_shown_warns_and_keeps_it(deployment):
     deployment.run_in_process([invoice()], DAY)
     code, _, err = deployment.cli("exclude", "--customer", "cus_typo")
@@ -233,6 +234,7 @@ def test_a_secret_pasted_where_a_variable_name_belongs_is_refused_without_echoin
     assert secret not in out + err
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_status_accepts_config_and_a_yaml_error_names_the_file(deployment, tmp_path):
     deployment.run_in_process([invoice()], DAY)
     good = tmp_path / "good.yaml"

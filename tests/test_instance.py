@@ -8,6 +8,7 @@ import os
 import sqlite3
 
 import dagster as dg
+import pytest
 
 from pipelines import instance as instance_module
 from tests.conftest import invoice
@@ -26,6 +27,7 @@ def _count_sqlite_connects(monkeypatch) -> list[str]:
     return opened
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_run_writes_its_events_through_a_few_kept_sqlite_connections(deployment, monkeypatch):
     code, _, err = deployment.run([invoice()], "2026-11-05T09:00:00Z", "--dry-run")  # the instance is created
     assert code == 0, err
@@ -41,6 +43,7 @@ def test_a_run_writes_its_events_through_a_few_kept_sqlite_connections(deploymen
     assert connections <= 20, f"{connections} SQLite connections for a run of {events} events"
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_the_instance_is_dunnings_and_keeps_its_records_readable_by_dagsters_own(deployment):
     code, _, err = deployment.run([invoice()], "2026-11-05T09:00:00Z", "--dry-run")
     assert code == 0, err
@@ -101,6 +104,7 @@ def test_a_run_whose_events_are_still_in_the_wal_is_found_by_its_files(tmp_path)
     assert instance_module.runs_written_since(tmp_path, since) == [run_id]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_dagsters_alembic_scripts_are_read_once_per_process(deployment, monkeypatch):
     """Every storage's start and every run's new event file asked alembic for the head revision, and alembic read
     its ~110 revision modules each time (0.16 CPU-s a time, five a run); the scripts do not change in a process."""

@@ -197,6 +197,7 @@ def test_a_stripe_invoice_is_keyed_by_the_utc_month_of_period_end_and_carries_it
     ]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_the_ledger_side_of_invoice_emails_on_both_databases(backend):
     from tests.helpers import due_frame
 

@@ -104,6 +104,7 @@ def test_a_single_file_from_an_earlier_version_is_replaced_by_the_day_files(tmp_
     assert view_count(tmp_path, "SELECT count(*) FROM invoice_history_daily") == 3
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_status_change_on_an_old_reminder_republishes_only_its_day(tmp_path):
     rows = [
         ("dunning:a:1:day3", "2026-11-01 09:00:00+00"),
@@ -295,6 +296,7 @@ def test_own_tables_in_own_file_attaching_the_published_one_from_elsewhere_survi
     assert_opens_and_answers(tmp_path / "home", 8)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_file_that_does_not_open_is_rebuilt_once_and_then_named_in_the_error(tmp_path, monkeypatch):
     checks = []
 
@@ -433,6 +435,7 @@ def test_a_table_published_whole_is_rewritten_only_when_it_changed(tmp_path):
     assert view_count(tmp_path, "SELECT count(*) FROM exclusions WHERE reason = 'disputed'") == 1
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_publication_limited_to_some_tables_leaves_the_others_as_published_and_a_new_home_whole(tmp_path):
     """A dry run publishes what it wrote (`DRY_RUN_TABLES`), not the history: the other tables are neither read nor
     rewritten, counted from their last publication; on a home never published every table gets its files."""
@@ -456,6 +459,7 @@ def test_a_publication_limited_to_some_tables_leaves_the_others_as_published_and
     assert view_count(tmp_path, "SELECT count(*) FROM invoice_history_daily WHERE run_id = 'again'") == 4
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_dry_run_publishes_its_audit_and_reads_no_history(deployment, monkeypatch):
     from tests.conftest import invoice
 

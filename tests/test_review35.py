@@ -161,6 +161,7 @@ def test_an_answer_recorded_after_another_run_took_the_claim_keeps_the_body_for_
     assert receiver.acted_count["escalation:in_1:1"] == 1
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_report_whose_original_headers_fill_5_mb_is_read_within_the_budget():
     """The budget held the parse; the `text/rfc822-headers` part was then read again as headers, whole, outside it:
     5 MB of header lines took 3.2 s of a 2 s budget. Only its first 256 KB are read now (the Message-ID is in the

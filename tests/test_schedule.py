@@ -297,6 +297,7 @@ def test_a_policy_change_mid_cycle_never_sends_a_lower_stage(deployment, tmp_pat
     assert [r["stage"] for r in deployment.ledger("status <> 'skipped'")] == ["day10", "day14"]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_policy_may_turn_the_top_level_window_off(deployment, tmp_path):
     path = config(tmp_path, WINDOW % ("business", "") + "policies: [{name: always, match: {segment: [vip]}, "
                                                          "send_window: null}]\n")  # fmt: skip
@@ -463,6 +464,7 @@ def test_the_run_says_how_many_keys_wait_and_why_in_its_summary_and_in_the_ui(de
     assert metadata["unknown_customer_timezones"].value == 1
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_preview_lists_the_escalation_a_live_run_would_hand_over_without_reading_its_secret(
     deployment, tmp_path, monkeypatch
 ):

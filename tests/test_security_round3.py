@@ -243,6 +243,7 @@ def test_a_url_that_carries_a_key_must_be_https_except_to_this_machine(section, 
 
 
 @pytest.mark.parametrize("bidi", ["\u202e", "\u202a", "\u2066", "\u2069"])
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_bidi_controls_are_control_characters_everywhere(deployment, bidi):
     assert has_control(f"Invoice{bidi}fdp.exe")
     code, _, err = deployment.cli("pause", "--reason", f"maintenance{bidi}")

@@ -118,6 +118,7 @@ def test_a_refused_write_in_the_hourly_ingest_leaves_nothing_of_the_answer_in_da
             assert not any(s.encode() in path.read_bytes() for s in secrets_of(read_only_s3)), path
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_reading_and_listing_still_work_with_the_read_only_role_and_refusals_there_are_exit_8(
     deployment, tmp_path, read_only_s3, monkeypatch
 ):

@@ -54,6 +54,7 @@ def config_file(directory: Path, text: str) -> Path:
 # --- packaged templates and languages ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_every_packaged_template_passes_the_check_it_imposes_on_operators():
     check_templates(None, "en_US")
     check_templates(None, "de_DE")

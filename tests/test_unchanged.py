@@ -279,6 +279,7 @@ def test_a_run_that_left_keys_for_later_is_no_reference(tmp_path):
     assert unchanged.settled(pl.DataFrame({"status": ["sent", "failed", "unknown", "paused"]}))
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_clock_before_the_last_run_runs(tmp_path):
     home, snapshot = _reference(tmp_path)
     verdict = _judge(home, snapshot, "2026-11-05T08:00:00Z", DunningConfig())
