@@ -35,7 +35,7 @@ from zoneinfo import ZoneInfo
 from dunning.config import Source
 from dunning.errors import BillingSourceFailed, ConfigError
 from dunning.ingest.sources.base import FetchedBack, Notification, Pull, Signals, api_failure
-from dunning.ingest.sources.normalize import as_dict, as_list, text_row, unix_date
+from dunning.ingest.sources.normalize import as_dict, as_list, currency_code, customer_name, text_row, unix_date
 from dunning.secret_env import read_secret
 
 VENDOR = "Chargebee"
@@ -58,7 +58,6 @@ def invoice_row(invoice: Mapping[str, Any], customer: Mapping[str, Any] | None, 
     paid, due = _int(invoice.get("amount_paid")), _int(invoice.get("amount_due"))
     currency = invoice.get("currency_code")
     date = _int(invoice.get("date"))
-    name = " ".join(p for p in (customer.get("first_name"), customer.get("last_name")) if isinstance(p, str))
     contacts = as_list(customer.get("contacts"))
     cc = [c.get("email") for c in contacts if isinstance(c, dict) and c.get("send_billing_email") is True]
     address = as_dict(invoice.get("billing_address"))
@@ -67,8 +66,8 @@ def invoice_row(invoice: Mapping[str, Any], customer: Mapping[str, Any] | None, 
         "invoice_id": invoice.get("id"),
         "customer_id": invoice.get("customer_id"),
         "customer_email": customer.get("email") or address.get("email"),
-        "customer_name": customer.get("company") or name or None,
-        "currency": currency.upper() if isinstance(currency, str) else currency,
+        "customer_name": customer_name(customer),
+        "currency": currency_code(currency),
         # remaining is Chargebee's amount_due: the snapshot's due is what was paid plus what remains
         "amount_due": (paid or 0) + due if due is not None else invoice.get("amount_due"),
         "amount_paid": paid if paid is not None else 0,

@@ -95,6 +95,17 @@ def iso_date(value: Any, zone: ZoneInfo) -> str | None:
     return at.astimezone(zone).date().isoformat()
 
 
+def customer_name(person: Mapping[str, Any]) -> str | None:
+    """A vendor's customer as one name: the company, else first and last name, else None."""
+    name = " ".join(p for p in (person.get("first_name"), person.get("last_name")) if isinstance(p, str))
+    return person.get("company") or name or None
+
+
+def currency_code(currency: Any) -> Any:
+    """A vendor's currency in the snapshot's upper case (anything not text is left for the rules to refuse)."""
+    return currency.upper() if isinstance(currency, str) else currency
+
+
 def text_row(values: Mapping[str, Any]) -> dict[str, str | None]:
     """A row with every `ROW_FIELDS` column, each value text or None (a missing key is null)."""
     return {name: (None if values.get(name) is None else str(values[name])) for name in ROW_FIELDS}

@@ -32,7 +32,15 @@ from zoneinfo import ZoneInfo
 
 from dunning.config import Source
 from dunning.ingest.sources.base import FetchedBack, Notification, Pull, Signals
-from dunning.ingest.sources.normalize import as_dict, iso_date, iso_instant, minor_units, text_row
+from dunning.ingest.sources.normalize import (
+    as_dict,
+    currency_code,
+    customer_name,
+    iso_date,
+    iso_instant,
+    minor_units,
+    text_row,
+)
 from dunning.ingest.sources.recurly_api import RecurlyClient
 from dunning.secret_env import read_secret
 
@@ -66,15 +74,14 @@ def invoice_row(invoice: Mapping[str, Any], account: Mapping[str, Any] | None, z
     status = STATES.get(state, state) if isinstance(state, str) else state
     if state == "closed":
         status = "paid" if balance == 0 else "uncollectible"
-    name = " ".join(p for p in (mini.get("first_name"), mini.get("last_name")) if isinstance(p, str))
     created = iso_instant(invoice.get("created_at"))
     cc = account.get("cc_emails")
     return text_row({
         "invoice_id": invoice.get("number"),
         "customer_id": mini.get("code"),
         "customer_email": mini.get("email") or account.get("email"),
-        "customer_name": mini.get("company") or name or None,
-        "currency": currency.upper() if isinstance(currency, str) else currency,
+        "customer_name": customer_name(mini),
+        "currency": currency_code(currency),
         "amount_due": paid + balance if paid is not None and balance is not None else None,
         "amount_paid": paid,
         "due_date": iso_date(invoice.get("due_at") or invoice.get("created_at"), zone),
