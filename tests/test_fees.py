@@ -115,6 +115,18 @@ def test_german_b2b_interest_equals_the_hand_calculation_across_a_1_july_rate_ch
     assert "20 day(s) at 11.27 %" in found.basis and "20 day(s) at 10.27 %" in found.basis
 
 
+def test_the_interest_basis_states_the_balance_in_its_currencys_own_decimals():
+    config = parse_config(({
+        "fees": {"preset": "de"},
+        "rates": [{"reference": "de_basiszins", "from": "2025-01-01", "percent": 2.27}],
+    }), "de.yaml")  # fmt: skip
+    rule = amounts.interest_of(config.fees, "business")
+    for currency, stated in (("JPY", "on 119,000 JPY"), ("EUR", "on 1,190.00 EUR"), ("KWD", "on 119.000 KWD")):
+        found = amounts.interest_for(rule, table_for(config), config.fees, remaining_minor=119_000, currency=currency,
+                                     due_date=dt.date(2025, 6, 10), today=dt.date(2025, 7, 20))  # fmt: skip
+        assert isinstance(found, amounts.Charge) and stated in found.basis, found.basis
+
+
 def test_eu_b2b_is_40_euro_per_invoice_and_nothing_for_a_consumer():
     fees = fees_config(preset="eu_b2b").fees
     charge = amounts.compensation_for(fees, "business", "EUR", 50_000)

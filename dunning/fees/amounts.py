@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
 from dunning.config import Compensation, Fees, Interest
+from dunning.currencies import in_major_units
 from dunning.fees.rates import Reference, half_year_end
 
 COMPENSATION = "compensation"
@@ -84,8 +85,9 @@ def compensation_for(fees: Fees, customer_type: str, currency: str, remaining_mi
         return Charge(COMPENSATION, 4_000, currency, f"fixed compensation: {rule}")
     if fees.preset == "uk" and currency == "GBP":
         amount = next((fee for below, fee in UK_BANDS if remaining_minor < below), UK_TOP)
+        debt = in_major_units(remaining_minor, "GBP")
         return Charge(COMPENSATION, amount, currency,
-                      f"fixed sum under section 5A of the 1998 Act for a debt of {_money(remaining_minor)} GBP: "
+                      f"fixed sum under section 5A of the 1998 Act for a debt of {debt} GBP: "
                       f"GBP {amount // 100}")  # fmt: skip
     return None
 
@@ -160,7 +162,7 @@ def interest_for(
     over = "a fixed rate" if rule.reference == "fixed" else rule.reference
     basis = (
         f"simple interest at {Decimal(str(rule.points)):.2f} points over {over}{_under(fees)} on "
-        f"{_money(remaining_minor)} {currency}, 1/365 per day: " + "; ".join(found.periods)
+        f"{in_major_units(remaining_minor, currency)} {currency}, 1/365 per day: " + "; ".join(found.periods)
     )
     return Charge(INTEREST, amount, currency, basis)
 
@@ -168,7 +170,3 @@ def interest_for(
 def _under(fees: Fees) -> str:
     law = law_of(fees)
     return f" under {law}" if law else ""
-
-
-def _money(minor: int) -> str:
-    return f"{Decimal(minor) / 100:,.2f}"
