@@ -435,6 +435,31 @@ def test_a_table_published_whole_is_rewritten_only_when_it_changed(tmp_path):
     assert view_count(tmp_path, "SELECT count(*) FROM exclusions WHERE reason = 'disputed'") == 1
 
 
+def test_the_view_file_is_rebuilt_only_when_its_views_change_or_the_file_was_touched(tmp_path):
+    """New days show through the same analytics.duckdb (its views read their files when queried); other views, or a
+    file an analyst changed, rebuild it."""
+    target = tmp_path / "analytics.duckdb"
+    with open_ledger(tmp_path / "dunning.duckdb") as ledger:
+        ledger.replace_partition("invoice_history_daily", dt.date(2026, 11, 1), day_rows(dt.date(2026, 11, 1), "r1", 3))
+        publish(ledger.con, tmp_path)
+        built = target.stat().st_ino
+        ledger.replace_partition("invoice_history_daily", dt.date(2026, 11, 2), day_rows(dt.date(2026, 11, 2), "r2", 5))
+        publish(ledger.con, tmp_path)
+        assert target.stat().st_ino == built, "the same views: the file is left as it was"
+        assert_opens_and_answers(tmp_path, 8)  # and the new day is in them
+
+        stamp = tmp_path / "analytics" / analytics.VIEWS_STAMP
+        stamp.write_text(json.dumps({**json.loads(stamp.read_text()), "views": "views of another release"}))
+        publish(ledger.con, tmp_path)
+        assert target.stat().st_ino != built, "other views: rebuilt"
+        rebuilt = target.stat().st_ino
+
+        os.utime(target, ns=(1, 1))  # the file changed since it was built (an analyst wrote to it)
+        publish(ledger.con, tmp_path)
+        assert target.stat().st_ino != rebuilt, "a touched file: rebuilt"
+    assert_opens_and_answers(tmp_path, 8)
+
+
 @pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_publication_limited_to_some_tables_leaves_the_others_as_published_and_a_new_home_whole(tmp_path):
     """A dry run publishes what it wrote (`DRY_RUN_TABLES`), not the history: the other tables are neither read nor
