@@ -253,12 +253,10 @@ CREATE TABLE IF NOT EXISTS schema_version (
 """
 
 
-def _exists(con: Executes, table: str) -> bool:
-    row = next(
-        iter(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchall()),
-        None,
-    )
-    return bool(row and row[0])
+def _table_names(con: Executes) -> set[str]:
+    """Every table's name, in one catalog query: asking for each table, or for a list of them with `IN`, took
+    DuckDB 2-16 ms a question (its catalog views are built per query), the list of names 1.5 ms."""
+    return {str(row[0]) for row in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
 
 
 def _rows(con: Executes, table: str) -> int:
@@ -266,17 +264,19 @@ def _rows(con: Executes, table: str) -> int:
     return int(row[0]) if row else 0
 
 
-def current_version(con: Executes) -> int:
-    """0 for an empty file, 1 for a release-0.1 ledger, else the highest version applied."""
-    if _exists(con, "schema_version"):
+def current_version(con: Executes, tables: set[str] | None = None) -> int:
+    """0 for an empty file, 1 for a release-0.1 ledger, else the highest version applied. `tables`: the names
+    `_table_names` gave, when the caller has them."""
+    tables = _table_names(con) if tables is None else tables
+    if "schema_version" in tables:
         row = next(iter(con.execute("SELECT max(version) FROM schema_version").fetchall()), None)
         if row and row[0] is not None:
             return int(row[0])
-    return 1 if _exists(con, "reminder_ledger") else 0
+    return 1 if "reminder_ledger" in tables else 0
 
 
-def check_not_newer(con: Executes, path: str) -> int:
-    version = current_version(con)
+def check_not_newer(con: Executes, path: str, tables: set[str] | None = None) -> int:
+    version = current_version(con, tables)
     if version > LATEST:
         raise LedgerTooNew(
             f"ledger {path} has schema version {version}, newer than this release knows ({LATEST}); "
@@ -290,26 +290,19 @@ def _tables_of(ddl: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", "\n".join(ddl)))
 
 
-def _schema_is_current(con: Executes, version: int, ddl: Sequence[str]) -> bool:
-    """At the latest version with every table of `ddl` present: nothing to run (one catalog query, where
-    re-running the whole DDL on every open cost about a third of opening the ledger)."""
-    if version != LATEST:
-        return False
-    tables = _tables_of(tuple(ddl))
-    placeholders = ", ".join("?" for _ in tables)
-    present = con.execute(
-        f"SELECT count(DISTINCT table_name) FROM information_schema.tables WHERE table_name IN ({placeholders})",
-        list(tables),
-    ).fetchall()
-    return bool(present) and present[0][0] == len(tables)
+def _schema_is_current(version: int, ddl: Sequence[str], tables: set[str]) -> bool:
+    """At the latest version with every table of `ddl` present: nothing to run (where re-running the whole DDL on
+    every open cost about a third of opening the ledger)."""
+    return version == LATEST and set(_tables_of(tuple(ddl))) <= tables
 
 
 def migrate(con: Executes, path: str, ddl: Sequence[str] = DDL, postgres: bool = False) -> list[int]:
     """Apply every pending migration in order; returns the versions applied now. `ddl`: the current schema in this
     database's dialect (`schema.DDL` for DuckDB, `pg_schema.PG_DDL` for PostgreSQL, with `postgres` set)."""
-    version = check_not_newer(con, path)
+    tables = _table_names(con)
+    version = check_not_newer(con, path, tables)
     applied: list[int] = []
-    if _schema_is_current(con, version, ddl):
+    if _schema_is_current(version, ddl, tables):
         return applied
     con.execute(_VERSION_TABLE)
     if version == 0:  # a new file: the current schema at once, every migration recorded as applied
