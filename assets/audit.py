@@ -1,10 +1,12 @@
 """The audit: what was sent against what was owed, with a summary and a chart for the UI."""
 
+from collections.abc import Iterator
+
 import dagster as dg
 import polars as pl
 
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, frame_metadata
-from checks.asset_checks import SNAPSHOT_FOR_AUDIT
+from checks.asset_checks import NO_UNOWED_REMINDERS_SPEC, SNAPSHOT_FOR_AUDIT, no_reminders_for_unowed_invoices
 from dunning.plan import unchanged
 from dunning.plan.clock import CycleClock
 from dunning.report import audit as audit_rules
@@ -22,7 +24,13 @@ def rejected_in_this_run(context: dg.AssetExecutionContext) -> int | None:
     return snapshot_count(context, "rejected_rows")
 
 
-@dg.asset(**ASSET_DEFAULTS, kinds={"polars", "duckdb"}, pool=LEDGER_POOL, ins={"invoice_snapshot": SNAPSHOT_FOR_AUDIT})
+@dg.asset(
+    **ASSET_DEFAULTS,
+    kinds={"polars", "duckdb"},
+    pool=LEDGER_POOL,
+    ins={"invoice_snapshot": SNAPSHOT_FOR_AUDIT},
+    check_specs=[NO_UNOWED_REMINDERS_SPEC],
+)
 def dunning_audit(
     context: dg.AssetExecutionContext,
     invoice_snapshot: pl.DataFrame,
@@ -30,8 +38,9 @@ def dunning_audit(
     send_batch: pl.DataFrame,
     dunning_home: DunningHome,
     cycle_request: CycleRequest,
-) -> dg.Output[pl.DataFrame]:
-    """One row per key this cycle considered: outcome, reason if not sent, amount stated vs owed."""
+) -> Iterator[dg.Output[pl.DataFrame] | dg.AssetCheckResult]:
+    """One row per key this cycle considered: outcome, reason if not sent, amount stated vs owed; then its check
+    (`no_reminders_for_unowed_invoices`)."""
     config = dunning_home.settings()
     clock = cycle_request.cycle_clock(context, config)
     run_id = audit_run_id(context, clock, config.policy_id)
@@ -63,7 +72,7 @@ def dunning_audit(
         + "\n\n"
         + audit_rules.markdown_chart(by_stage)
     )
-    return dg.Output(
+    yield dg.Output(
         audit,
         metadata={
             **frame_metadata(audit),
@@ -77,3 +86,4 @@ def dunning_audit(
             ),
         },
     )
+    yield no_reminders_for_unowed_invoices(audit)

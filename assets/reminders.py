@@ -1,27 +1,31 @@
 """What is newly due: the day's snapshot diffed against the ledger, plus retries and payment-failed notices."""
 
+from collections.abc import Iterator
+
 import dagster as dg
 import polars as pl
 
 from assets.common import ASSET_DEFAULTS, LEDGER_POOL, frame_metadata
+from checks.asset_checks import REMINDERS_SOUND_SPEC, reminders_due_are_sound
 from dunning.plan import schedule
 from dunning.run import cycle, steps
 from resources.dunning import CycleRequest, DunningHome
 
 
-@dg.asset(**ASSET_DEFAULTS, kinds={"polars"}, pool=LEDGER_POOL)
+@dg.asset(**ASSET_DEFAULTS, kinds={"polars"}, pool=LEDGER_POOL, check_specs=[REMINDERS_SOUND_SPEC])
 def reminders_due(
     context: dg.AssetExecutionContext,
     invoice_snapshot: pl.DataFrame,
     billing_events: pl.DataFrame,
     dunning_home: DunningHome,
     cycle_request: CycleRequest,
-) -> dg.Output[pl.DataFrame]:
+) -> Iterator[dg.Output[pl.DataFrame] | dg.AssetCheckResult]:
     """One row per key this cycle: newly due (`due`), a failed send to retry (`retry`), or passed over (`skipped`).
 
     Reminders come from the snapshot; payment-failed notices (kind
     `payment_failed`) from new billing events. Retries and notices belong to
-    live runs only: a backfill asks what the policy would have sent that day.
+    live runs only: a backfill asks what the policy would have sent that day. The soundness gate
+    (`reminders_due_are_sound`, blocking) is evaluated here, after the plan is recorded.
     """
     config = dunning_home.settings()
     clock = cycle_request.cycle_clock(context, config)
@@ -31,7 +35,7 @@ def reminders_due(
     due = cycle.due_rows(plan)
     by_stage = dict(due.group_by("stage").len().iter_rows()) if due.height else {}
     waiting = cycle.waiting_by_reason(plan)
-    return dg.Output(
+    yield dg.Output(
         plan,
         metadata={
             **frame_metadata(plan),
@@ -51,3 +55,4 @@ def reminders_due(
             "unknown_customer_timezones": schedule.unknown_timezones(invoice_snapshot),
         },
     )
+    yield reminders_due_are_sound(plan)

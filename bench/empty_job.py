@@ -1,11 +1,12 @@
 """Dagster's own cost: a job of the dunning cycle's shape whose steps do nothing, run the way the CLI runs one.
 
 Seven assets and three asset checks with the cycle's names, dependencies, partitions, pools and blocking checks
-(ten steps, one process, the in-process executor, outputs kept in memory), executed by `dg.execute_job` on a
-`reconstructable` job, on an instance configured by the `dagster.yaml` the CLI writes, in a process of its own:
-`python -m bench.empty_job HOME [one_step]` (HOME/dagster/dagster.yaml must exist). `measure` runs it twice, on
-a home with no instance yet (the first run of a deployment creates and migrates it) and again on the same home,
-then a job of one asset (`one_step`: the least a run recorded in Dagster can be).
+(eight steps: two checks are evaluated in their asset's step, as the cycle's are; one process, the in-process
+executor, outputs kept in memory), executed by `dg.execute_job` on a `reconstructable` job, on an instance
+configured by the `dagster.yaml` the CLI writes, in a process of its own: `python -m bench.empty_job HOME
+[one_step]` (HOME/dagster/dagster.yaml must exist). `measure` runs it twice, on a home with no instance yet (the
+first run of a deployment creates and migrates it) and again on the same home, then a job of one asset
+(`one_step`: the least a run recorded in Dagster can be).
 What it shows is the floor under any `dunning run` that keeps its runs in Dagster.
 """
 
@@ -36,14 +37,14 @@ def invoice_snapshot() -> int:
     return 0
 
 
-@dg.asset(**common, pool=POOL)
-def reminders_due(invoice_snapshot: int, billing_events: int) -> int:
-    return invoice_snapshot + billing_events
-
-
-@dg.asset_check(asset=reminders_due, blocking=True)
-def reminders_due_are_sound(reminders_due: int) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(passed=True)
+@dg.asset(
+    **common,
+    pool=POOL,
+    check_specs=[dg.AssetCheckSpec("reminders_due_are_sound", asset="reminders_due", blocking=True)],
+)
+def reminders_due(invoice_snapshot: int, billing_events: int):
+    yield dg.Output(invoice_snapshot + billing_events)
+    yield dg.AssetCheckResult(check_name="reminders_due_are_sound", passed=True)
 
 
 @dg.asset_check(asset=reminders_due, blocking=True, additional_ins={"invoice_snapshot": dg.AssetIn("invoice_snapshot")})
@@ -56,14 +57,12 @@ def send_batch(reminders_due: int) -> int:
     return reminders_due
 
 
-@dg.asset(**common, pool=POOL)
-def dunning_audit(invoice_snapshot: int, reminders_due: int, send_batch: int) -> int:
-    return send_batch
-
-
-@dg.asset_check(asset=dunning_audit)
-def no_reminders_for_unowed_invoices(dunning_audit: int) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(passed=True)
+@dg.asset(
+    **common, pool=POOL, check_specs=[dg.AssetCheckSpec("no_reminders_for_unowed_invoices", asset="dunning_audit")]
+)
+def dunning_audit(invoice_snapshot: int, reminders_due: int, send_batch: int):
+    yield dg.Output(send_batch)
+    yield dg.AssetCheckResult(check_name="no_reminders_for_unowed_invoices", passed=True)
 
 
 @dg.asset(group_name="empty", partitions_def=daily, deps=[dunning_audit], pool=POOL)
@@ -94,7 +93,7 @@ def empty_cycle() -> dg.JobDefinition:
     defs = dg.Definitions(
         assets=[billing_events, invoice_snapshot, reminders_due, send_batch, dunning_audit, analyst_history,
                 retention_sweep],
-        asset_checks=[reminders_due_are_sound, circuit_breaker, no_reminders_for_unowed_invoices],
+        asset_checks=[circuit_breaker],
         jobs=[job],
         resources={"frames": dg.InMemoryIOManager()},
     )  # fmt: skip

@@ -3,7 +3,10 @@
 Both gates are blocking with ERROR severity: when one fails, `send_batch`
 does not run and the run fails, so nothing leaves. The breaker gate also
 records the trip (one alert, held reminders in the audit), because the steps
-after it will not run to do so.
+after it will not run to do so. The breaker is a step of its own (it reads the
+ledger and records a trip); the soundness gate and the audit's check are
+evaluated in their asset's own step (`REMINDERS_SOUND_SPEC`,
+`NO_UNOWED_REMINDERS_SPEC`), each a step less per run.
 """
 
 import dagster as dg
@@ -46,18 +49,24 @@ def reminder_batch_problems(plan: pl.DataFrame) -> dict[str, int]:
     }
 
 
-@dg.asset_check(
+# Checked inside the step that makes its asset (`check_specs`): a check that needs nothing but its asset's frame
+# costs a Dagster step of its own (its events, its input loaded) for a few column sums.
+REMINDERS_SOUND_SPEC = dg.AssetCheckSpec(
+    REMINDERS_SOUND,
     asset="reminders_due",
-    name=REMINDERS_SOUND,
     blocking=True,
     description=(
         "Every due reminder has a unique well-formed key, is for an owed invoice, "
         "and each invoice is due at most one stage."
     ),
 )
+
+
 def reminders_due_are_sound(reminders_due: pl.DataFrame) -> dg.AssetCheckResult:
+    """The soundness gate's verdict on a plan (blocking, ERROR: a failure fails the step, so nothing is sent)."""
     problems = reminder_batch_problems(reminders_due)
     return dg.AssetCheckResult(
+        check_name=REMINDERS_SOUND,
         passed=not any(problems.values()),
         severity=dg.AssetCheckSeverity.ERROR,
         metadata={**problems, "rows": reminders_due.height},
@@ -122,17 +131,21 @@ def circuit_breaker(
     )
 
 
-@dg.asset_check(
+NO_UNOWED_REMINDERS_SPEC = dg.AssetCheckSpec(
+    NO_UNOWED_REMINDERS,
     asset="dunning_audit",
-    name=NO_UNOWED_REMINDERS,
     description=(
         "No reminder was sent for an invoice that was not owed, and every sent amount equals the remaining balance."
     ),
 )
+
+
 def no_reminders_for_unowed_invoices(dunning_audit: pl.DataFrame) -> dg.AssetCheckResult:
+    """The audit's promise, checked in the audit's own step (not blocking: nothing runs after it that sends)."""
     unowed = audit_rules.not_owed_reminded(dunning_audit)
     mismatched = audit_rules.amount_mismatches(dunning_audit)
     return dg.AssetCheckResult(
+        check_name=NO_UNOWED_REMINDERS,
         passed=unowed.is_empty() and mismatched.is_empty(),
         severity=dg.AssetCheckSeverity.ERROR,
         metadata={

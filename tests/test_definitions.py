@@ -11,7 +11,7 @@ from assets.audit import dunning_audit
 from assets.reminders import reminders_due
 from assets.sending import send_batch
 from assets.snapshot import billing_events, invoice_snapshot
-from checks.asset_checks import REMINDERS_SOUND, no_reminders_for_unowed_invoices, reminders_due_are_sound
+from checks.asset_checks import REMINDERS_SOUND
 from pipelines.io_manager import RunScopedFramesIOManager
 from resources.dunning import CycleRequest, DunningHome
 from tests.conftest import invoice, write_snapshot
@@ -70,8 +70,6 @@ def _materialize(home: Path, snapshot: Path, as_of: str, instance: dg.DagsterIns
             reminders_due,
             send_batch,
             dunning_audit,
-            reminders_due_are_sound,
-            no_reminders_for_unowed_invoices,
         ],
         resources={
             "dunning_home": DunningHome(home=str(home)),

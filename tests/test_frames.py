@@ -11,7 +11,7 @@ from assets.audit import dunning_audit
 from assets.reminders import reminders_due
 from assets.sending import send_batch
 from assets.snapshot import billing_events, invoice_snapshot
-from checks.asset_checks import SNAPSHOT_AUDIT_COLUMNS, circuit_breaker, no_reminders_for_unowed_invoices
+from checks.asset_checks import SNAPSHOT_AUDIT_COLUMNS, circuit_breaker
 from pipelines import io_manager
 from pipelines.io_manager import RunScopedFramesIOManager
 from resources.dunning import CycleRequest, DunningHome
@@ -21,7 +21,7 @@ from tests.conftest import invoice, write_snapshot
 def _materialize(home, snapshot, as_of, instance, selection=None):
     assets = [invoice_snapshot, billing_events, reminders_due, send_batch, dunning_audit, circuit_breaker]
     return dg.materialize(
-        [*assets, no_reminders_for_unowed_invoices],
+        assets,
         selection=selection,
         resources={
             "dunning_home": DunningHome(home=str(home)),

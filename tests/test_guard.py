@@ -271,3 +271,17 @@ def test_the_resume_proof_runs_the_real_steps_retries_included(deployment, tmp_p
     # the failed key's backoff is over: the proof's first pass retries it, as a real cycle would
     assert "first pass would send 1 key(s); second pass finds 0" in out
     assert deployment.ledger("status = 'failed'")[0]["attempts"] == 1, "the simulation was rolled back"
+
+
+def test_an_unsound_plan_halts_the_run_in_its_own_step_and_nothing_is_claimed_or_sent(deployment, monkeypatch):
+    """The soundness gate is evaluated in reminders_due's step (`check_specs`), blocking: its failure is the step's,
+    so the breaker and send_batch never run; exit 3 naming the check, as when it was a step of its own."""
+    from checks import asset_checks
+
+    real = asset_checks.reminder_batch_problems
+    monkeypatch.setattr(asset_checks, "reminder_batch_problems", lambda plan: {**real(plan), "duplicate_keys": 2})
+    rows = [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}") for i in range(3)]
+    code, _, err = deployment.run(rows, "2026-11-05T09:00:00Z")
+    assert code == 3 and "halted by reminders_due_are_sound, nothing was sent" in err and "Traceback" not in err
+    assert deployment.outbox() == []
+    assert deployment.query("SELECT count(*) FROM reminder_ledger")[0][0] == 0
