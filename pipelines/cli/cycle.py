@@ -118,7 +118,6 @@ def _run(args: argparse.Namespace, home: Path, temporary: bool = False) -> int:
     events = common.existing_file(args.events, "events") if args.events else None
     if events:
         read_events(Path(events))  # a bad events file: one line, exit 2, before Dagster starts or anything is written
-    import dagster as dg
 
     from dunning.ledger.factory import ledger_held_for, open_ledger_for
     from dunning.send import heap
@@ -155,13 +154,7 @@ def _run(args: argparse.Namespace, home: Path, temporary: bool = False) -> int:
         }
         heap.settle()  # what the run needs is loaded now: the collector leaves it alone (`dunning.send.heap`)
         with send_progress_bar(args.progress):
-            result = dg.execute_job(
-                dg.reconstructable(dunning_cycle),
-                instance=instance,
-                run_config=run_config,
-                tags=tags,
-                raise_on_error=False,
-            )
+            result = _execute_cycle(instance, run_config, tags)
         prune_run_frames(home)
         refused = failures.refusal(instance, result)  # the snapshot refused: later steps and checks skipped, exit 2
         if refused is not None:
@@ -184,6 +177,15 @@ def _run(args: argparse.Namespace, home: Path, temporary: bool = False) -> int:
         else:
             say(text, file=sys.stderr)
         return code
+
+
+def _execute_cycle(instance: dg.DagsterInstance, run_config: dict, tags: dict[str, str]) -> dg.ExecuteJobResult:
+    """One run of the cycle job in this process (its steps share the ledger `ledger_held_for` keeps open)."""
+    import dagster as dg
+
+    return dg.execute_job(
+        dg.reconstructable(dunning_cycle), instance=instance, run_config=run_config, tags=tags, raise_on_error=False
+    )
 
 
 def _owner_tags() -> dict[str, str]:
@@ -211,7 +213,6 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     if end < start or end >= today:
         raise UserInputError(f"backfill needs past days with --from <= --to < {today} (today is live, not a backfill)")
     shard = common.shard_of(args)
-    import dagster as dg
 
     from dunning.ledger.factory import ledger_held_for
     from dunning.send import heap
@@ -234,13 +235,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             **_owner_tags(),
         }
         with ledger_held_for(config, home):  # one open of the ledger for the day's run
-            result = dg.execute_job(
-                dg.reconstructable(dunning_cycle),
-                instance=instance,
-                run_config=run_config,
-                tags=tags,
-                raise_on_error=False,
-            )
+            result = _execute_cycle(instance, run_config, tags)
         refused = failures.refusal(instance, result)
         if result.success and refused is None:
             say(f"{day}: rebuilt (policy {config.policy_id}); nothing sent")
