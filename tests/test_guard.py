@@ -285,3 +285,32 @@ def test_an_unsound_plan_halts_the_run_in_its_own_step_and_nothing_is_claimed_or
     assert code == 3 and "halted by reminders_due_are_sound, nothing was sent" in err and "Traceback" not in err
     assert deployment.outbox() == []
     assert deployment.query("SELECT count(*) FROM reminder_ledger")[0][0] == 0
+
+
+@pytest.mark.slow
+def test_a_pause_from_another_process_between_the_plan_and_the_send_stops_the_run_in_progress(deployment, monkeypatch):
+    """`dunning pause` must reach a run already under way: the ledger is free between two steps (a run holding its
+    file from the first step to the last made the pause wait for the whole run, which then sent). Here the pause
+    is run, as a separate process, while reminders_due's plan is being handed to send_batch."""
+    import subprocess
+
+    from pipelines import io_manager
+    from tests.helpers import DUNNING
+
+    real = io_manager.RunScopedFramesIOManager.handle_output
+
+    def pause_after_the_plan(self, context, obj):
+        real(self, context, obj)
+        if context.asset_key.to_user_string() == "reminders_due":
+            paused = subprocess.run(
+                [DUNNING, "--home", str(deployment.home), "pause", "--reason", "mid-run"],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert paused.returncode == 0, paused.stderr
+
+    monkeypatch.setattr(io_manager.RunScopedFramesIOManager, "handle_output", pause_after_the_plan)
+    rows = [invoice(invoice_id=f"in_{i}", customer_id=f"c{i}") for i in range(3)]
+    code, out, err = deployment.run(rows, "2026-11-05T09:00:00Z")
+    assert deployment.outbox() == [], (code, out, err)
+    assert deployment.query("SELECT count(*) FROM reminder_ledger WHERE status = 'sent'")[0][0] == 0
+    assert deployment.query("SELECT paused FROM pause_state")[0][0] is True

@@ -47,23 +47,6 @@ def open_ledger_for(
 
 
 @contextlib.contextmanager
-def ledger_held_for(
-    settings: DunningConfig | LedgerSettings, home: Path, timeout_seconds: float = 120.0
-) -> Iterator[None]:
-    """The DuckDB ledger kept open in this process for the block (`duckdb_ledger.held_open`: each `open_ledger_for`
-    inside is a connection to it, not a new open of the file). PostgreSQL: nothing held (a session per open, as
-    before: its server is built for many)."""
-    ledger_settings = settings.ledger if isinstance(settings, DunningConfig) else settings
-    if ledger_settings.kind == "postgres":
-        yield
-        return
-    from dunning.ledger.backends.duckdb_ledger import held_open
-
-    with held_open(Path(home) / DUCKDB_FILE, timeout_seconds):
-        yield
-
-
-@contextlib.contextmanager
 def open_ledger_to_read(
     settings: DunningConfig | LedgerSettings, home: Path, timeout_seconds: float = 120.0
 ) -> Iterator[Ledger]:

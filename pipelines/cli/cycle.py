@@ -119,7 +119,7 @@ def _run(args: argparse.Namespace, home: Path, temporary: bool = False) -> int:
     if events:
         read_events(Path(events))  # a bad events file: one line, exit 2, before Dagster starts or anything is written
 
-    from dunning.ledger.factory import ledger_held_for, open_ledger_for
+    from dunning.ledger.factory import open_ledger_for
     from dunning.send import heap
     from pipelines.cli.printing import failures, summary
     from pipelines.cli.printing.progress_bar import send_progress_bar
@@ -139,48 +139,44 @@ def _run(args: argparse.Namespace, home: Path, temporary: bool = False) -> int:
         allow_future_as_of=bool(args.allow_future_as_of),
         shard=shard,
     )
-    # the DuckDB ledger opened once for the command, its run's steps and its summary (`ledger_held_for`)
-    with ledger_held_for(config, home):
+    with open_ledger_for(config, home) as ledger:
+        paused = ledger.pause_state().paused
+    partition = as_of.astimezone(config.zone).date().isoformat()
+    tags = {
+        "dunning/trigger": "cli",
+        "dunning/dry_run": str(bool(args.dry_run)).lower(),
+        "dunning/paused": str(paused).lower(),
+        "dagster/partition": partition,
+        **common.shard_tags(shard),
+        **_owner_tags(),
+    }
+    heap.settle()  # what the run needs is loaded now: the collector leaves it alone (`dunning.send.heap`)
+    with send_progress_bar(args.progress):
+        result = _execute_cycle(instance, run_config, tags)
+    prune_run_frames(home)
+    refused = failures.refusal(instance, result)  # the snapshot refused: later steps and checks skipped, exit 2
+    if refused is not None:
+        text, code = refused
+    elif not result.success and not _halted_by_a_check(result):
+        text, code = failures.failed_run_report(result)  # the ledger may be what failed: not opened again
+    else:
         with open_ledger_for(config, home) as ledger:
-            paused = ledger.pause_state().paused
-        partition = as_of.astimezone(config.zone).date().isoformat()
-        tags = {
-            "dunning/trigger": "cli",
-            "dunning/dry_run": str(bool(args.dry_run)).lower(),
-            "dunning/paused": str(paused).lower(),
-            "dagster/partition": partition,
-            **common.shard_tags(shard),
-            **_owner_tags(),
-        }
-        heap.settle()  # what the run needs is loaded now: the collector leaves it alone (`dunning.send.heap`)
-        with send_progress_bar(args.progress):
-            result = _execute_cycle(instance, run_config, tags)
-        prune_run_frames(home)
-        refused = failures.refusal(instance, result)  # the snapshot refused: later steps and checks skipped, exit 2
-        if refused is not None:
-            text, code = refused
-        elif not result.success and not _halted_by_a_check(result):
-            text, code = failures.failed_run_report(result)  # the ledger may be what failed: not opened again
-        else:
-            with open_ledger_for(config, home) as ledger:
-                text, code = summary.run_report(
-                    result, ledger, as_of=as_of, dry_run=bool(args.dry_run), config=config, home=home
-                )
-        if code not in (0, 3) and not args.dry_run:  # a breaker halt is on record in the ledger itself
-            failures.record_failure(home, result.run_id, text, code)
-        if temporary:  # what to run next names a home that is gone once this returns
-            text = (
-                text.split("\nnext:\n", 1)[0] + "\nnext: pass --home DIR or set DUNNING_HOME=DIR to look at your home"
+            text, code = summary.run_report(
+                result, ledger, as_of=as_of, dry_run=bool(args.dry_run), config=config, home=home
             )
-        if code == 0:
-            say(text)
-        else:
-            say(text, file=sys.stderr)
-        return code
+    if code not in (0, 3) and not args.dry_run:  # a breaker halt is on record in the ledger itself
+        failures.record_failure(home, result.run_id, text, code)
+    if temporary:  # what to run next names a home that is gone once this returns
+        text = text.split("\nnext:\n", 1)[0] + "\nnext: pass --home DIR or set DUNNING_HOME=DIR to look at your home"
+    if code == 0:
+        say(text)
+    else:
+        say(text, file=sys.stderr)
+    return code
 
 
 def _execute_cycle(instance: dg.DagsterInstance, run_config: dict, tags: dict[str, str]) -> dg.ExecuteJobResult:
-    """One run of the cycle job in this process (its steps share the ledger `ledger_held_for` keeps open)."""
+    """One run of the cycle job in this process (the in-process executor: its steps one after another)."""
     import dagster as dg
 
     return dg.execute_job(
@@ -214,7 +210,6 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         raise UserInputError(f"backfill needs past days with --from <= --to < {today} (today is live, not a backfill)")
     shard = common.shard_of(args)
 
-    from dunning.ledger.factory import ledger_held_for
     from dunning.send import heap
     from pipelines.cli.printing import failures
     from pipelines.io_manager import prune_run_frames
@@ -234,8 +229,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             **common.shard_tags(shard),
             **_owner_tags(),
         }
-        with ledger_held_for(config, home):  # one open of the ledger for the day's run
-            result = _execute_cycle(instance, run_config, tags)
+        result = _execute_cycle(instance, run_config, tags)
         refused = failures.refusal(instance, result)
         if result.success and refused is None:
             say(f"{day}: rebuilt (policy {config.policy_id}); nothing sent")

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import threading
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import polars as pl
 
 from dunning.ledger.backends.connection import LedgerConnection, connect
@@ -33,60 +31,15 @@ from dunning.ledger.stores.run_inputs import RunInputStore
 from dunning.ledger.stores.schedule_store import ScheduleStore
 from dunning.ledger.stores.suppressions import SuppressionStore
 
-# the ledgers this process holds open for a block (`held_open`), by resolved path: the one database connection each
-_HELD: dict[Path, duckdb.DuckDBPyConnection] = {}
-_HELD_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def held_open(path: str | Path, timeout_seconds: float = 120.0) -> Iterator[None]:
-    """The ledger at `path` kept open in this process for the block (a run: the command, its steps and its summary).
-
-    Opening the file costs about 20 ms of CPU each time (DuckDB starts a database instance) and checking its schema
-    about 5 ms more; a run's steps open the ledger nine times. Inside the block each `open_ledger` of `path` is a
-    new connection to this one database, with its own transactions as before, and the schema is checked once: the
-    file's lock is held by this process throughout, so no other process can have changed it. What another process
-    sees is the same as while a step runs: the ledger busy (`connect` waits for it). Nested blocks share the
-    outer one."""
-    path = Path(path).resolve()
-    with _HELD_LOCK:
-        nested = path in _HELD
-    if nested:
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    con = connect(path, timeout_seconds)
-    try:
-        LedgerConnection.prepare(con, str(path))
-        with _HELD_LOCK:
-            _HELD[path] = con
-        yield
-    finally:
-        with _HELD_LOCK:
-            _HELD.pop(path, None)
-        con.close()
-
-
-def _held_connection(path: Path) -> duckdb.DuckDBPyConnection | None:
-    """A new connection to the database `held_open` keeps for `path`, or None when it keeps none."""
-    with _HELD_LOCK:
-        held = _HELD.get(path.resolve())
-        return held.cursor() if held is not None else None
-
 
 @contextlib.contextmanager
 def open_ledger(path: str | Path, timeout_seconds: float = 120.0) -> Iterator[DuckDBLedger]:
     """The ledger at `path` (created if new), waiting up to `timeout_seconds` for another process's lock."""
     path = Path(path)
-    held = _held_connection(path)
-    if held is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    con = held if held is not None else connect(path, timeout_seconds)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = connect(path, timeout_seconds)
     try:
-        if held is None:
-            LedgerConnection.prepare(con, str(path))
-        else:
-            LedgerConnection.session(con)
+        LedgerConnection.prepare(con, str(path))
         ledger = DuckDBLedger(con)
         ledger.label = f"ledger {path}"
         yield ledger
