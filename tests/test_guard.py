@@ -273,6 +273,7 @@ def test_the_resume_proof_runs_the_real_steps_retries_included(deployment, tmp_p
     assert deployment.ledger("status = 'failed'")[0]["attempts"] == 1, "the simulation was rolled back"
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_an_unsound_plan_halts_the_run_in_its_own_step_and_nothing_is_claimed_or_sent(deployment, monkeypatch):
     """The soundness gate is evaluated in reminders_due's step (`check_specs`), blocking: its failure is the step's,
     so the breaker and send_batch never run; exit 3 naming the check, as when it was a step of its own."""

@@ -435,6 +435,7 @@ def test_a_table_published_whole_is_rewritten_only_when_it_changed(tmp_path):
     assert view_count(tmp_path, "SELECT count(*) FROM exclusions WHERE reason = 'disputed'") == 1
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_the_view_file_is_rebuilt_only_when_its_views_change_or_the_file_was_touched(tmp_path):
     """New days show through the same analytics.duckdb (its views read their files when queried); other views, or a
     file an analyst changed, rebuild it."""
