@@ -511,3 +511,25 @@ def test_a_dry_run_publishes_its_audit_and_reads_no_history(deployment, monkeypa
         ledger.publish(home)
     after = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (home / "analytics").rglob("*.parquet")}
     assert after == before, "the dry run published everything it wrote"
+
+
+def test_a_stamp_that_cannot_be_written_leaves_the_guarded_file_and_the_next_publication_rebuilds(
+    tmp_path, monkeypatch
+):
+    """A full disk while recording `views.json` is not a file that failed to open: no unguarded rebuild."""
+    with open_ledger(tmp_path / "dunning.duckdb") as ledger:
+        ledger.replace_partition("invoice_history_daily", dt.date(2026, 11, 1), day_rows(dt.date(2026, 11, 1), "r1", 3))
+
+        def disk_full(target, directory):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(analytics, "_stamp_views", disk_full)
+        publish(ledger.con, tmp_path)
+        wal = tmp_path / "analytics.duckdb.wal"
+        assert wal.is_symlink() and os.readlink(wal) == analytics.WAL_GUARD_TARGET, "built with its guard"
+        assert not (tmp_path / "analytics" / analytics.VIEWS_STAMP).exists()
+        built = (tmp_path / "analytics.duckdb").stat().st_ino
+        monkeypatch.undo()
+        publish(ledger.con, tmp_path)
+        assert (tmp_path / "analytics.duckdb").stat().st_ino != built, "no stamp: rebuilt next time"
+    assert_opens_and_answers(tmp_path, 3)

@@ -469,7 +469,6 @@ def _publish_view_file(target: Path, directory: Path) -> None:
     try:
         _build_view_file(target, directory, guard=True)
         _check_opens(target)
-        _stamp_views(target, directory)
     except (duckdb.Error, OSError) as first:
         log.warning(
             "%s did not open after publication (%s); rebuilding it once more, without the WAL guard", target, first
@@ -479,6 +478,11 @@ def _publish_view_file(target: Path, directory: Path) -> None:
             _check_opens(target)
         except (duckdb.Error, OSError) as second:
             raise RuntimeError(f"the analysts' file {target} does not open after publication: {second}") from second
+        return
+    try:  # the file is good; a stamp that cannot be written (a full disk) only means the next publication rebuilds
+        _stamp_views(target, directory)
+    except OSError as error:
+        log.warning("could not record %s (%s): the next publication rebuilds the file", directory / VIEWS_STAMP, error)
 
 
 def _build_view_file(target: Path, directory: Path, guard: bool) -> None:
