@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from pipelines.cli.exit_codes import SEEN, say
 
@@ -40,6 +41,16 @@ def one_line_errors(parser: argparse.ArgumentParser) -> None:
         parser.exit(2, for_terminal(f"{parser.prog}: {message} (see {parser.prog} --help)") + "\n")
 
     parser.error = error  # type: ignore[method-assign]
+
+
+def subcommand(commands: Any, name: str, *, handler: Callable[[argparse.Namespace], int], **options: Any) -> Any:
+    """A command's parser under `commands` (`add_parser(name, **options)`), with `--home`, its handler and one-line
+    errors (`one_line_errors`): what every command's parser starts with; the caller adds its own arguments."""
+    parser = commands.add_parser(name, **options)
+    add_home(parser)
+    parser.set_defaults(handler=handler)
+    one_line_errors(parser)
+    return parser
 
 
 def add_home(parser: argparse.ArgumentParser) -> None:

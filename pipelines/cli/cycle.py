@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.cli import common
-from pipelines.cli.common import SHARD_HELP, add_home, one_line_errors
+from pipelines.cli.common import SHARD_HELP, add_home, subcommand
 from pipelines.cli.exit_codes import SEEN, say
 
 if TYPE_CHECKING:
@@ -335,8 +335,9 @@ def add_backfill(commands: Any) -> None:
 
 
 def add_ingest(commands: Any) -> None:
-    ingest = commands.add_parser("ingest", help="validate the hour's snapshot once and store it split by shard")
-    add_home(ingest)
+    ingest = subcommand(
+        commands, "ingest", help="validate the hour's snapshot once and store it split by shard", handler=cmd_ingest
+    )
     ingest.add_argument("--snapshot", metavar="PATH", help="the snapshot (default: pull from the configured source)")
     ingest.add_argument("--as-of", help="the hour it is for, ISO 8601 (default: now)")
     ingest.add_argument("--config", help="config file (default: HOME/config.yaml): shards, store")
@@ -349,8 +350,6 @@ def add_ingest(commands: Any) -> None:
         action="store_true",
         help="an --as-of more than 15 minutes ahead of the wall clock (its parts are dated by it, as a live run's)",
     )
-    ingest.set_defaults(handler=cmd_ingest)
-    one_line_errors(ingest)
 
 
 PARSERS = {"run": add_run, "backfill": add_backfill, "ingest": add_ingest}

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from pipelines.cli import common
-from pipelines.cli.common import LEDGER_CONFIG_HELP, add_home, one_line_errors
+from pipelines.cli.common import LEDGER_CONFIG_HELP, subcommand
 from pipelines.cli.exit_codes import say
 
 AS_OF_HELP = "the clock this command judges and records by (ISO 8601, default now; UTC unless an offset is given)"
@@ -132,16 +132,16 @@ def cmd_ack(args: argparse.Namespace) -> int:
 
 
 def add_ack(commands: Any) -> None:
-    sub = commands.add_parser(
-        "ack", help="a customer's reply is answered: their reminders and escalation go on (see `dunning status`)"
+    sub = subcommand(
+        commands,
+        "ack",
+        help="a customer's reply is answered: their reminders and escalation go on (see `dunning status`)",
+        handler=cmd_ack,
     )
-    add_home(sub)
     sub.add_argument("--customer", metavar="ID", required=True, help="the customer id, as in the snapshot")
     sub.add_argument("--note", help="how it was answered, for the record")
     sub.add_argument("--as-of", help=AS_OF_HELP)
     sub.add_argument("--config", help=LEDGER_CONFIG_HELP)
-    sub.set_defaults(handler=cmd_ack)
-    one_line_errors(sub)
 
 
 def cmd_note(args: argparse.Namespace) -> int:
@@ -197,34 +197,35 @@ def cmd_customer(args: argparse.Namespace) -> int:
 
 
 def add_note(commands: Any) -> None:
-    sub = commands.add_parser("note", help="add a note to a customer's story (`dunning customer ID`)")
-    add_home(sub)
+    sub = subcommand(
+        commands, "note", help="add a note to a customer's story (`dunning customer ID`)", handler=cmd_note
+    )
     sub.add_argument("--customer", metavar="ID", required=True, help="the customer id, as in the snapshot")
     sub.add_argument("text", help="the note")
     sub.add_argument("--as-of", help=AS_OF_HELP)
     sub.add_argument("--config", help=LEDGER_CONFIG_HELP)
-    sub.set_defaults(handler=cmd_note)
-    one_line_errors(sub)
 
 
 def add_customer(commands: Any) -> None:
-    sub = commands.add_parser(
-        "customer", help="one customer's whole story: open invoices, then every email, promise, reply and note"
+    sub = subcommand(
+        commands,
+        "customer",
+        help="one customer's whole story: open invoices, then every email, promise, reply and note",
+        handler=cmd_customer,
     )
-    add_home(sub)
     sub.add_argument("customer_id", metavar="ID", help="the customer id, as in the snapshot")
     sub.add_argument("--json", action="store_true", help="machine-readable output (each email with its `keys`)")
     sub.add_argument("--as-of", help="the clock days overdue are counted at (default now)")
     sub.add_argument("--config", help=LEDGER_CONFIG_HELP)
-    sub.set_defaults(handler=cmd_customer)
-    one_line_errors(sub)
 
 
 def add_promise(commands: Any) -> None:
-    sub = commands.add_parser(
-        "promise", help="record a customer's promise to pay: their reminders and escalation wait until the date"
+    sub = subcommand(
+        commands,
+        "promise",
+        help="record a customer's promise to pay: their reminders and escalation wait until the date",
+        handler=cmd_promise,
     )
-    add_home(sub)
     target = sub.add_mutually_exclusive_group()
     target.add_argument("--invoice", metavar="ID", help="the invoice promised (an invoice id, as in the snapshot)")
     target.add_argument(
@@ -241,17 +242,14 @@ def add_promise(commands: Any) -> None:
     sub.add_argument("--note", help="what was said, for the record")
     sub.add_argument("--as-of", help=AS_OF_HELP)
     sub.add_argument("--config", help="YAML config (default: HOME/config.yaml if present)")
-    sub.set_defaults(handler=cmd_promise)
-    one_line_errors(sub)
 
 
 def add_promises(commands: Any) -> None:
-    sub = commands.add_parser("promises", help="list the active promises to pay and those broken lately")
-    add_home(sub)
+    sub = subcommand(
+        commands, "promises", help="list the active promises to pay and those broken lately", handler=cmd_promises
+    )
     sub.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_argument("--config", help=LEDGER_CONFIG_HELP)
-    sub.set_defaults(handler=cmd_promises)
-    one_line_errors(sub)
 
 
 PARSERS = {

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from pipelines.cli import common
-from pipelines.cli.common import LEDGER_CONFIG_HELP, add_home, one_line_errors
+from pipelines.cli.common import LEDGER_CONFIG_HELP, subcommand
 from pipelines.cli.exit_codes import say
 
 
@@ -209,31 +209,28 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def add_suppress(commands: Any) -> None:
-    suppress = commands.add_parser("suppress", help="never email an address (until `dunning unsuppress`)")
-    add_home(suppress)
+    suppress = subcommand(
+        commands, "suppress", help="never email an address (until `dunning unsuppress`)", handler=cmd_suppress
+    )
     suppress.add_argument("--email", required=True, metavar="ADDR", help="the address (any case)")
     suppress.add_argument("--reason", help="why, for the record (the `note` column; the reason is `manual`)")
     suppress.add_argument("--until", metavar="DATE", help="last day suppressed, YYYY-MM-DD, inclusive")
     suppress.add_argument("--config", help=LEDGER_CONFIG_HELP)
-    suppress.set_defaults(handler=cmd_suppress)
-    one_line_errors(suppress)
 
 
 def add_unsuppress(commands: Any) -> None:
-    unsuppress = commands.add_parser("unsuppress", help="lift the suppression of an address")
-    add_home(unsuppress)
+    unsuppress = subcommand(commands, "unsuppress", help="lift the suppression of an address", handler=cmd_unsuppress)
     unsuppress.add_argument("--email", required=True, metavar="ADDR", help="the address (any case)")
     unsuppress.add_argument("--config", help=LEDGER_CONFIG_HELP)
-    unsuppress.set_defaults(handler=cmd_unsuppress)
-    one_line_errors(unsuppress)
 
 
 def add_feedback(commands: Any) -> None:
-    feedback = commands.add_parser(
+    feedback = subcommand(
+        commands,
         "feedback",
         help="import bounce and complaint reports (suppressing what they condemn) and customers' replies (pausing)",
+        handler=cmd_feedback,
     )
-    add_home(feedback)
     source = feedback.add_mutually_exclusive_group(required=True)
     source.add_argument("--mbox", metavar="PATH", help="an mbox file of the bounce mailbox (DSNs, ARF complaints)")
     source.add_argument("--maildir", metavar="PATH", help="a Maildir of the bounce mailbox")
@@ -246,25 +243,24 @@ def add_feedback(commands: Any) -> None:
         "(password from the variable feedback.imap.password_env names)",
     )  # fmt: skip
     feedback.add_argument("--config", help="config file (default: HOME/config.yaml)")
-    feedback.set_defaults(handler=cmd_feedback)
-    one_line_errors(feedback)
 
 
 def add_serve_webhooks(commands: Any) -> None:
-    serve = commands.add_parser(
-        "serve-webhooks", help="receive Resend, Stripe, Chargebee and Recurly webhooks over HTTP"
+    serve = subcommand(
+        commands,
+        "serve-webhooks",
+        help="receive Resend, Stripe, Chargebee and Recurly webhooks over HTTP",
+        handler=cmd_serve_webhooks,
     )
-    add_home(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: behind a TLS proxy)")
     serve.add_argument("--port", type=int, default=8025, help="port (default 8025)")
     serve.add_argument("--config", help="config file (default: HOME/config.yaml)")
-    serve.set_defaults(handler=cmd_serve_webhooks)
-    one_line_errors(serve)
 
 
 def add_report(commands: Any) -> None:
-    results = commands.add_parser("report", help="one HTML page: the funnel, recovery by stage and policy, overdue")
-    add_home(results)
+    results = subcommand(
+        commands, "report", help="one HTML page: the funnel, recovery by stage and policy, overdue", handler=cmd_report
+    )
     results.add_argument("--out", required=True, metavar="FILE.html", help="where to write the page")
     results.add_argument("--days", type=int, default=90, help="days of the overdue chart (default 90)")
     results.add_argument(
@@ -272,8 +268,6 @@ def add_report(commands: Any) -> None:
         help="instead: one customer's whole story (`dunning customer ID`) as a page to open before a call",
     )  # fmt: skip
     results.add_argument("--config", help="config file (default: HOME/config.yaml): the stages' order")
-    results.set_defaults(handler=cmd_report)
-    one_line_errors(results)
 
 
 PARSERS = {

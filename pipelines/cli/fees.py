@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from pipelines.cli import common
-from pipelines.cli.common import LEDGER_CONFIG_HELP, add_home, one_line_errors
+from pipelines.cli.common import LEDGER_CONFIG_HELP, subcommand
 from pipelines.cli.exit_codes import say
 
 
@@ -106,34 +106,30 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def add_fees(commands: Any) -> None:
-    fees = commands.add_parser("fees", help="late fees and interest on record; approve, waive or export them")
-    add_home(fees)
+    fees = subcommand(
+        commands, "fees", help="late fees and interest on record; approve, waive or export them", handler=cmd_fees
+    )
     fees.add_argument("--json", action="store_true", help="the charges as JSON, for machines")
     fees.add_argument("--config", help=LEDGER_CONFIG_HELP)
-    fees.set_defaults(handler=cmd_fees)
-    one_line_errors(fees)
     actions = fees.add_subparsers(dest="fees_action")
-    approve = actions.add_parser("approve", help="approve proposed charges: the next run posts them")
-    add_home(approve)
+    approve = subcommand(
+        actions, "approve", help="approve proposed charges: the next run posts them", handler=cmd_approve
+    )
     which = approve.add_mutually_exclusive_group(required=True)
     which.add_argument("--all", action="store_true", help="every proposed charge")
     which.add_argument("--invoice", metavar="ID", help="the proposed charges of one invoice")
     approve.add_argument("--config", help=LEDGER_CONFIG_HELP)
-    approve.set_defaults(handler=cmd_approve)
-    one_line_errors(approve)
-    waive = actions.add_parser("waive", help="waive an invoice's charges: never posted, never claimed again")
-    add_home(waive)
+    waive = subcommand(
+        actions, "waive", help="waive an invoice's charges: never posted, never claimed again", handler=cmd_waive
+    )
     waive.add_argument("--invoice", metavar="ID", required=True, help="an invoice id, as in the snapshot")
     waive.add_argument("--reason", help="why, for the record")
     waive.add_argument("--config", help=LEDGER_CONFIG_HELP)
-    waive.set_defaults(handler=cmd_waive)
-    one_line_errors(waive)
-    export = actions.add_parser("export", help="approved and posted charges as CSV, for an accounting system")
-    add_home(export)
+    export = subcommand(
+        actions, "export", help="approved and posted charges as CSV, for an accounting system", handler=cmd_export
+    )
     export.add_argument("--out", metavar="FILE.csv", required=True, help="the CSV file to write (replaced)")
     export.add_argument("--config", help=LEDGER_CONFIG_HELP)
-    export.set_defaults(handler=cmd_export)
-    one_line_errors(export)
 
 
 PARSERS = {"fees": add_fees}

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from pipelines.cli import common
-from pipelines.cli.common import LEDGER_CONFIG_HELP, add_home, one_line_errors
+from pipelines.cli.common import LEDGER_CONFIG_HELP, add_home, one_line_errors, subcommand
 from pipelines.cli.exit_codes import say
 
 if TYPE_CHECKING:
@@ -160,17 +160,17 @@ def add_resolve(commands: Any) -> None:
 
 
 def add_retry(commands: Any) -> None:
-    retry = commands.add_parser(
-        "retry", help="put failed keys back in line for the next run, once the cause is fixed (see `dunning status`)"
+    retry = subcommand(
+        commands,
+        "retry",
+        help="put failed keys back in line for the next run, once the cause is fixed (see `dunning status`)",
+        handler=cmd_retry,
     )
-    add_home(retry)
     retry.add_argument(
         "keys", nargs="+", help="idempotency keys of failed sends or escalations (a refused escalation included)"
     )
     retry.add_argument("--note", help="what was fixed, for the record")
     retry.add_argument("--config", help=LEDGER_CONFIG_HELP)
-    retry.set_defaults(handler=cmd_retry)
-    one_line_errors(retry)
 
 
 def _add_exclusion(commands: Any, name: str, verb: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.cli import common
-from pipelines.cli.common import LEDGER_CONFIG_HELP, add_home, one_line_errors
+from pipelines.cli.common import LEDGER_CONFIG_HELP, add_home, subcommand
 from pipelines.cli.exit_codes import say
 
 if TYPE_CHECKING:
@@ -203,15 +203,11 @@ def add_recover(commands: Any) -> None:
 
 
 def add_prune(commands: Any) -> None:
-    prune = commands.add_parser(
+    prune = subcommand(commands,
         "prune", help="delete what `retention:` lets go: old Dagster runs and ticks, ingests, journals, inbox "
-        "leftovers, old delivery events (never the ledger, audit or alerts)",
-    )  # fmt: skip
-    add_home(prune)
+        "leftovers, old delivery events (never the ledger, audit or alerts)", handler=cmd_prune)  # fmt: skip
     prune.add_argument("--dry-run", action="store_true", help="print what would go and the bytes freed; delete nothing")
     prune.add_argument("--config", help="config file (default: HOME/config.yaml): retention:, store, shards")
-    prune.set_defaults(handler=cmd_prune)
-    one_line_errors(prune)
 
 
 def add_status(commands: Any) -> None:
