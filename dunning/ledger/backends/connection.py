@@ -54,14 +54,9 @@ class LedgerConnection(SqlConnection):
         super().__init__(con)
 
     @staticmethod
-    def session(con: duckdb.DuckDBPyConnection) -> None:
-        """What each connection sets for itself (the rest below is the database's)."""
-        con.execute("SET TimeZone = 'UTC'")
-
-    @staticmethod
     def prepare(con: duckdb.DuckDBPyConnection, path: str = ":memory:", memory_limit: str = "2GB") -> None:
         """Session settings, then the schema brought up to date (`migrations`)."""
-        LedgerConnection.session(con)
+        con.execute("SET TimeZone = 'UTC'")
         # DuckDB would otherwise cache up to 80% of RAM next to the polars frames; past this it spills to disk
         con.execute("SET memory_limit = ?", [memory_limit])
         # every commit is written and synced to the write-ahead log either way; past this much log DuckDB also
