@@ -40,11 +40,8 @@ class Backend:
 
     @contextlib.contextmanager
     def twin(self, ledger: DuckDBLedger | PostgresLedger) -> Iterator[DuckDBLedger | PostgresLedger]:
-        """A second writer on the same ledger: a cursor of the file's connection (DuckDB lets one process hold the
-        file), or a connection of its own (PostgreSQL)."""
-        if isinstance(ledger, DuckDBLedger):
-            yield DuckDBLedger(ledger.con.cursor())
-            return
+        """A second writer on the same ledger, opened again: on DuckDB a connection of its own to the file this
+        process already holds (one process at a time holds a DuckDB file), on PostgreSQL a session of its own."""
         with self.open() as other:
             yield other
 

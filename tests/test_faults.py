@@ -123,12 +123,11 @@ def _claim_one(ledger, key: str, run_id: str, at: dt.datetime, lease_until: dt.d
 
 
 def test_a_live_runs_claims_are_never_expired_by_another_writer(tmp_path):
-    from dunning.ledger.backends.duckdb_ledger import DuckDBLedger
 
     now = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
     lease = dt.timedelta(minutes=30)
-    with open_ledger(tmp_path / "d.duckdb") as writer_a:
-        writer_b = DuckDBLedger(writer_a.con.cursor())  # a second writer on the same ledger
+    path = tmp_path / "d.duckdb"
+    with open_ledger(path) as writer_a, open_ledger(path) as writer_b:  # a second writer on the same ledger
         assert _claim_one(writer_a, "k1", "run_a", now, now + lease).won == {"k1"}
         # B starts while A is sending: A's claim is leased and A is not known dead
         assert writer_b.expire_stale_claims("run_b", now + dt.timedelta(minutes=5)) == 0

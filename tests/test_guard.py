@@ -8,7 +8,7 @@ import threading
 import duckdb
 import pytest
 
-from dunning.ledger.backends.duckdb_ledger import DuckDBLedger, open_ledger
+from dunning.ledger.backends.duckdb_ledger import open_ledger
 from dunning.ledger.stores.claims import ClaimCap
 from tests.conftest import invoice
 from tests.helpers import due_frame
@@ -62,9 +62,10 @@ def _due(n, customer, start=0):
 def test_two_concurrent_claimers_cannot_exceed_the_cap_together(tmp_path):
     as_of = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
     cap = ClaimCap(max_emails=2, window_start=as_of - dt.timedelta(hours=24), window_end=as_of + dt.timedelta(hours=24))
-    with open_ledger(tmp_path / "d.duckdb") as ledger:
+    path = tmp_path / "d.duckdb"
+    with open_ledger(path) as ledger, open_ledger(path) as first, open_ledger(path) as second:
         ledger.claim(_due(1, "cus"), _due(1, "cus").head(0), "earlier", as_of - dt.timedelta(hours=1), cap)
-        claimers = [DuckDBLedger(ledger.con.cursor()), DuckDBLedger(ledger.con.cursor())]
+        claimers = [first, second]
         barrier, results = threading.Barrier(2), {}
 
         def claim(i):

@@ -84,15 +84,12 @@ def open_ledger_to_read(
         finally:
             con.close()
         return
-    con = connect(path, timeout_seconds, read_only=True)
-    try:
+    with connect(path, timeout_seconds, read_only=True) as con:
         con.execute("SET TimeZone = 'UTC'")
         ledger = DuckDBLedger(con)
         ledger.label = f"ledger {path}"
         _current(check_not_newer(con, str(path)), LATEST, ledger.label)
         yield ledger
-    finally:
-        con.close()
 
 
 def _current(version: int, latest: int, label: str) -> None:

@@ -2,8 +2,9 @@
 
 DuckDB lets one process open a file read-write; a second process gets an
 IOException about the lock. `open_ledger` waits for it with backoff, gives up
-with a clear message, and always closes the connection (the lock goes with
-it). Transactions nest: an inner `transaction()` joins the outer one, which is
+with a clear message, and always lets the file go when its block ends (the
+lock goes with it: `duckdb_host` attaches the file to the process's one DuckDB
+instance for the block only). Transactions nest: an inner `transaction()` joins the outer one, which is
 how `simulation()` runs a whole cycle's writes and then rolls them all back
 (`sql.SqlConnection`, shared with the PostgreSQL ledger).
 """
@@ -20,26 +21,33 @@ import duckdb
 import polars as pl
 
 from dunning.errors import LedgerBusy
+from dunning.ledger.backends.duckdb_host import attached
 from dunning.ledger.schema.migrations import migrate
 from dunning.ledger.sql import PROBE_INSERT, SqlConnection, quote_identifier
 
 CHECKPOINT_THRESHOLD = "1GB"
 
 
-def connect(path: Path, timeout_seconds: float, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+@contextlib.contextmanager
+def connect(path: Path, timeout_seconds: float, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+    """The DuckDB file at `path` for the block (`duckdb_host.attached`), waiting with backoff while another process
+    holds its lock."""
     deadline = time.monotonic() + timeout_seconds
     delay = 0.05
-    while True:
-        try:
-            return duckdb.connect(str(path), read_only=read_only)
-        except duckdb.IOException as exc:
-            if "lock" not in str(exc).lower() or time.monotonic() >= deadline:
-                raise LedgerBusy(
-                    f"ledger {path} is held by another process (another dunning run or an open analyst "
-                    f"session) and was not released within {timeout_seconds:.0f}s; try again when it finishes"
-                ) from None
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+    with contextlib.ExitStack() as stack:
+        while True:
+            try:
+                con = stack.enter_context(attached(path, read_only=read_only))
+                break
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc).lower() or time.monotonic() >= deadline:
+                    raise LedgerBusy(
+                        f"ledger {path} is held by another process (another dunning run or an open analyst "
+                        f"session) and was not released within {timeout_seconds:.0f}s; try again when it finishes"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        yield con
 
 
 class LedgerConnection(SqlConnection):

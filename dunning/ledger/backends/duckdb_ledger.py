@@ -37,14 +37,11 @@ def open_ledger(path: str | Path, timeout_seconds: float = 120.0) -> Iterator[Du
     """The ledger at `path` (created if new), waiting up to `timeout_seconds` for another process's lock."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    con = connect(path, timeout_seconds)
-    try:
+    with connect(path, timeout_seconds) as con:
         LedgerConnection.prepare(con, str(path))
         ledger = DuckDBLedger(con)
         ledger.label = f"ledger {path}"
         yield ledger
-    finally:
-        con.close()
 
 
 QUARANTINE_MAX_CHARS = 1000

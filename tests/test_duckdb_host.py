@@ -1,0 +1,105 @@
+"""The ledger file is attached to one in-memory DuckDB per process for each block that opens it, and released
+when the block ends: sharing the instance must never mean holding the file (`duckdb_host`)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+
+import duckdb
+import pytest
+
+from dunning.config import LedgerSettings
+from dunning.ledger.backends import duckdb_host
+from dunning.ledger.backends.duckdb_ledger import open_ledger
+from dunning.ledger.factory import open_ledger_to_read
+
+OTHER_PROCESS_WRITES = """
+import sys, duckdb
+try:
+    con = duckdb.connect(sys.argv[1])
+except duckdb.IOException as exc:
+    print("locked" if "lock" in str(exc).lower() else f"error: {exc}")
+else:
+    con.execute("CREATE TABLE IF NOT EXISTS other_process (n INTEGER)")
+    con.close()
+    print("opened")
+"""
+
+
+def _other_process_opens(path) -> str:
+    done = subprocess.run([sys.executable, "-c", OTHER_PROCESS_WRITES, str(path)], capture_output=True, text=True)
+    return done.stdout.strip() or done.stderr.strip()[-300:]
+
+
+def test_another_process_can_take_the_file_as_soon_as_the_block_ends_and_not_before(tmp_path):
+    path = tmp_path / "d.duckdb"
+    with open_ledger(path) as ledger:
+        ledger.con.execute("SELECT count(*) FROM schema_version").fetchall()
+        assert _other_process_opens(path) == "locked"
+    assert _other_process_opens(path) == "opened", "the DETACH released the file's lock"
+    with open_ledger(path) as ledger:  # attached again, and it sees what the other process wrote
+        assert ledger.con.execute("SELECT count(*) FROM other_process").fetchone() == (0,)
+    assert duckdb_host._current_host().attached == {}
+
+
+def test_a_block_that_fails_still_releases_the_file_and_rolls_back_its_transaction(tmp_path):
+    path = tmp_path / "d.duckdb"
+    with pytest.raises(RuntimeError, match="the step failed"), open_ledger(path) as ledger:
+        ledger.con.execute("BEGIN TRANSACTION")
+        ledger.con.execute("CREATE TABLE half_done (n INTEGER)")
+        raise RuntimeError("the step failed")
+    assert _other_process_opens(path) == "opened"
+    with open_ledger(path) as ledger:
+        tables = {row[0] for row in ledger.con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    assert "half_done" not in tables and "other_process" in tables
+
+
+def test_nested_opens_share_the_file_and_it_is_released_with_the_last(tmp_path):
+    path = tmp_path / "d.duckdb"
+    with open_ledger(path) as outer:
+        with open_ledger(path) as inner:
+            inner.con.execute("CREATE TABLE from_inner (n INTEGER)")
+        assert outer.con.execute("SELECT count(*) FROM from_inner").fetchone() == (0,), "the same file"
+        assert _other_process_opens(path) == "locked", "the outer block still holds it"
+    assert _other_process_opens(path) == "opened"
+
+
+def test_two_files_open_at_once_each_see_their_own_tables(tmp_path):
+    with open_ledger(tmp_path / "a.duckdb") as a, open_ledger(tmp_path / "b.duckdb") as b:
+        a.con.execute("CREATE TABLE only_in_a (n INTEGER)")
+        with pytest.raises(duckdb.CatalogException):
+            b.con.execute("SELECT * FROM only_in_a")
+        assert b.database_path() == str(tmp_path / "b.duckdb")
+
+
+def test_a_read_only_open_cannot_write_and_a_file_open_read_only_is_not_opened_for_writing(tmp_path):
+    path = tmp_path / "home" / "dunning.duckdb"
+    with open_ledger(path):
+        pass
+    settings = LedgerSettings()
+    with open_ledger_to_read(settings, path.parent) as reader:
+        with pytest.raises(duckdb.Error, match="read-only|read only"):
+            reader.con.execute("CREATE TABLE nope (n INTEGER)")
+        with pytest.raises(duckdb.ConnectionException, match="read-only in this process"), open_ledger(path):
+            pass
+    with open_ledger(path) as writer:  # released: opened for writing again
+        writer.con.execute("CREATE TABLE now_fine (n INTEGER)")
+
+
+def _child_opens(path, answers) -> None:
+    with open_ledger(path) as ledger:
+        answers.put(ledger.con.execute("SELECT count(*) FROM schema_version").fetchone()[0] > 0)
+
+
+def test_a_forked_child_starts_an_instance_of_its_own(tmp_path):
+    path = tmp_path / "d.duckdb"
+    with open_ledger(path):
+        pass  # the parent's instance exists before the fork
+    context = multiprocessing.get_context("fork")
+    answers = context.Queue()
+    child = context.Process(target=_child_opens, args=(path, answers))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0 and answers.get(timeout=5) is True
