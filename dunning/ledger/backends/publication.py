@@ -35,6 +35,7 @@ from pathlib import Path
 
 import duckdb
 
+from dunning.ledger.backends.duckdb_host import attached
 from dunning.ledger.stores.desk.customer_store import CUSTOMER_TIMELINE
 from dunning.ledger.stores.history import RECOVERY_BY_STAGE
 
@@ -436,7 +437,8 @@ def _opens_for_reading(target: Path) -> bool:
     """Another reader can open the file now. An analyst holding it read-write (with no write yet) locks out every
     other process: replacing the file is what frees them, as each publication always did."""
     try:
-        duckdb.connect(str(target), read_only=True).close()
+        with attached(target, read_only=True):
+            pass
     except (duckdb.Error, OSError):
         return False
     return True
@@ -528,15 +530,16 @@ def _remove_wal(database: Path, guard: bool) -> None:
 def _check_opens(path: Path) -> None:
     """Open the published file read-only, as an analyst would, and ask it something; raise if it cannot answer."""
     try:
-        con = duckdb.connect(str(path), read_only=True)
+        with attached(path, read_only=True) as con:
+            views = _count(
+                con,
+                "SELECT count(*) FROM information_schema.tables "
+                "WHERE table_type = 'VIEW' AND table_catalog = current_database()",
+            )
     except duckdb.IOException as error:
         if "Could not set lock" in str(error):  # an analyst opened it read-write already: it opens
             return
         raise
-    try:
-        views = _count(con, "SELECT count(*) FROM information_schema.tables WHERE table_type = 'VIEW'")
-    finally:
-        con.close()
     if views != len(PUBLISHED_TABLES) + len(ANALYST_VIEWS):
         raise duckdb.InvalidInputException(
             f"{path} holds {views} views, not {len(PUBLISHED_TABLES) + len(ANALYST_VIEWS)}"
@@ -553,8 +556,7 @@ def _warn_about_analyst_tables(path: Path) -> None:
     if not path.exists():
         return
     try:
-        con = duckdb.connect(str(path), read_only=True)
-        try:
+        with attached(path, read_only=True) as con:
             tables = [
                 f"{schema}.{name}" if schema != "main" else name
                 for schema, name in con.execute(
@@ -562,8 +564,6 @@ def _warn_about_analyst_tables(path: Path) -> None:
                     "WHERE table_type = 'BASE TABLE' AND table_catalog = current_database() ORDER BY ALL"
                 ).fetchall()
             ]
-        finally:
-            con.close()
     except (duckdb.Error, OSError) as error:  # a broken or locked old file must never stop publication
         log.debug("could not look inside %s before replacing it: %s", path, error)
         return
@@ -577,12 +577,9 @@ def _warn_about_analyst_tables(path: Path) -> None:
 
 
 def _write_views(path: Path, directory: Path) -> None:
-    views = duckdb.connect(str(path))
-    try:
+    with attached(path) as views:
         for table in PUBLISHED_TABLES:
             files = directory / table / "*.parquet" if table in PARTITIONED_TABLES else directory / f"{table}.parquet"
             views.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({_literal(files)})")
         for name, sql in ANALYST_VIEWS.items():
             views.execute(f"CREATE VIEW {name} AS {sql}")
-    finally:
-        views.close()
