@@ -278,8 +278,8 @@ def test_amounts_formatted_without_babel_read_as_babel_writes_them():
 
     import babel
 
+    from dunning.currencies import CURRENCIES
     from dunning.email.context import _number_format, _plain_format, format_amount
-    from dunning.ingest.snapshot_rules import CURRENCIES
 
     rng = random.Random(15)
     locales = sorted(str(x) for x in babel.localedata.locale_identifiers())

@@ -8,7 +8,8 @@ import pytest
 from dunning.config import DunningConfig
 from dunning.errors import SnapshotError
 from dunning.ingest.snapshot import read_snapshot
-from dunning.ingest.snapshot_rules import DUPLICATED, REPEATED, validate_snapshot
+from dunning.ingest.snapshot_model import validate_snapshot
+from dunning.ingest.snapshot_rules import DUPLICATED, REPEATED
 from dunning.run.cycle import load_snapshot
 from tests.conftest import invoice, write_snapshot
 

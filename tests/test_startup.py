@@ -28,3 +28,12 @@ def test_version_and_help_import_nothing_heavy(argv):
     assert probe["code"] in (0, None)
     assert done.stdout.strip(), "it printed its answer"
     assert sorted(set(HEAVY) & set(probe["modules"])) == []
+
+
+def test_the_pipelines_definitions_leave_pandera_to_the_steps_that_validate():
+    """A run's process imports the Definitions before anything else, an hour with nothing new and every shard
+    included: pandera (a fifth of a second) is imported by the snapshot's validation and the breaker only."""
+    probe = "import sys, pipelines.definitions; print(sorted(m for m in sys.modules if m.startswith('pandera')))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

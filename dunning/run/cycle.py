@@ -21,7 +21,7 @@ from dunning.email.locales import with_customer_locales
 from dunning.email.pay_links import with_payment_urls
 from dunning.fees.planning import fees_configured
 from dunning.ingest.snapshot import read_snapshot
-from dunning.ingest.snapshot_rules import summarize_rejections, validate_snapshot
+from dunning.ingest.snapshot_rules import summarize_rejections
 from dunning.ingest.sources.normalize import templated_pay_links
 from dunning.ledger.base import Ledger
 from dunning.ledger.stores.claims import ClaimCap
@@ -47,6 +47,8 @@ class ValidatedSnapshot:
 
 def load_snapshot(path: str | Path, config: DunningConfig) -> ValidatedSnapshot:
     """Read and validate; raises SnapshotError only when the file itself is unusable."""
+    from dunning.ingest.snapshot_model import validate_snapshot  # pandera, imported by a run that validates only
+
     valid, rejected = validate_snapshot(read_snapshot(path, config.zone))
     # pay links only when https (else dropped and flagged for the audit), locales only when Babel knows them
     valid = templated_pay_links(valid, config.source.payment_url_template)  # for the invoices without their own
