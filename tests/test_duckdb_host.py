@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import subprocess
 import sys
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -41,7 +42,7 @@ def test_another_process_can_take_the_file_as_soon_as_the_block_ends_and_not_bef
     assert _other_process_opens(path) == "opened", "the DETACH released the file's lock"
     with open_ledger(path) as ledger:  # attached again, and it sees what the other process wrote
         assert ledger.con.execute("SELECT count(*) FROM other_process").fetchone() == (0,)
-    assert duckdb_host._current_host().attached == {}
+    assert all(host.users == 0 for host in duckdb_host._hosts.values()), "no block holds a file"
 
 
 def test_a_block_that_fails_still_releases_the_file_and_rolls_back_its_transaction(tmp_path):
@@ -93,7 +94,7 @@ def _child_opens(path, answers) -> None:
         answers.put(ledger.con.execute("SELECT count(*) FROM schema_version").fetchone()[0] > 0)
 
 
-def test_a_forked_child_starts_an_instance_of_its_own(tmp_path):
+def test_a_forked_child_starts_an_instance_of_its_own_and_exits_cleanly(tmp_path):
     path = tmp_path / "d.duckdb"
     with open_ledger(path):
         pass  # the parent's instance exists before the fork
@@ -103,3 +104,63 @@ def test_a_forked_child_starts_an_instance_of_its_own(tmp_path):
     child.start()
     child.join(60)
     assert child.exitcode == 0 and answers.get(timeout=5) is True
+    script = (
+        "import os, sys\n"
+        "from dunning.ledger.backends.duckdb_ledger import open_ledger\n"
+        f"with open_ledger({str(path)!r}): pass\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        f"    with open_ledger({str(path)!r}): pass\n"
+        "    sys.exit(0)\n"  # a normal exit: the interpreter's shutdown must not destroy the parent's instance
+        "print(os.waitstatus_to_exitcode(os.wait()[1]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "0", done.stderr[-1000:]
+
+
+def test_a_read_only_block_inside_a_writing_one_is_refused_not_given_the_writable_file(tmp_path):
+    path = tmp_path / "home" / "dunning.duckdb"
+    refused = pytest.raises(duckdb.ConnectionException, match="for writing in this process")
+    with open_ledger(path), refused, open_ledger_to_read(LedgerSettings(), path.parent):
+        pass
+
+
+def test_a_file_that_fails_to_attach_leaves_the_other_files_blocks_working(tmp_path):
+    broken = tmp_path / "broken.duckdb"
+    broken.write_bytes(b"DUCK" * 4096)
+    with open_ledger(tmp_path / "good.duckdb") as good:
+        refused = pytest.raises(Exception)  # noqa: B017 - whatever DuckDB says of a file that is not its own
+        with refused, open_ledger(broken, timeout_seconds=0.1):
+            pass
+        assert good.con.execute("SELECT count(*) FROM schema_version").fetchone()[0] > 0
+
+
+def test_a_duckdb_connect_of_the_file_made_first_in_this_process_is_joined(tmp_path):
+    path = tmp_path / "d.duckdb"
+    with open_ledger(path):
+        pass
+    raw = duckdb.connect(str(path))
+    try:
+        with open_ledger(path) as ledger:
+            ledger.con.execute("CREATE TABLE through_the_block (n INTEGER)")
+        assert raw.execute("SELECT count(*) FROM through_the_block").fetchone() == (0,)
+    finally:
+        raw.close()
+
+
+def test_spill_files_go_next_to_the_file_not_into_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "home" / "dunning.duckdb"
+    with open_ledger(path) as ledger:
+        setting = ledger.con.execute("SELECT current_setting('temp_directory')").fetchone()[0]
+    assert setting == str(path) + ".tmp"
+
+
+def test_no_code_makes_a_cursor_of_a_ledger_connection():
+    """A cursor of a block's connection defaults to its instance's empty memory database, not to the file
+    (`duckdb_host`): what it wrote would be lost. A second writer opens the file again instead."""
+    root = Path(__file__).resolve().parents[1] / "dunning"
+    offenders = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if ".con.cursor()" in p.read_text())
+    assert offenders == ["ledger/backends/duckdb_host.py"], (
+        "only the instance's own connection makes the blocks' cursors"
+    )

@@ -39,6 +39,10 @@ def connect(path: Path, timeout_seconds: float, read_only: bool = False) -> Iter
             try:
                 con = stack.enter_context(attached(path, read_only=read_only))
                 break
+            except duckdb.ResourceInUseException:
+                # this process opened the file with `duckdb.connect` (a notebook, a script): join that instance
+                con = stack.enter_context(contextlib.closing(duckdb.connect(str(path), read_only=read_only)))
+                break
             except duckdb.IOException as exc:
                 if "lock" not in str(exc).lower() or time.monotonic() >= deadline:
                     raise LedgerBusy(

@@ -1,22 +1,31 @@
-"""One in-memory DuckDB per process, that each DuckDB file is ATTACHed to for as long as a block needs it.
+"""An in-memory DuckDB kept per DuckDB file in a process, that the file is ATTACHed to for as long as a block needs it.
 
 Opening a DuckDB file with `duckdb.connect` starts a database instance: about 23 ms of CPU registering DuckDB's
 built-in functions, even for `:memory:`, before the file is read, and a run opened the ledger nine times. The
-instance here starts once per process; a block then `ATTACH`es the file (about 3 ms), works on a cursor of its own
-whose default database is that file (`USE`), and `DETACH`es it when the last block in the process that holds it
-ends. The file's lock goes with the DETACH exactly as it went with `close()`: another process (a `dunning pause`, a
-daemon's run, an analyst) can take the file between two steps of a run, as before. What is shared is only DuckDB's
-catalog of functions, never a file held open.
+instance here starts once per file and process; a block then `ATTACH`es the file (about 3 ms), works on a cursor of
+its own whose default database is that file (`USE`), and `DETACH`es it when the last block in the process that
+holds it ends. The file's lock goes with the DETACH exactly as it went with `close()`: another process (a `dunning
+pause`, a daemon's run, an analyst) can take the file between two steps of a run, as before. What is kept is an
+instance with no file in it, never a file held open.
 
-A process that forked (a render worker) starts an instance of its own; an instance a fatal error invalidated (a
-disk that filled during a write) is dropped, and the next block starts a new one.
+One instance per file, not one per process, so that each keeps what `duckdb.connect(path)` gave: spill files next
+to the file (`temp_directory`), its own `memory_limit`, and a failure that only its own file's blocks see. An
+instance with no block is kept for the next (at most `IDLE_KEPT` of them; the least recently used is closed).
+
+Two rules for callers: a block's connection is a cursor whose default database is the file, and a cursor made
+from it (`con.cursor()`) is not (its default is the instance's empty memory database: open the file again
+instead, which joins the attachment); and while a block holds a file, `duckdb.connect` of the same file in this
+process is refused by DuckDB (one handle per file and process); a `duckdb.connect` made first is joined instead
+(`connect` falls back to it). A child forked while an instance exists starts instances of its own and never
+touches, nor destroys, its parent's (their threads did not come along).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import ctypes
 import dataclasses
-import itertools
 import os
 import threading
 from collections.abc import Iterator
@@ -26,101 +35,100 @@ import duckdb
 
 from dunning.ledger.sql import quote_identifier, sql_string
 
+IDLE_KEPT = 8  # instances with no block kept per process: a few MB each (a test worker touches hundreds of homes)
+ALIAS = "attached_file"
+
 
 @dataclasses.dataclass
-class _Attached:
-    alias: str
-    read_only: bool
+class _Host:
+    con: duckdb.DuckDBPyConnection
+    read_only: bool = False
     users: int = 0
 
 
-class _Host:
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.con = duckdb.connect(":memory:")
-        self.attached: dict[str, _Attached] = {}
-
-
 _lock = threading.Lock()
-_host: _Host | None = None
-_aliases = itertools.count(1)
-
-
+_hosts: collections.OrderedDict[str, _Host] = collections.OrderedDict()
 _inherited: list[_Host] = []
 
 
-def _current_host() -> _Host:
-    global _host
-    if _host is not None and _host.pid != os.getpid():
-        # a forked child never uses its parent's instance (its threads did not come along), nor lets it go:
-        # destroying it would wait forever for those threads
-        _inherited.append(_host)
-        _host = None
-    if _host is None:
-        _host = _Host()
-    return _host
+def _forget_parents_instances() -> None:
+    """In a forked child: the parent's instances are left alone for good (their destructor would wait on threads
+    that are not in this process, or crash at exit), and the lock starts free."""
+    global _lock
+    for host in _hosts.values():
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(host.con))  # never destroyed, not even at interpreter exit
+        _inherited.append(host)
+    _hosts.clear()
+    _lock = threading.Lock()
 
 
-def _drop_host(host: _Host) -> None:
-    """Close an instance that can no longer be trusted (every file it held is released with it)."""
-    global _host
-    if _host is host:
-        _host = None
+os.register_at_fork(after_in_child=_forget_parents_instances)
+
+
+def _close(host: _Host) -> None:
     with contextlib.suppress(duckdb.Error):
         host.con.close()
 
 
-def _attach(key: str, read_only: bool) -> tuple[_Host, _Attached]:
+def _host_for(key: str) -> _Host:
+    host = _hosts.get(key)
+    if host is None:
+        host = _hosts[key] = _Host(duckdb.connect(":memory:", config={"temp_directory": key + ".tmp"}))
+        idle = [k for k, h in _hosts.items() if h.users == 0 and k != key]
+        for stale in idle[: max(0, len(idle) - IDLE_KEPT)]:
+            _close(_hosts.pop(stale))
+    _hosts.move_to_end(key)
+    return host
+
+
+def _attach(key: str, read_only: bool) -> _Host:
     with _lock:
-        host = _current_host()
-        entry = host.attached.get(key)
-        if entry is None:
-            alias = f"file_{next(_aliases)}"
+        host = _host_for(key)
+        if host.users == 0:
             options = " (READ_ONLY)" if read_only else ""
             try:
-                host.con.execute(f"ATTACH {sql_string(key)} AS {quote_identifier(alias)}{options}")
+                host.con.execute(f"ATTACH {sql_string(key)} AS {quote_identifier(ALIAS)}{options}")
             except duckdb.IOException:
-                raise  # a lock held by another process, or a file that is not DuckDB's: the caller decides
+                raise  # a lock another process holds, a file that is not DuckDB's: the instance is fine
             except duckdb.Error:
-                _drop_host(host)  # an invalidated instance refuses everything: the next attempt starts a new one
+                _close(_hosts.pop(key))  # whatever went wrong, the next block starts afresh
                 raise
-            entry = host.attached[key] = _Attached(alias, read_only)
-        elif entry.read_only and not read_only:
-            raise duckdb.ConnectionException(
-                f"{key} is open read-only in this process and cannot be opened for writing until that ends"
-            )
-        entry.users += 1
-        return host, entry
+            host.read_only = read_only
+        elif host.read_only != read_only:
+            held = "read-only" if host.read_only else "for writing"
+            raise duckdb.ConnectionException(f"{key} is open {held} in this process until that block ends")
+        host.users += 1
+        return host
 
 
-def _detach(host: _Host, key: str, entry: _Attached) -> None:
+def _detach(key: str, host: _Host) -> None:
     with _lock:
-        entry.users -= 1
-        if entry.users > 0 or host.attached.get(key) is not entry:
+        host.users -= 1
+        if host.users > 0 or _hosts.get(key) is not host:
             return
-        del host.attached[key]
         try:
-            host.con.execute(f"DETACH {quote_identifier(entry.alias)}")  # checkpoints and releases the file's lock
+            host.con.execute(f"DETACH {quote_identifier(ALIAS)}")  # checkpoints and releases the file's lock
         except duckdb.Error:
             # a checkpoint that failed (a full disk) loses nothing: every commit is in the write-ahead log, replayed
             # by the next open. Closing the instance releases the file all the same; raising here would hide the
             # error the block itself is ending with
-            _drop_host(host)
+            _close(_hosts.pop(key))
 
 
 @contextlib.contextmanager
 def attached(path: Path, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A connection whose default database is the file at `path`, for the block; the file is attached to this
-    process's instance while any block holds it. Raises duckdb.IOException as `duckdb.connect` does (another
-    process holds the file's lock; not a DuckDB file)."""
+    """A connection whose default database is the file at `path`, for the block; the file is attached to its
+    instance while any block of this process holds it. Raises as `duckdb.connect` does (IOException: another
+    process holds the file's lock, or it is not a DuckDB file), and ResourceInUseException when this process has
+    the file open through `duckdb.connect`."""
     key = os.path.abspath(path)
-    host, entry = _attach(key, read_only)
+    host = _attach(key, read_only)
     try:
         cursor = host.con.cursor()
         try:
-            cursor.execute(f"USE {quote_identifier(entry.alias)}")
+            cursor.execute(f"USE {quote_identifier(ALIAS)}")
             yield cursor
         finally:
             cursor.close()  # an open transaction of the block is rolled back, as `close()` did
     finally:
-        _detach(host, key, entry)
+        _detach(key, host)
