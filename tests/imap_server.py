@@ -130,6 +130,7 @@ class ImapServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        shutil.rmtree(self.root, ignore_errors=True)  # its mail, keys and state: every run left one in /tmp
 
 
 def start_imap_server() -> ImapServer:
