@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.conftest import invoice
+
 HEAVY = ("dagster", "polars", "pandera", "duckdb", "pyarrow", "jinja2", "requests", "stripe")
 
 PROBE = """
@@ -37,3 +39,24 @@ def test_the_pipelines_definitions_leave_pandera_to_the_steps_that_validate():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+IDLE_PROBE = """
+import json, sys
+from pipelines import cli
+code = cli.main(sys.argv[1:])
+heavy = sorted({m.split('.')[0] for m in sys.modules} & {"pandera", "pyarrow"})
+print(json.dumps({"code": code, "heavy": heavy}), file=sys.stderr)
+"""
+
+
+@pytest.mark.slow
+def test_an_hour_with_nothing_new_imports_neither_pandera_nor_pyarrow(deployment):
+    """The hourly no-op hashes the snapshot and reads one row of the ledger: it validates nothing (pandera) and
+    makes no frame of DuckDB's (pyarrow, at the first one), a third of a second between them."""
+    snapshot = deployment.snapshot([invoice()])
+    assert deployment.cli("run", "--snapshot", str(snapshot), "--as-of", "2026-11-05T09:00:00Z")[0] == 0
+    argv = ["--home", str(deployment.home), "run", "--snapshot", str(snapshot), "--as-of", "2026-11-05T10:00:00Z"]
+    idle = subprocess.run([sys.executable, "-c", IDLE_PROBE, *argv], capture_output=True, text=True, timeout=300)
+    assert "nothing changed since run" in idle.stdout, idle.stdout + idle.stderr[-2000:]
+    assert json.loads(idle.stderr.strip().splitlines()[-1]) == {"code": 0, "heavy": []}
