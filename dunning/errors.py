@@ -43,6 +43,11 @@ class LedgerBusy(DunningError):
     exit_code = 4
 
 
+class LedgerUnreadable(UserInputError):
+    """The ledger's path holds a file DuckDB cannot open as a database (replaced, truncated, damaged): never
+    waited on as if it were busy, and never overwritten."""
+
+
 class LedgerLost(LedgerBusy):
     """The ledger failed in the middle of a send: nothing more was handed over; what was is on record as claimed,
     for the next run to settle."""

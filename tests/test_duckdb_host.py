@@ -6,12 +6,14 @@ from __future__ import annotations
 import multiprocessing
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
 import pytest
 
 from dunning.config import LedgerSettings
+from dunning.errors import LedgerUnreadable
 from dunning.ledger.backends import duckdb_host
 from dunning.ledger.backends.duckdb_ledger import open_ledger
 from dunning.ledger.factory import open_ledger_to_read
@@ -164,3 +166,24 @@ def test_no_code_makes_a_cursor_of_a_ledger_connection():
     assert offenders == ["ledger/backends/duckdb_host.py"], (
         "only the instance's own connection makes the blocks' cursors"
     )
+
+
+@pytest.mark.parametrize("content", [b"", b"not a database\n", b"DUCK" * 4096])
+def test_a_file_that_is_not_a_duckdb_database_is_refused_at_once_naming_it_and_left_as_it_was(tmp_path, content):
+    """Not waited on for two minutes as if another process held it, nor called busy: exit 2, the file untouched."""
+    path = tmp_path / "d.duckdb"
+    path.write_bytes(content)
+    started = time.monotonic()
+    refused = pytest.raises(LedgerUnreadable, match=r"cannot be opened as a DuckDB database .*Backups")
+    with refused, open_ledger(path, timeout_seconds=30):
+        pass
+    assert time.monotonic() - started < 5, "refused at once, not after the lock timeout"
+    assert path.read_bytes() == content
+
+
+def test_the_command_says_so_in_one_line_with_exit_2(deployment):
+    deployment.home.mkdir(parents=True)
+    (deployment.home / "dunning.duckdb").write_text("a spreadsheet saved over the ledger\n")
+    code, out, err = deployment.cli("status")
+    assert code == 2, err
+    assert err.count("\n") == 1 and "cannot be opened as a DuckDB database" in err and "Traceback" not in err

@@ -20,7 +20,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from dunning.errors import LedgerBusy
+from dunning.errors import LedgerBusy, LedgerUnreadable
 from dunning.ledger.backends.duckdb_host import attached
 from dunning.ledger.schema.migrations import migrate
 from dunning.ledger.sql import PROBE_INSERT, SqlConnection, quote_identifier
@@ -44,14 +44,28 @@ def connect(path: Path, timeout_seconds: float, read_only: bool = False) -> Iter
                 con = stack.enter_context(contextlib.closing(duckdb.connect(str(path), read_only=read_only)))
                 break
             except duckdb.IOException as exc:
-                if "lock" not in str(exc).lower() or time.monotonic() >= deadline:
+                if "lock" not in str(exc).lower():
+                    raise _unreadable(path, exc) from None
+                if time.monotonic() >= deadline:
                     raise LedgerBusy(
                         f"ledger {path} is held by another process (another dunning run or an open analyst "
                         f"session) and was not released within {timeout_seconds:.0f}s; try again when it finishes"
                     ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
+            except duckdb.ConnectionException:
+                raise  # this process holds the file read-only and asks to write, or the reverse (`duckdb_host`)
+            except duckdb.Error as exc:  # DuckDB refused the file itself: a checksum that does not match, ...
+                raise _unreadable(path, exc) from None
         yield con
+
+
+def _unreadable(path: Path, error: duckdb.Error) -> LedgerUnreadable:
+    reason = str(error).removeprefix("IO Error: ").strip()  # DuckDB's own words
+    return LedgerUnreadable(
+        f"ledger {path} cannot be opened as a DuckDB database ({reason}); nothing was read or changed: restore it "
+        "from your copy (docs/operations.md, Backups), or move it away for a new, empty ledger"
+    )
 
 
 class LedgerConnection(SqlConnection):
