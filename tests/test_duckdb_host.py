@@ -187,3 +187,55 @@ def test_the_command_says_so_in_one_line_with_exit_2(deployment):
     code, out, err = deployment.cli("status")
     assert code == 2, err
     assert err.count("\n") == 1 and "cannot be opened as a DuckDB database" in err and "Traceback" not in err
+
+
+class _Holder:
+    pass
+
+
+def _abandon(path) -> None:
+    """A block entered and never ended, in a reference cycle: only the garbage collector ends it."""
+    holder = _Holder()
+    holder.block = duckdb_host.attached(path)
+    holder.con = holder.block.__enter__()
+    holder.me = holder
+
+
+def test_a_block_the_garbage_collector_ends_inside_the_lock_is_queued_not_deadlocked(tmp_path, monkeypatch):
+    import gc
+    import threading
+
+    _abandon(tmp_path / "abandoned.duckdb")
+    real = duckdb_host._host_for
+    monkeypatch.setattr(duckdb_host, "_host_for", lambda key: (gc.collect(), real(key))[1])  # a collection in there
+    done = threading.Event()
+
+    def open_another():
+        with open_ledger(tmp_path / "other.duckdb"):
+            pass
+        done.set()
+
+    gc.disable()
+    try:
+        worker = threading.Thread(target=open_another, daemon=True)
+        worker.start()
+        worker.join(30)
+    finally:
+        gc.enable()
+    assert done.is_set(), "the thread waited forever on the lock it held"
+    assert _other_process_opens(tmp_path / "abandoned.duckdb") == "opened", "the abandoned block's file was let go"
+
+
+def test_the_same_file_through_a_symlinked_home_is_one_file(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with open_ledger(tmp_path / "real" / "d.duckdb") as one, open_ledger(tmp_path / "link" / "d.duckdb") as two:
+        one.con.execute("CREATE TABLE seen_by_both (n INTEGER)")
+        assert two.con.execute("SELECT count(*) FROM seen_by_both").fetchone() == (0,)
+
+
+def test_instances_with_no_block_are_trimmed_to_the_kept_number(tmp_path):
+    for i in range(duckdb_host.IDLE_KEPT + 4):
+        with open_ledger(tmp_path / f"f{i}.duckdb"):
+            pass
+    assert len(duckdb_host._hosts) <= duckdb_host.IDLE_KEPT + 1

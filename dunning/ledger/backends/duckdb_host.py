@@ -47,19 +47,38 @@ class _Host:
 
 
 _lock = threading.Lock()
+_owner: int | None = None  # the thread inside `_locked`
+_pending: list[tuple[str, _Host]] = []  # detaches asked for by that same thread meanwhile (below)
 _hosts: collections.OrderedDict[str, _Host] = collections.OrderedDict()
 _inherited: list[_Host] = []
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """The bookkeeping's lock. A block abandoned without its end runs its end when the garbage collector finds it,
+    which can be in this same thread while it holds the lock: that end is queued (`_detach`) and done here, just
+    before the lock is let go, rather than waiting forever on a lock its own thread holds."""
+    global _owner
+    with _lock:
+        _owner = threading.get_ident()
+        try:
+            yield
+            while _pending:
+                _release(*_pending.pop())
+        finally:
+            _owner = None
 
 
 def _forget_parents_instances() -> None:
     """In a forked child: the parent's instances are left alone for good (their destructor would wait on threads
     that are not in this process, or crash at exit), and the lock starts free."""
-    global _lock
+    global _lock, _owner
     for host in _hosts.values():
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(host.con))  # never destroyed, not even at interpreter exit
         _inherited.append(host)
     _hosts.clear()
-    _lock = threading.Lock()
+    _pending.clear()
+    _lock, _owner = threading.Lock(), None
 
 
 os.register_at_fork(after_in_child=_forget_parents_instances)
@@ -70,22 +89,29 @@ def _close(host: _Host) -> None:
         host.con.close()
 
 
+def _trim(keep: str) -> None:
+    """Close the least recently used instances with no block beyond `IDLE_KEPT`."""
+    idle = [k for k, h in list(_hosts.items()) if h.users == 0 and k != keep]
+    for stale in idle[: max(0, len(idle) - IDLE_KEPT)]:
+        _close(_hosts.pop(stale))
+
+
 def _host_for(key: str) -> _Host:
     host = _hosts.get(key)
     if host is None:
         host = _hosts[key] = _Host(duckdb.connect(":memory:", config={"temp_directory": key + ".tmp"}))
-        idle = [k for k, h in _hosts.items() if h.users == 0 and k != key]
-        for stale in idle[: max(0, len(idle) - IDLE_KEPT)]:
-            _close(_hosts.pop(stale))
+        _trim(keep=key)
     _hosts.move_to_end(key)
     return host
 
 
 def _attach(key: str, read_only: bool) -> _Host:
-    with _lock:
+    with _locked():
         host = _host_for(key)
         if host.users == 0:
-            options = " (READ_ONLY)" if read_only else ""
+            # TYPE duckdb: a file of another kind at the path (SQLite's) is refused, never opened through an
+            # extension DuckDB would load for it
+            options = " (TYPE duckdb, READ_ONLY)" if read_only else " (TYPE duckdb)"
             try:
                 host.con.execute(f"ATTACH {sql_string(key)} AS {quote_identifier(ALIAS)}{options}")
             except duckdb.IOException:
@@ -102,17 +128,26 @@ def _attach(key: str, read_only: bool) -> _Host:
 
 
 def _detach(key: str, host: _Host) -> None:
-    with _lock:
-        host.users -= 1
-        if host.users > 0 or _hosts.get(key) is not host:
-            return
-        try:
-            host.con.execute(f"DETACH {quote_identifier(ALIAS)}")  # checkpoints and releases the file's lock
-        except duckdb.Error:
-            # a checkpoint that failed (a full disk) loses nothing: every commit is in the write-ahead log, replayed
-            # by the next open. Closing the instance releases the file all the same; raising here would hide the
-            # error the block itself is ending with
-            _close(_hosts.pop(key))
+    if _owner == threading.get_ident():  # the garbage collector ending an abandoned block inside `_locked`
+        _pending.append((key, host))
+        return
+    with _locked():
+        _release(key, host)
+
+
+def _release(key: str, host: _Host) -> None:
+    host.users -= 1
+    if host.users > 0 or _hosts.get(key) is not host:
+        return
+    try:
+        host.con.execute(f"DETACH {quote_identifier(ALIAS)}")  # checkpoints and releases the file's lock
+    except duckdb.Error:
+        # a checkpoint that failed (a full disk) loses nothing: every commit is in the write-ahead log, replayed by
+        # the next open. Closing the instance releases the file all the same; raising here would hide the error
+        # the block itself is ending with
+        _close(_hosts.pop(key))
+        return
+    _trim(keep=key)
 
 
 @contextlib.contextmanager
@@ -121,7 +156,7 @@ def attached(path: Path, read_only: bool = False) -> Iterator[duckdb.DuckDBPyCon
     instance while any block of this process holds it. Raises as `duckdb.connect` does (IOException: another
     process holds the file's lock, or it is not a DuckDB file), and ResourceInUseException when this process has
     the file open through `duckdb.connect`."""
-    key = os.path.abspath(path)
+    key = os.path.realpath(path)  # one instance per file, however its path is spelled (a symlinked home)
     host = _attach(key, read_only)
     try:
         cursor = host.con.cursor()
