@@ -81,7 +81,8 @@ def _forget_parents_instances() -> None:
     _lock, _owner = threading.Lock(), None
 
 
-os.register_at_fork(after_in_child=_forget_parents_instances)
+if hasattr(os, "register_at_fork"):  # no fork where there is none (Windows)
+    os.register_at_fork(after_in_child=_forget_parents_instances)
 
 
 def _close(host: _Host) -> None:
