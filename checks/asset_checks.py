@@ -12,6 +12,7 @@ evaluated in their asset's own step (`REMINDERS_SOUND_SPEC`,
 import dagster as dg
 import polars as pl
 
+from dunning.ingest.snapshot_rules import all_distinct
 from dunning.plan.breaker import BREAKER_CHECK
 from dunning.plan.clock import RunMode
 from dunning.report import audit as audit_rules
@@ -28,9 +29,10 @@ KEY_PATTERN = r"^(dunning:.+:[0-9]+:[A-Za-z0-9_-]+|event:.+|invoice:.+:.+|escala
 
 
 def duplicated_rows(values: pl.Series) -> int:
-    """Rows whose value another row has too (`is_duplicated().sum()`), counted only when there are any: counting
-    distinct values is a third of the CPU of marking every duplicate, at a million keys."""
-    if values.n_unique() == values.len():
+    """Rows whose value another row has too (`is_duplicated().sum()`), counted only when there are any: proving
+    every value distinct by its hash (`all_distinct`) is half the CPU of counting distinct values at 1.2M keys, a
+    sixth of marking every duplicate."""
+    if all_distinct(values):
         return 0
     return int(values.is_duplicated().sum())
 

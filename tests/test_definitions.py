@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import polars as pl
 import pytest
 
 from assets.audit import dunning_audit
@@ -146,3 +147,14 @@ def test_the_soundness_check_counts_every_duplicated_row_and_passes_a_clean_plan
     assert problems["duplicate_keys"] == 2
     assert problems["invoices_with_two_due_stages"] == 3
     assert problems["malformed_keys"] == 1
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[], ["a"], ["a", "b", "c"], ["a", "a", "b"], [None, None, "a"], [None, "a"], ["k"] * 5, ["x", "y", "x", "y"]],
+)
+def test_duplicated_rows_counts_what_is_duplicated_counts(values):
+    from checks.asset_checks import duplicated_rows
+
+    series = pl.Series(values, dtype=pl.String)
+    assert duplicated_rows(series) == int(series.is_duplicated().sum())
