@@ -211,7 +211,8 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
         )
     )
     return (
-        cycled.gather(keys.get_column("row"))
+        cycled.rechunk()
+        .gather(keys.get_column("row"))  # one chunk first: a gather across chunks is 4-7x dearer
         .with_columns(keys.drop("row"))
         .with_columns(
             reminder_key_expr().alias("idempotency_key"),
