@@ -7,7 +7,6 @@ runs once per backend; the PostgreSQL runs use the session's throwaway cluster (
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,18 +31,13 @@ class Backend:
         return duckdb.ConstraintException if self.kind == "duckdb" else pg_errors.UniqueViolation
 
     def open(self, timeout_seconds: float = 30.0) -> contextlib.AbstractContextManager[DuckDBLedger | PostgresLedger]:
+        """The ledger; opened again inside, a second writer on it: on DuckDB a connection of its own to the file
+        this process already holds (one process at a time holds a DuckDB file), on PostgreSQL a session of its own."""
         if self.kind == "duckdb":
             assert self.path is not None
             return open_ledger(self.path, timeout_seconds)
         assert self.dsn is not None
         return open_postgres_ledger(self.dsn, "$TEST_DSN", timeout_seconds)
-
-    @contextlib.contextmanager
-    def twin(self, ledger: DuckDBLedger | PostgresLedger) -> Iterator[DuckDBLedger | PostgresLedger]:
-        """A second writer on the same ledger, opened again: on DuckDB a connection of its own to the file this
-        process already holds (one process at a time holds a DuckDB file), on PostgreSQL a session of its own."""
-        with self.open() as other:
-            yield other
 
 
 @pytest.fixture(params=BACKENDS, name="backend")

@@ -28,7 +28,7 @@ def charges_for(invoice_ids: list[str], stage: str = "day3") -> pl.DataFrame:
 
 @pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_charge_is_claimed_with_its_reminder_once_and_only_when_the_reminder_is_won(backend):
-    with backend.open() as ledger, backend.twin(ledger) as other:
+    with backend.open() as ledger, backend.open() as other:
         due = due_frame(["in_1", "in_2"])
         won = ledger.claim(due, NO_SKIPS, "run-a", AS_OF, charges=charges_for(["in_1", "in_2"]))
         assert len(won.won) == 2 and len(won.charges) == 4

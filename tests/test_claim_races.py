@@ -40,10 +40,10 @@ def rows_for(customer: str, invoices: list[str]) -> pl.DataFrame:
 
 
 @contextlib.contextmanager
-def writers(backend, ledger, n: int) -> Iterator[list]:
-    """`n` more writers on the ledger (`backend.twin`), closed together."""
+def writers(backend, n: int) -> Iterator[list]:
+    """`n` more writers on the ledger, each opened again (`Backend.open`), closed together."""
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(backend.twin(ledger)) for _ in range(n)]
+        yield [stack.enter_context(backend.open()) for _ in range(n)]
 
 
 def race(claimers: list, jobs: list) -> list:
@@ -72,7 +72,7 @@ def test_racing_claims_for_one_customer_never_pass_the_cap_on_postgres(postgres_
     (measured before this backend existed too), and DuckDB never has two writer processes on one file."""
     cap = ClaimCap(max_emails=2, window_start=AS_OF - 24 * HOUR, window_end=AS_OF)
     backend = Backend("postgres", dsn=postgres_dsn)
-    with backend.open() as ledger, writers(backend, ledger, 6) as workers:
+    with backend.open() as ledger, writers(backend, 6) as workers:
         for round_ in range(4):
             customer = f"cus_{round_}"
             dues = [rows_for(customer, [f"in_{round_}_{i}"]) for i in range(len(workers))]
@@ -93,7 +93,7 @@ def test_workers_claiming_overlapping_customers_in_opposite_orders_do_not_deadlo
     """Without ordered lock rows and keys, two transactions taking customers in opposite orders deadlock."""
     customers = [f"cus_{c:02d}" for c in range(40)]
     due = pl.concat([rows_for(c, [f"in_{c}_{k}" for k in range(3)]) for c in customers])
-    with backend.open() as ledger, writers(backend, ledger, 2) as workers:
+    with backend.open(), writers(backend, 2) as workers:  # the first holds the ledger open
         for round_ in range(3):
             keyed = due.with_columns(
                 (pl.col("idempotency_key") + f":r{round_}").alias("idempotency_key"),
@@ -180,7 +180,7 @@ def test_a_deadlock_on_postgres_loses_the_chunk_and_leaves_nothing(postgres_dsn)
 
 @pytest.mark.slow
 def test_a_worker_never_expires_another_live_workers_claims(backend):
-    with backend.open() as ledger, backend.twin(ledger) as other:
+    with backend.open() as ledger, backend.open() as other:
         ledger.claim(due_rows(2), NO_SKIPS, "worker-a", AS_OF, lease_until=AS_OF + 30 * dt.timedelta(minutes=1))
         assert other.expire_stale_claims("worker-b", AS_OF + 10 * dt.timedelta(minutes=1)) == 0
         assert other.claim_owners("worker-b") == ["worker-a"]

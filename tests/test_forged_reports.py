@@ -333,7 +333,7 @@ def test_two_homes_with_message_secret_env_mint_identical_ids_and_store_no_secre
 
 def test_two_workers_making_the_secret_at_once_both_end_with_the_first(backend):
     at = dt.datetime(2026, 11, 4, 9, tzinfo=dt.UTC)
-    with backend.open() as ledger, backend.twin(ledger) as other:
+    with backend.open() as ledger, backend.open() as other:
         assert ledger.message_secret() is None, "reading never makes one"
         if backend.kind == "postgres":  # several workers on one database: the second waits for the first's commit
             theirs: list[str | None] = []

@@ -61,7 +61,7 @@ def test_the_primary_key_refuses_a_second_row_for_a_key(backend):
 
 
 def test_two_overlapping_claimers_cannot_both_own_a_key(backend):
-    with backend.open() as ledger, backend.twin(ledger) as first, backend.twin(ledger) as second:
+    with backend.open() as ledger, backend.open() as first, backend.open() as second:
         barrier, won = threading.Barrier(2), {}
 
         def claim(name, claimer):
