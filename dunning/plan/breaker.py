@@ -80,12 +80,12 @@ def email_counts(batch: pl.DataFrame, recent: pl.DataFrame) -> pl.DataFrame:
 
 
 def evaluate_breaker(batch: pl.DataFrame, recent: pl.DataFrame, breaker: Breaker) -> BreakerVerdict:
-    import pandera.errors
+    import pandera.polars as pa  # as in `breaker_schema`
 
     counts = email_counts(batch, recent)
     try:
         breaker_schema(breaker).validate(counts, lazy=True)
-    except pandera.errors.SchemaErrors as errors:
+    except pa.errors.SchemaErrors as errors:
         rows = errors.failure_cases.filter(pl.col("column") == "emails_in_window").get_column("index").cast(pl.Int64)
         offenders = counts.with_row_index("_i").filter(pl.col("_i").cast(pl.Int64).is_in(rows.implode())).drop("_i")
         return BreakerVerdict(False, counts, offenders, breaker)

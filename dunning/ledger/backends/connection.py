@@ -3,8 +3,9 @@
 DuckDB lets one process open a file read-write; a second process gets an
 IOException about the lock. `open_ledger` waits for it with backoff, gives up
 with a clear message, and always lets the file go when its block ends (the
-lock goes with it: `duckdb_host` attaches the file to the process's one DuckDB
-instance for the block only). Transactions nest: an inner `transaction()` joins the outer one, which is
+lock goes with it: `duckdb_host` attaches the file to the in-memory DuckDB it
+keeps for that file, for the block only). Transactions nest: an inner
+`transaction()` joins the outer one, which is
 how `simulation()` runs a whole cycle's writes and then rolls them all back
 (`sql.SqlConnection`, shared with the PostgreSQL ledger).
 """
