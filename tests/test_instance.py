@@ -123,3 +123,30 @@ def test_dagsters_alembic_scripts_are_read_once_per_process(deployment, monkeypa
         code, _, err = deployment.run([invoice()], f"2026-11-{day}T09:00:00Z", "--dry-run")
         assert code == 0, err
     assert len(reads) == 1, reads
+
+
+def test_a_steps_output_is_captured_to_the_uis_files_without_a_tail_process(tmp_path, monkeypatch):
+    """The instance's compute log manager writes a step's stdout and stderr (at the file descriptors, so a C
+    library's output too) to the files the UI reads, and starts no process to mirror them (Dagster's starts a
+    `tail -F` and a Python watcher per stream)."""
+    import subprocess
+    import sys
+
+    instance = instance_module.get_instance(tmp_path / "home")
+    try:
+        manager = instance.compute_log_manager
+        assert isinstance(manager, instance_module.FileComputeLogManager)
+
+        def no_process(*args, **kwargs):
+            raise AssertionError(f"a process was started to capture a step's output: {args}")
+
+        monkeypatch.setattr(subprocess, "Popen", no_process)
+        log_key = ["a-run-id", "compute_logs", "step"]
+        with manager.capture_logs(log_key):
+            os.write(sys.stdout.fileno(), b"to stdout\n")
+            print("to stderr", file=sys.stderr, flush=True)
+        assert manager.is_capture_complete(log_key)
+        captured = manager.get_log_data(log_key)
+        assert captured.stdout == b"to stdout\n" and captured.stderr == b"to stderr\n"
+    finally:
+        instance.dispose()

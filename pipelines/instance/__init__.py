@@ -31,9 +31,15 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipelines.instance.storage import DunningInstance, KeptEventLogStorage, KeptScriptDirectory
+from pipelines.instance.storage import (
+    DunningInstance,
+    FileComputeLogManager,
+    KeptEventLogStorage,
+    KeptScriptDirectory,
+)
 
-__all__ = ["DunningInstance", "KeptEventLogStorage", "KeptScriptDirectory"]  # the dagster.yaml names the first
+# the dagster.yaml names the first
+__all__ = ["DunningInstance", "FileComputeLogManager", "KeptEventLogStorage", "KeptScriptDirectory"]
 
 DAGSTER_YAML = """\
 # Written by `dunning` on first use. See README "Running it for real" for production settings.
