@@ -150,3 +150,38 @@ def test_a_steps_output_is_captured_to_the_uis_files_without_a_tail_process(tmp_
         assert captured.stdout == b"to stdout\n" and captured.stderr == b"to stderr\n"
     finally:
         instance.dispose()
+
+
+def test_a_schema_probe_that_answered_yes_is_not_asked_again_and_a_no_always_is(tmp_path):
+    """Dagster asks before each event and run update whether a column, table or finished data migration is there
+    (`PRAGMA table_xinfo`, the secondary-index table): once yes, the kept storages answer from memory; a no is
+    asked of the database every time, so a migration made meanwhile is seen."""
+    import sqlalchemy
+
+    instance = instance_module.get_instance(tmp_path / "home")
+    statements: list[str] = []
+
+    def record(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    sqlalchemy.event.listen(sqlalchemy.engine.Engine, "before_cursor_execute", record)
+    try:
+        events, runs = instance.event_log_storage, instance.run_storage
+        probes = (events.has_asset_key_index_cols, runs.has_run_stats_index_cols, runs.has_backfill_id_column)
+        assert all(probe() for probe in probes)  # asked (unless the instance's start asked already)
+        statements.clear()
+        assert all(probe() for probe in probes) and events.has_asset_key_col("last_materialization_timestamp")
+        assert statements == [], "answered from memory"
+        assert not events.has_asset_key_col("a column Dagster never made")
+        assert len([s for s in statements if "table_xinfo" in s]) == 1, "a no is asked of the database"
+        statements.clear()
+        assert not events.has_secondary_index("a migration never made")
+        assert not events.has_secondary_index("a migration never made")
+        assert len([s for s in statements if "secondary_indexes" in s]) == 2, "a no is asked again"
+        events.enable_secondary_index("a migration now made")
+        statements.clear()
+        assert events.has_secondary_index("a migration now made") and events.has_secondary_index("a migration now made")
+        assert len([s for s in statements if "secondary_indexes" in s]) == 1
+    finally:
+        sqlalchemy.event.remove(sqlalchemy.engine.Engine, "before_cursor_execute", record)
+        instance.dispose()

@@ -6,8 +6,9 @@ connection for each write (a run's 84 events were 512 connections, about a secon
 in WAL mode with `synchronous=NORMAL`: Dagster's records of runs stay consistent on a crash, and only the last
 events before a power loss could be lost (the ledger, DuckDB, is what records sends; a run whose end was lost is
 reaped, `pipelines.instance.reap_dead_runs`). Dagster's alembic scripts are read once per process
-(`KeptScriptDirectory`). An instance on PostgreSQL (`storage: postgres:`, `deploy/dagster.yaml`) is used as
-configured.
+(`KeptScriptDirectory`), and its schema probes, once answered yes, are not asked again (`_kept_once_true`). Steps'
+stdout and stderr go to the UI's files without Dagster's mirroring processes (`FileComputeLogManager`). An instance
+on PostgreSQL (`storage: postgres:`, `deploy/dagster.yaml`) is used as configured.
 
 Imported by `pipelines.instance` only (its dagster.yaml names `pipelines.instance.DunningInstance`).
 """
@@ -15,10 +16,11 @@ Imported by `pipelines.instance` only (its dagster.yaml names `pipelines.instanc
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -109,8 +111,32 @@ class _KeptEngine:
         super().dispose()  # type: ignore[misc]
 
 
+def _kept_once_true(method: Callable[..., bool]) -> Callable[..., bool]:
+    """A schema probe of Dagster's storage (is this column, table or finished data migration there?) answered from
+    memory once it has answered yes: a schema only grows (`dagster instance migrate` adds, nothing at run time
+    removes), and Dagster asks again before each event and run update (42 of a run's 427 statements were
+    `PRAGMA table_xinfo`, 13 more the secondary-index check). A "no" is asked again every time, as Dagster does."""
+
+    @functools.wraps(method)
+    def probe(self: Any, *args: Any) -> bool:
+        key = (method.__name__, *(a for a in args if isinstance(a, str)))
+        kept: set = self.__dict__.setdefault("_schema_seen", set())
+        if key in kept:
+            return True
+        answer = method(self, *args)
+        if answer:
+            kept.add(key)
+        return answer
+
+    return probe
+
+
 class KeptRunStorage(_KeptEngine, SqliteRunStorage):
-    pass
+    has_run_stats_index_cols = _kept_once_true(SqliteRunStorage.has_run_stats_index_cols)
+    has_bulk_actions_selector_cols = _kept_once_true(SqliteRunStorage.has_bulk_actions_selector_cols)
+    has_backfill_id_column = _kept_once_true(SqliteRunStorage.has_backfill_id_column)
+    has_bulk_action_job_name_column = _kept_once_true(SqliteRunStorage.has_bulk_action_job_name_column)
+    has_backfill_tags_table = _kept_once_true(SqliteRunStorage.has_backfill_tags_table)
 
 
 class KeptScheduleStorage(_KeptEngine, SqliteScheduleStorage):
@@ -119,6 +145,10 @@ class KeptScheduleStorage(_KeptEngine, SqliteScheduleStorage):
 
 class KeptEventLogStorage(SqliteEventLogStorage):
     """The event log (a SQLite file per run plus an index) with the engines of its latest files kept open."""
+
+    has_asset_key_col = _kept_once_true(SqliteEventLogStorage.has_asset_key_col)
+    _has_asset_key_col_on_connection = _kept_once_true(SqliteEventLogStorage._has_asset_key_col_on_connection)
+    has_secondary_index = _kept_once_true(SqliteEventLogStorage.has_secondary_index)
 
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
         self._engines: OrderedDict[str, sqlalchemy.engine.Engine] = OrderedDict()
