@@ -361,6 +361,39 @@ def test_the_ledger_state_and_run_inputs_on_both_backends(backend):
         assert ledger.open_work(wall, later, 5) == {"claimed": 0, "unknown": 0, "retries_due": 0}
 
 
+def _digest_table_by_table(ledger, scope=None) -> str:
+    """The state digest as releases before the one-statement query computed it, a query per table."""
+    import hashlib
+
+    from dunning.ledger.stores.run_inputs import state_tables
+
+    parts = []
+    for table in state_tables():
+        where, params = scope.where(table) if scope is not None else ("TRUE", [])
+        count, digest = ledger.con.execute(ledger.table_digest_sql(table, where), params).fetchall()[0]
+        parts.append(f"{table}:{count}:{digest}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+
+def test_the_digest_in_one_statement_is_the_one_a_query_per_table_gave(backend):
+    """A run's reference digest was stored by the previous release: the same rows must give the same text."""
+    from dunning.ledger.stores.run_inputs import StateScope
+
+    at = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
+    due = due_frame(["in_1", "in_2", "in_3"])
+    with backend.open() as ledger:
+        assert ledger.state_digest() == _digest_table_by_table(ledger)
+        ledger.claim(due, due.head(0), "run-1", at, lease_until=at)
+        ledger.set_pause(True, "why", "ops", at)
+        assert ledger.state_digest() == _digest_table_by_table(ledger)
+        inputs = {"shard": "1/2", "as_of": at, "business_date": at.date(), "snapshot_path": "s.csv"}
+        ledger.begin_run_inputs("r1", snapshot_sha256="a", config_sha256="b", wall=at, **inputs)
+        ledger.end_run_inputs("r1", True, scope=pl.Series(["in_1", "in_3"]), shard=Shard(1, 2))
+        scope = StateScope("r1", Shard(1, 2))
+        assert ledger.state_digest(scope) == _digest_table_by_table(ledger, scope)
+        assert ledger.state_digest(scope) != ledger.state_digest(), "the scope narrows what is hashed"
+
+
 def test_a_changed_row_of_the_ledger_changes_its_digest_with_the_row_count_unchanged(backend):
     """An update (a failed key's status, a cycle closed) keeps every count: the digest must still change, and
     a write of the same value back must not make an old digest match again where a write happened since."""

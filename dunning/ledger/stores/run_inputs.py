@@ -92,11 +92,14 @@ class RunInputStore(SqlConnection):
     def state_digest(self, scope: StateScope | None = None) -> str:
         """One hash of every decision-relevant table's rows (see the module docstring); with `scope`, a sharded
         run whose invoices were recorded (`end_run_inputs`), only the rows its shard's decisions read."""
-        parts = []
-        for table in state_tables():
-            where, params = scope.where(table) if scope is not None else ("TRUE", [])
-            count, digest = self.con.execute(self.table_digest_sql(table, where), params).fetchall()[0]
-            parts.append(f"{table}:{count}:{digest}")
+        tables = state_tables()
+        selects, params = [], []
+        for position, table in enumerate(tables):  # one statement: a query each was 21 round trips, ~1 ms each
+            where, table_params = scope.where(table) if scope is not None else ("TRUE", [])
+            selects.append(f"SELECT {position} AS position, d.* FROM ({self.table_digest_sql(table, where)}) AS d")
+            params.extend(table_params)
+        rows = self.con.execute(" UNION ALL ".join(selects) + " ORDER BY position", params).fetchall()
+        parts = [f"{tables[position]}:{count}:{digest}" for position, count, digest in rows]
         return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
     def begin_run_inputs(
