@@ -31,12 +31,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipelines.instance.storage import (
-    DunningInstance,
-    FileComputeLogManager,
-    KeptEventLogStorage,
-    KeptScriptDirectory,
-)
+from pipelines.instance.compute_logs import FileComputeLogManager
+from pipelines.instance.storage import DunningInstance, KeptEventLogStorage, KeptScriptDirectory
 
 # the dagster.yaml names the first
 __all__ = ["DunningInstance", "FileComputeLogManager", "KeptEventLogStorage", "KeptScriptDirectory"]

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,12 +29,9 @@ import yaml
 from alembic import command as alembic_command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from dagster._core.execution.compute_logs import redirect_to_file
 from dagster._core.instance.ref import InstanceRef
 from dagster._core.storage import sql as dagster_sql
-from dagster._core.storage.compute_log_manager import CapturedLogContext, ComputeIOType
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import INDEX_SHARD_NAME, SqliteEventLogStorage
-from dagster._core.storage.local_compute_log_manager import IO_TYPE_EXTENSION, LocalComputeLogManager
 from dagster._core.storage.runs.sqlite.sqlite_run_storage import SqliteRunStorage
 from dagster._core.storage.schedules.sqlite.sqlite_schedule_storage import SqliteScheduleStorage
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
@@ -46,6 +42,8 @@ from dagster._core.storage.sqlite_storage import (
     _schedule_directory,
 )
 from dagster._serdes import ConfigurableClassData
+
+from pipelines.instance.compute_logs import FileComputeLogManager
 
 KEPT_ENGINES = 8  # database files of one event log whose connection stays open: the index and the latest runs'
 
@@ -221,28 +219,6 @@ class KeptSqliteStorage(DagsterSqliteStorage):
         return cls.from_local(inst_data=inst_data, **config_value)
 
 
-class FileComputeLogManager(LocalComputeLogManager):
-    """A step's stdout and stderr captured to the files the UI shows, as Dagster's local manager does, without
-    mirroring them to the terminal: Dagster mirrors each stream through a `tail -F` process and a Python process
-    watching it (four processes a run, 0.05-0.08 CPU-s and their start-up's wall time), and the `dunning` command
-    prints its own summary, not its steps' output (which is empty on a sound run)."""
-
-    @classmethod
-    def from_config_value(
-        cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]
-    ) -> FileComputeLogManager:
-        return cls(inst_data=inst_data, **config_value)  # Dagster's names its own class here
-
-    @contextlib.contextmanager
-    def capture_logs(self, log_key: Sequence[str]) -> Iterator[CapturedLogContext]:
-        outpath = self.get_captured_local_path(log_key, IO_TYPE_EXTENSION[ComputeIOType.STDOUT])
-        errpath = self.get_captured_local_path(log_key, IO_TYPE_EXTENSION[ComputeIOType.STDERR])
-        Path(outpath).parent.mkdir(parents=True, exist_ok=True)
-        with redirect_to_file(sys.stdout, outpath), redirect_to_file(sys.stderr, errpath):
-            yield CapturedLogContext(log_key)
-        Path(self.complete_artifact_path(log_key)).touch()  # as Dagster's: the capture is complete
-
-
 class DunningInstance(dg.DagsterInstance):
     """The instance the CLI's dagster.yaml names: Dagster's, with `KeptSqliteStorage` when no `storage:` is set."""
 
@@ -257,6 +233,6 @@ class DunningInstance(dg.DagsterInstance):
             __name__, KeptSqliteStorage.__name__, yaml.dump({"base_dir": base_dir}, default_flow_style=False)
         )
         defaults["compute_logs"] = ConfigurableClassData(
-            __name__, FileComputeLogManager.__name__, defaults["compute_logs"].config_yaml
+            FileComputeLogManager.__module__, FileComputeLogManager.__name__, defaults["compute_logs"].config_yaml
         )
         return defaults
