@@ -188,6 +188,27 @@ def test_a_key_another_run_claimed_between_the_plans_reads_is_settled_not_planne
     assert cycle.due_rows(plan).height == cycle.due_rows(planned).height - 3
 
 
+def test_also_held_joined_only_for_rows_with_two_reasons_gives_what_every_row_joined_gives():
+    """The schedule joins the reasons' text only for the sending rows with two reasons or more
+    (`schedule._also_held_of_some`): for every combination of four reasons, sending or not, the column equals
+    `_also_held` evaluated on every row, in the rows' order."""
+    import itertools
+
+    from dunning.plan.schedule import ALSO_HELD, _also_held, _also_held_of_some
+
+    combinations = list(itertools.product([None, "spacing", "outside_send_window", "escalated"], repeat=4))
+    rows = [(*reasons, sends) for sends in (True, False, None) for reasons in combinations]
+    frame = pl.DataFrame(rows, schema=["r0", "r1", "r2", "r3", "sends"], orient="row")
+    reasons = tuple(pl.col(c) for c in ("r0", "r1", "r2", "r3"))
+    sends = pl.col("sends")
+    whole = frame.select(pl.when(sends).then(_also_held(*reasons)).alias(ALSO_HELD)).to_series()
+    some = _also_held_of_some(frame, sends, reasons)
+    assert some.name == ALSO_HELD and some.to_list() == whole.to_list()
+    assert some.null_count() < some.len(), "some rows have a second reason"
+    nobody = frame.filter(pl.col("r1").is_null() & pl.col("r2").is_null() & pl.col("r3").is_null())
+    assert _also_held_of_some(nobody, sends, reasons).null_count() == nobody.height, "one reason: none also held"
+
+
 def test_also_held_lists_every_reason_after_the_first_once_in_order_for_any_combination():
     """`also_held` (`schedule._also_held`, string operations at a million rows) against a plain definition, over
     every combination of four reasons from three names and none."""

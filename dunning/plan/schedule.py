@@ -149,6 +149,10 @@ def spacing_holds(plan: pl.DataFrame, spacing: pl.DataFrame, last: pl.DataFrame,
     """`plan` with `spacing_hold` (`spacing` or null) and `spacing_ends_at`: a reminder to a customer whose last
     reminder (`last`: customer_id, last_reminder_at) is less than their `spacing` hours before `as_of` waits until
     that many hours after it."""
+    if not spacing.height or not last.height:  # no one waits: two joins of every plan row (0.04 s at 1.2M) skipped
+        return plan.with_columns(
+            pl.lit(None, dtype=pl.String).alias("spacing_hold"), pl.lit(None, dtype=UTC_TYPE).alias("spacing_ends_at")
+        )
     joined = plan.join(spacing, on="customer_id", how="left").join(last, on="customer_id", how="left")
     hours = (pl.col("spacing_hours") * 3_600_000_000).cast(pl.Int64)
     ends = pl.col("last_reminder_at") + pl.duration(microseconds=hours)
@@ -196,6 +200,18 @@ def _also_held(*reasons: pl.Expr) -> pl.Expr:
     return joined.str.splitn(",", 2).struct.field("field_1").cast(pl.String)
 
 
+def _also_held_of_some(plan: pl.DataFrame, sends: pl.Expr, reasons: tuple[pl.Expr, ...]) -> pl.Series:
+    """`ALSO_HELD` of `plan`'s rows (`_also_held` of `reasons` where `sends`, else null), joined as text only for
+    the rows with two reasons or more: the others have no second reason to name, and joining text for every row
+    of a new 1M deployment's plan (1.2M rows, nearly all with one reason or none) was 0.37 s of its 0.5."""
+    several = (sends & (pl.sum_horizontal([r.is_not_null() for r in reasons]) >= 2)).fill_null(False)
+    rows = plan.select(several).to_series()
+    column = pl.Series(ALSO_HELD, [None] * plan.height, dtype=pl.String)
+    if rows.any():
+        column = column.scatter(rows.arg_true(), plan.filter(rows).select(_also_held(*reasons)).to_series())
+    return column
+
+
 EMPTY_COUNTS = pl.Schema({"invoice_id": pl.String, "cycle": pl.Int32, "reminders_sent_before": pl.Int32})
 EMPTY_LAST = pl.Schema({"customer_id": pl.String(), "last_reminder_at": UTC_TYPE})
 
@@ -229,9 +245,11 @@ def scheduled(
             .with_columns(pl.coalesce("policy", "invoice_policy", pl.lit("default")).alias("policy"))
             .drop("invoice_policy")
         )
-    counts = counts if counts is not None else pl.DataFrame(schema=EMPTY_COUNTS)
-    plan = plan.join(counts.cast(EMPTY_COUNTS), on=["invoice_id", "cycle"], how="left", maintain_order="left")
-    plan = plan.with_columns(pl.col("reminders_sent_before").fill_null(0))
+    if counts is not None and counts.height:
+        plan = plan.join(counts.cast(EMPTY_COUNTS), on=["invoice_id", "cycle"], how="left", maintain_order="left")
+        plan = plan.with_columns(pl.col("reminders_sent_before").fill_null(0))
+    else:  # nothing sent before (a new deployment): a join of every plan row (0.1 s at 1.2M) for zeros
+        plan = plan.with_columns(pl.lit(0, dtype=EMPTY_COUNTS["reminders_sent_before"]).alias("reminders_sent_before"))
     plan = window_holds(plan, config, as_of)
     last = last if last is not None else pl.DataFrame(schema=EMPTY_LAST)
     if spacing is None:
@@ -252,19 +270,15 @@ def scheduled(
         pl.when(is_email).then(pl.col("window_hold")),
         pl.when(is_reminder).then(pl.col("spacing_hold")),
     )
+    reasons = (
+        pl.col("hold"),
+        pl.when(is_reminder).then(pl.col("escalated_hold")),
+        pl.when(is_email).then(pl.col("window_hold")),
+        pl.when(is_reminder).then(pl.col("spacing_hold")),
+        pl.when(is_email & ~pl.col("sendable").fill_null(False)).then(_address_problem(plan.columns)),
+    )
     plan = plan.with_columns(
-        pl.when(sends).then(hold).otherwise(pl.col("hold")).alias("hold"),
-        pl.when(sends)
-        .then(
-            _also_held(
-                pl.col("hold"),
-                pl.when(is_reminder).then(pl.col("escalated_hold")),
-                pl.when(is_email).then(pl.col("window_hold")),
-                pl.when(is_reminder).then(pl.col("spacing_hold")),
-                pl.when(is_email & ~pl.col("sendable").fill_null(False)).then(_address_problem(plan.columns)),
-            )
-        )
-        .alias(ALSO_HELD),
+        pl.when(sends).then(hold).otherwise(pl.col("hold")).alias("hold"), _also_held_of_some(plan, sends, reasons)
     )
     waits = (
         pl.when(pl.col("hold") == HoldReason.OUTSIDE_SEND_WINDOW)
