@@ -14,7 +14,7 @@ class Strict(BaseModel):
     """A section of the configuration: unknown keys refused (naming the key), frozen, documented by the docstring
     under each field (the configuration reference is generated from them)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 # Strict scalars: YAML `true` is not the number 1, "5" is not 5, and every number has a bound that keeps the

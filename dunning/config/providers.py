@@ -26,7 +26,7 @@ PROVIDER_KEY_MEMORY_HOURS = 24.0
 class Provider(Strict):
     """Where accepted emails go: `file` writes .eml files to DIR/outbox, `smtp` talks to a server."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     kind: Literal["file", "smtp", "resend"] = "file"
     """Where emails go: `file` writes each one as an `.eml` file to the outbox, `smtp` hands it to an SMTP server,
