@@ -32,10 +32,14 @@ def test_version_and_help_import_nothing_heavy(argv):
     assert sorted(set(HEAVY) & set(probe["modules"])) == []
 
 
-def test_the_pipelines_definitions_leave_pandera_to_the_steps_that_validate():
+def test_the_pipelines_definitions_leave_pandera_and_requests_to_the_steps_that_use_them():
     """A run's process imports the Definitions before anything else, an hour with nothing new and every shard
-    included: pandera (a fifth of a second) is imported by the snapshot's validation and the breaker only."""
-    probe = "import sys, pipelines.definitions; print(sorted(m for m in sys.modules if m.startswith('pandera')))"
+    included: pandera (a fifth of a second) is imported by the snapshot's validation and the breaker only, requests
+    (0.1 s) by the code that posts (a webhook, the Resend provider, a Recurly pull)."""
+    probe = (
+        "import sys, pipelines.definitions, pipelines.cli.cycle; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pandera', 'requests', 'urllib3')))"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
@@ -45,15 +49,15 @@ IDLE_PROBE = """
 import json, sys
 from pipelines import cli
 code = cli.main(sys.argv[1:])
-heavy = sorted({m.split('.')[0] for m in sys.modules} & {"pandera", "pyarrow"})
+heavy = sorted({m.split('.')[0] for m in sys.modules} & {"pandera", "pyarrow", "requests", "urllib3"})
 print(json.dumps({"code": code, "heavy": heavy}), file=sys.stderr)
 """
 
 
 @pytest.mark.slow
-def test_an_hour_with_nothing_new_imports_neither_pandera_nor_pyarrow(deployment):
-    """The hourly no-op hashes the snapshot and reads one row of the ledger: it validates nothing (pandera) and
-    makes no frame of DuckDB's (pyarrow, at the first one), a third of a second between them."""
+def test_an_hour_with_nothing_new_imports_neither_pandera_pyarrow_nor_requests(deployment):
+    """The hourly no-op hashes the snapshot and reads one row of the ledger: it validates nothing (pandera), makes
+    no frame of DuckDB's (pyarrow, at the first one) and posts nothing (requests), 0.4 s between them."""
     snapshot = deployment.snapshot([invoice()])
     assert deployment.cli("run", "--snapshot", str(snapshot), "--as-of", "2026-11-05T09:00:00Z")[0] == 0
     argv = ["--home", str(deployment.home), "run", "--snapshot", str(snapshot), "--as-of", "2026-11-05T10:00:00Z"]

@@ -30,10 +30,10 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import polars as pl
-import requests
 
 from dunning.config import DunningConfig, Escalation
 from dunning.ledger.base import Ledger
@@ -42,6 +42,9 @@ from dunning.secret_env import read_secret, scrub
 from dunning.send.providers.http import may_have_left, retry_after_seconds
 from dunning.urls import token_parts
 from dunning.vocabulary import SendStatus
+
+if TYPE_CHECKING:  # imported where a webhook is built: a process that posts nothing does not load it (0.1 s)
+    import requests
 
 SIGNATURE_HEADER = "Dunning-Signature"
 PROVIDER = "escalation"  # `provider_payloads.provider` of a kept hand-over
@@ -103,11 +106,15 @@ class Webhook:
 
     def __init__(self, rule: Escalation, key: str, session: requests.Session | None = None):
         self.rule = rule
+        import requests
+
         self.secret = read_secret(rule.secret_env, key)
         self.session = session or requests.Session()
         self.host = urlsplit(rule.webhook_url).hostname or "the receiver"
 
     def post(self, idempotency_key: str, body: bytes, wall: dt.datetime) -> Answer:
+        import requests
+
         headers = {
             "Content-Type": "application/json",
             "Idempotency-Key": idempotency_key,

@@ -11,23 +11,27 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING
 
-import requests
+if TYPE_CHECKING:  # requests is imported by the call that posts (0.1 s a process that posts nothing: an idle hour)
+    import requests
 
-# raised while the request is prepared, before a connection is made: nothing left this machine
-NEVER_LEFT = (
-    requests.exceptions.InvalidHeader,
-    requests.exceptions.InvalidURL,
-    requests.exceptions.MissingSchema,
-    requests.exceptions.InvalidSchema,
-    requests.exceptions.URLRequired,
-)
 _NOT_CONNECTED = ("NewConnectionError", "NameResolutionError", "Connection refused")
 
 
 def may_have_left(exc: requests.RequestException) -> bool:
     """Whether the request that raised `exc` may have reached the receiver."""
-    if isinstance(exc, (requests.ConnectTimeout, *NEVER_LEFT)):
+    import requests
+
+    # raised while the request is prepared, before a connection is made: nothing left this machine
+    never_left = (
+        requests.exceptions.InvalidHeader,
+        requests.exceptions.InvalidURL,
+        requests.exceptions.MissingSchema,
+        requests.exceptions.InvalidSchema,
+        requests.exceptions.URLRequired,
+    )
+    if isinstance(exc, (requests.ConnectTimeout, *never_left)):
         return False
     if isinstance(exc, requests.ConnectionError):
         # refused or unresolvable: the request never left; anything else (reset, aborted) may have been read
