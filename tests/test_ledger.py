@@ -14,7 +14,7 @@ from dunning.ledger.backends.duckdb_ledger import open_ledger
 from dunning.send.providers.file_outbox import FileOutbox
 from dunning.send.resubmission import resolve_unknown
 from dunning.send.sending import send_due, with_email_ids
-from tests.helpers import minted_ids
+from tests.helpers import due_frame, minted_ids
 from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture: each test below runs on both databases
 
 AS_OF = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
@@ -204,3 +204,23 @@ def test_send_due_gives_unnumbered_keys_their_message_ids_and_keeps_existing_one
     assert sorted(p.name for p in (tmp_path / "outbox").iterdir()) == sorted(
         f"{i}_example.com.eml" for i in (email_id(a_keys), email_id(["dunning:in_2:1:day3"]), "kept-id")
     )
+
+
+def test_reminders_sent_counts_claimed_sent_and_adopted_per_invoice_and_cycle_and_none_on_a_new_ledger(backend):
+    """The count the templates' first contact is judged on (`ScheduleStore.reminders_sent`): on a ledger with no
+    reminder that may have reached anyone, an empty frame of its schema without asking about the invoices (a new
+    deployment's million); else each asked (invoice, cycle) with one."""
+    from dunning.ledger.stores.schedule_store import REMINDERS_SENT_SCHEMA
+
+    at = dt.datetime(2026, 11, 5, 9, tzinfo=dt.UTC)
+    asked = pl.DataFrame(
+        {"invoice_id": ["in_1", "in_2", "in_3"], "cycle": [1, 1, 1]}, schema_overrides={"cycle": pl.Int32}
+    )
+    due = due_frame(["in_1", "in_2"])
+    with backend.open() as ledger:
+        empty = ledger.reminders_sent(asked)
+        assert empty.schema == REMINDERS_SENT_SCHEMA and empty.height == 0
+        ledger.claim(due.head(1), due.tail(1), "run-1", at, lease_until=at)  # in_1 claimed, in_2 recorded skipped
+        counted = ledger.reminders_sent(asked)
+        assert counted.schema == REMINDERS_SENT_SCHEMA
+        assert counted.rows() == [("in_1", 1, 1)], "a skipped key reached no one"

@@ -15,6 +15,9 @@ _MAY_HAVE_REACHED = "status IN ('claimed', 'sent', 'unknown')"
 _SENT_BEFORE = "l.kind = 'reminder' AND (l.status IN ('claimed', 'sent', 'unknown') OR l.skip_reason = 'adopted')"
 
 
+REMINDERS_SENT_SCHEMA = pl.Schema({"invoice_id": pl.String, "cycle": pl.Int32, "reminders_sent_before": pl.Int32})
+
+
 class ScheduleStore(SqlConnection):
     """The collections schedule's reads, on the ledger's connection."""
 
@@ -36,6 +39,9 @@ class ScheduleStore(SqlConnection):
     def reminders_sent(self, invoices: pl.DataFrame) -> pl.DataFrame:
         """Per (invoice_id, cycle) of `invoices`: the reminders that may have reached the customer earlier in that
         cycle (`reminders_sent_before`), adopted ones included; invoices without one are left out."""
+        if not self.scalar(f"SELECT EXISTS (SELECT 1 FROM reminder_ledger l WHERE {_SENT_BEFORE})"):
+            # a new deployment: none to count, and none of a million invoices made distinct and registered to ask
+            return pl.DataFrame(schema=REMINDERS_SENT_SCHEMA)
         with self.registered("counted_invoices", invoices.select("invoice_id", "cycle").unique()):
             return self.frame(
                 f"""
