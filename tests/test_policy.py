@@ -32,10 +32,32 @@ def plan(tmp_path, rows, as_of, config=DEFAULT_CONFIG, state=EMPTY_STATE):
 
 def test_first_seen_ten_days_overdue_is_due_day7_and_skips_day3(tmp_path):
     _, planned = plan(tmp_path, [invoice()], "2026-11-11T09:00:00")
-    assert planned.select("stage", "role", "idempotency_key").rows() == [
-        ("day3", "skipped", "dunning:in_1:1:day3"),
+    assert planned.select("stage", "role", "idempotency_key").rows() == [  # the due keys first, then the skipped
         ("day7", "due", "dunning:in_1:1:day7"),
+        ("day3", "skipped", "dunning:in_1:1:day3"),
     ]
+
+
+def test_the_plans_due_and_skipped_parts_are_its_two_slices_each_in_the_snapshots_order(tmp_path):
+    """`due_and_skipped` takes the two parts as slices, no copy: `plan_reminders` puts every due row before every
+    skipped one, each part in the snapshot's order, so the slices are exactly what filtering by role gives."""
+    from dunning.plan.policy import due_and_skipped
+
+    rows = [
+        invoice(invoice_id="in_a", customer_id="c1", due_date="2026-10-20"),  # day14 due, day3 and day7 skipped
+        invoice(invoice_id="in_b", customer_id="c2", due_date="2026-11-07"),  # day3 due
+        invoice(invoice_id="in_c", customer_id="c1", due_date="2026-11-01"),  # day7 due, day3 skipped
+    ]
+    _, planned = plan(tmp_path, rows, "2026-11-11T09:00:00")
+    due, skipped = due_and_skipped(planned)
+    assert due.rows() == planned.filter(pl.col("role") == "due").rows()
+    assert skipped.rows() == planned.filter(pl.col("role") == "skipped").rows()
+    assert due.get_column("idempotency_key").to_list() == [
+        "dunning:in_a:1:day14", "dunning:in_b:1:day3", "dunning:in_c:1:day7",
+    ]  # fmt: skip
+    assert skipped.get_column("idempotency_key").to_list() == [
+        "dunning:in_a:1:day3", "dunning:in_a:1:day7", "dunning:in_c:1:day3",
+    ]  # fmt: skip
 
 
 def test_ninety_percent_paid_never_reaches_the_final_tone(tmp_path):

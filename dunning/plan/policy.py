@@ -132,7 +132,8 @@ def _state(state: pl.DataFrame) -> pl.DataFrame:
 
 
 def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
-    """One row per reminder key this cycle must record: `role` is `due` (send) or `skipped`.
+    """One row per reminder key this cycle must record: `role` is `due` (send) or `skipped`; the due rows first,
+    then the skipped ones (`due_and_skipped` splits them), each part in the snapshot's order.
 
     For each invoice in an open cycle, the target is the highest stage it has
     reached (`days_overdue >= stage_days`) whose balance rule it meets
@@ -194,9 +195,9 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     )
     keys = (
         pl.concat([due, skipped.select(due.columns)], how="vertical")
-        .sort("source_row", "stage_rank")  # the snapshot's order; an email sorts its own invoices
         .select(
             "row",
+            "source_row",
             "stage",
             "stage_rank",
             "stage_count",
@@ -209,6 +210,10 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
             .cast(PLAN_ROLE_DTYPE)
             .alias("role"),
         )
+        # the due keys first, then the skipped ones (the enum's order), each in the snapshot's order (an email sorts
+        # its own invoices): the cycle takes each part as a slice of the wide frame, not a filter copying it
+        .sort("role", "source_row", "stage_rank")
+        .drop("source_row")
     )
     return (
         cycled.rechunk()
@@ -235,6 +240,13 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
             "amount_minor",
         )
     )
+
+
+def due_and_skipped(planned: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """`plan_reminders`' due rows and its skipped rows, as two slices of it (no column copied: at 1.2M rows of
+    forty-odd columns, two filters were 0.1 s)."""
+    due_count = int((planned.get_column("role") == PlanRole.DUE).sum())
+    return planned.slice(0, due_count), planned.slice(due_count)
 
 
 def plan_retries(cycled: pl.DataFrame, failed: pl.DataFrame, due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:

@@ -27,7 +27,7 @@ from dunning.ledger.base import Ledger
 from dunning.ledger.stores.claims import ClaimCap
 from dunning.plan.breaker import BreakerVerdict, breaker_window, evaluate_breaker
 from dunning.plan.exclusions import WAITING_HOLDS, hold_expr
-from dunning.plan.policy import assign_cycles, plan_reminders, plan_retries
+from dunning.plan.policy import assign_cycles, due_and_skipped, plan_reminders, plan_retries
 from dunning.report.audit import build_audit, summarize
 from dunning.report.fee_audit import fee_audit_rows
 from dunning.send.alerts import Alert, raise_alert
@@ -94,9 +94,9 @@ def plan_cycle(
     `hold` says why a due or retry key is kept from the send before anything is claimed (`dunning.plan.exclusions`:
     `exclusions` in force, auto_advance, the minimum balance); null for the others.
     """
-    planned = plan_reminders(cycled, config)
+    planned_due, planned_skipped = due_and_skipped(plan_reminders(cycled, config))
     # Message-IDs are computed per chunk when keys are claimed (`send_due`); retries and notices bring theirs
-    due = with_email_groups(planned.filter(pl.col("role") == PlanRole.DUE), config).with_columns(
+    due = with_email_groups(planned_due, config).with_columns(
         pl.lit(None, dtype=pl.String).alias("email_id"),
         pl.lit(None, dtype=pl.String).alias("message_id"),
         pl.lit(None, dtype=pl.String).alias("hold"),  # a part may bring its own (a notice's untrusted address)
@@ -110,7 +110,7 @@ def plan_cycle(
         parts.append(invoices)
     if escalations is not None and escalations.height:
         parts.append(escalations)
-    parts.append(planned.filter(pl.col("role") == PlanRole.SKIPPED))
+    parts.append(planned_skipped)
     plan = pl.concat([_aligned(p, due.schema) for p in parts], how="vertical")
     sent_role = pl.col("role").is_in(SEND_ROLES)
     plan = plan.with_columns(
