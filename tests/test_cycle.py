@@ -252,6 +252,32 @@ def test_the_installed_command_reports_a_missing_snapshot_without_traceback(tmp_
 
 
 @pytest.mark.slow
+def test_the_installed_commands_progress_bar_reaches_its_stderr_whole_while_the_steps_output_is_captured(tmp_path):
+    """During a run Dagster points the process's stderr at the run's captured-output file: the send's progress bar
+    writes to a copy of stderr taken before, so a person sees all of it, not a file in HOME/dagster/storage."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import write_snapshot
+
+    command = shutil.which("dunning", path=str(Path(sys.executable).parent))
+    rows = [invoice(invoice_id=f"in_{i}", customer_id=f"cus_{i}", customer_email=f"c{i}@example.com") for i in range(5)]
+    snapshot = write_snapshot(tmp_path / "s.csv", rows)
+    home = tmp_path / "h"
+    result = subprocess.run(
+        [command, "--home", str(home), "run", "--snapshot", str(snapshot), "--as-of", "2026-11-05T09:00:00Z",
+         "--progress"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "sending: 100%" in result.stderr and "5/5" in result.stderr and "sent=5" in result.stderr
+    captured = "".join(p.read_text() for p in (home / "dagster" / "storage").rglob("*.err"))
+    assert "sending" not in captured, "the bar is not in the run's captured stderr"
+
+
+@pytest.mark.slow
 def test_the_installed_command_flushes_its_output_before_it_ends_the_process(tmp_path):
     """`dunning` ends with `os._exit` (no interpreter teardown): what it printed must still reach a pipe whole."""
     import json

@@ -185,3 +185,36 @@ def test_a_schema_probe_that_answered_yes_is_not_asked_again_and_a_no_always_is(
     finally:
         sqlalchemy.event.remove(sqlalchemy.engine.Engine, "before_cursor_execute", record)
         instance.dispose()
+
+
+def test_a_run_with_its_step_logs_asked_for_mirrors_its_output_as_dagsters_manager_does(tmp_path, monkeypatch):
+    """`dunning run -v` shows Dagster's step logs while the run goes: inside `mirrored_to_terminal(True)` the
+    capture is Dagster's own (its `tail -F` copies the file to the terminal); outside it, no process is started."""
+    import subprocess
+    import sys
+
+    from pipelines.instance.compute_logs import mirrored_to_terminal
+
+    instance = instance_module.get_instance(tmp_path / "home")
+    started: list[str] = []
+    real = subprocess.Popen
+
+    def recording(args, *rest, **kwargs):
+        started.append(str(args[0]))
+        return real(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", recording)
+    try:
+        manager = instance.compute_log_manager
+        with mirrored_to_terminal(False), manager.capture_logs(["run-1", "compute_logs", "quiet"]):
+            print("quiet", file=sys.stderr, flush=True)
+        assert started == []
+        with mirrored_to_terminal(True), manager.capture_logs(["run-2", "compute_logs", "watched"]):
+            print("watched", file=sys.stderr, flush=True)
+        assert "tail" in started, "Dagster's mirror"
+        assert manager.get_log_data(["run-2", "compute_logs", "watched"]).stderr == b"watched\n"
+        with manager.capture_logs(["run-3", "compute_logs", "after"]):
+            pass
+        assert started.count("tail") == 2, "one tail per stream, and none once the block ended"
+    finally:
+        instance.dispose()

@@ -123,6 +123,7 @@ def _run(args: argparse.Namespace, home: Path, temporary: bool = False) -> int:
     from dunning.send import heap
     from pipelines.cli.printing import failures, summary
     from pipelines.cli.printing.progress_bar import send_progress_bar
+    from pipelines.instance.compute_logs import mirrored_to_terminal
     from pipelines.io_manager import prune_run_frames
 
     instance = common.open_instance(home, config.shards)
@@ -151,7 +152,7 @@ def _run(args: argparse.Namespace, home: Path, temporary: bool = False) -> int:
         **_owner_tags(),
     }
     heap.settle()  # what the run needs is loaded now: the collector leaves it alone (`dunning.send.heap`)
-    with send_progress_bar(args.progress):
+    with send_progress_bar(args.progress), mirrored_to_terminal(bool(args.verbose)):  # -v: the steps' logs
         result = _execute_cycle(instance, run_config, tags)
     prune_run_frames(home)
     refused = failures.refusal(instance, result)  # the snapshot refused: later steps and checks skipped, exit 2
