@@ -22,8 +22,10 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from email.message import Message
+from typing import TYPE_CHECKING
 
-import polars as pl
+if TYPE_CHECKING:  # the key expressions only: a render worker (`dunning.send.render_pool`) imports no polars
+    import polars as pl
 
 
 def reminder_key(invoice_id: str, cycle: int, stage: str) -> str:
@@ -45,6 +47,8 @@ def invoice_key(invoice_id: str, billing_period: str | None) -> str:
 
 def invoice_key_expr() -> pl.Expr:
     """`invoice_key` over columns `invoice_id`, `billing_period`."""
+    import polars as pl
+
     return pl.concat_str(
         [pl.lit("invoice:"), pl.col("invoice_id"), pl.lit(":"), pl.col("billing_period").fill_null("none")]
     )
@@ -52,6 +56,8 @@ def invoice_key_expr() -> pl.Expr:
 
 def reminder_key_expr() -> pl.Expr:
     """`reminder_key` over columns `invoice_id`, `cycle`, `stage`."""
+    import polars as pl
+
     return pl.concat_str(
         [
             pl.lit("dunning:"),

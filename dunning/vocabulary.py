@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
-from typing import Literal, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 
-import polars as pl
+if TYPE_CHECKING:
+    import polars as pl
 
 K = TypeVar("K", bound=str)
 V = TypeVar("V")
@@ -78,7 +79,19 @@ class PlanRole(StrEnum):
 
 
 # the plan's `role` column: a value outside the set fails where it is made, not as a silent miss in a filter
-PLAN_ROLE_DTYPE = pl.Enum(plain(PlanRole))
+PLAN_ROLE_DTYPE: pl.Enum
+
+
+def __getattr__(name: str) -> Any:
+    """`PLAN_ROLE_DTYPE`, made when first asked for: this module is imported by code that makes no frame (a render
+    worker, `dunning.send.render_pool`), which then imports no polars (0.09 s of each worker's start)."""
+    if name == "PLAN_ROLE_DTYPE":
+        import polars as pl
+
+        dtype = pl.Enum(plain(PlanRole))
+        globals()[name] = dtype
+        return dtype
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Tone(StrEnum):

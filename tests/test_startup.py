@@ -45,6 +45,19 @@ def test_the_pipelines_definitions_leave_pandera_and_requests_to_the_steps_that_
     assert done.stdout.strip() == "[]"
 
 
+def test_a_render_worker_imports_neither_polars_nor_the_pydantic_config():
+    """A render worker (`dunning.send.render_pool`, spawned per run for a large batch) imports its module only: no
+    polars and no pydantic config (0.2 s of each worker's start, paid twice per shard run), until an email states
+    a fee or lists invoice lines."""
+    probe = (
+        "import sys, dunning.send.render_pool; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'polars', 'pydantic', 'duckdb', 'dagster'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
 IDLE_PROBE = """
 import json, sys
 from pipelines import cli

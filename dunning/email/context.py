@@ -28,8 +28,6 @@ import babel.numbers
 
 from dunning.email.locales import language_of
 from dunning.email.pay_links import https_url
-from dunning.fees.amounts import INTEREST, LABELS
-from dunning.plan import invoice_emails
 from dunning.vocabulary import EmailKind, Tone
 
 TONE_ORDER = {Tone.GENTLE: 0, Tone.FIRM: 1, Tone.FINAL: 2}
@@ -187,7 +185,7 @@ def _reminder_line(r: dict[str, Any], locale: str) -> dict[str, Any]:
     line = _invoice_line(r, locale)
     days = int(r["days_overdue"])
     fees = [_fee_line(f, locale) for f in r.get("fees") or []]
-    interest = [f for f in fees if f["kind"] == INTEREST]
+    interest = [f for f in fees if f["kind"] == _fees().INTEREST] if fees else []
     same = [f["amount_minor"] for f in fees if f["currency"] == r["currency"]]
     line.update(
         stage=r.get("stage"),
@@ -202,8 +200,16 @@ def _reminder_line(r: dict[str, Any], locale: str) -> dict[str, Any]:
     return line
 
 
+def _fees() -> Any:
+    """`dunning.fees.amounts` (the config's models come with it), imported by the first email that states a fee: a
+    render worker making reminders without fees imports neither it nor pydantic (0.1 s of each worker's start)."""
+    from dunning.fees import amounts
+
+    return amounts
+
+
 def _fee_line(fee: dict[str, Any], locale: str) -> dict[str, Any]:
-    labels = LABELS.get(language_of(locale), LABELS["en"])
+    labels = _fees().LABELS.get(language_of(locale), _fees().LABELS["en"])
     return {
         "kind": fee["kind"], "label": labels.get(fee["kind"], fee["kind"]), "amount_minor": fee["amount_minor"],
         "currency": fee["currency"], "amount": format_amount(int(fee["amount_minor"]), fee["currency"], locale),
@@ -257,7 +263,9 @@ def invoice_context(rows: Sequence[dict[str, Any]], as_of: dt.datetime, locale: 
     invoices = []
     for r in rows:
         line = _invoice_line(r, locale)
-        lines = invoice_emails.invoice_lines(r.get("invoice_lines"))
+        from dunning.plan.invoice_emails import invoice_lines  # polars and the config: only for invoice emails
+
+        lines = invoice_lines(r.get("invoice_lines"))
         line["total"] = format_amount(r["amount_due"], r["currency"], locale)
         line["lines"] = [
             {

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import babel
-import polars as pl
 
 from dunning.safe_text import has_control
+
+if TYPE_CHECKING:  # the plan's frames only: a render worker (`dunning.send.render_pool`) imports no polars
+    import polars as pl
 
 MAX_LOCALE = 40
 
@@ -43,6 +45,8 @@ def language_of(locale: str) -> str:
 
 def with_customer_locales(frame: pl.DataFrame) -> pl.DataFrame:
     """`customer_locale` as a canonical Babel name, or null where it is missing or unknown (the default applies)."""
+    import polars as pl
+
     if "customer_locale" not in frame.columns:
         return frame.with_columns(pl.lit(None, dtype=pl.String).alias("customer_locale"))
     distinct = frame.get_column("customer_locale").drop_nulls().unique().to_list()

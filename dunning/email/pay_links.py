@@ -14,9 +14,11 @@ dunned: a bad link is no reason to stop asking for the money.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import polars as pl
+if TYPE_CHECKING:  # the plan's frames only: a render worker (`dunning.send.render_pool`) imports no polars
+    import polars as pl
 
 MAX_URL = 2048
 # RFC 3986 characters only (unreserved, reserved, percent): no whitespace, controls, quotes, angle brackets,
@@ -57,6 +59,8 @@ def with_payment_urls(frame: pl.DataFrame) -> pl.DataFrame:
     An empty or missing value is no link, not a dropped one. Each distinct
     value is checked once.
     """
+    import polars as pl
+
     if "payment_url" not in frame.columns:
         frame = frame.with_columns(pl.lit(None, dtype=pl.String).alias("payment_url"))
     url = pl.col("payment_url")
