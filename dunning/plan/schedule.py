@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import polars as pl
 
 from dunning.config import DunningConfig, Holidays, ResolvedPolicy, SendWindow
+from dunning.ledger.stores.schedule_store import REMINDERS_SENT_SCHEMA
 from dunning.plan.policy import address_problem_expr
 from dunning.vocabulary import EmailKind, HoldReason
 
@@ -212,7 +213,6 @@ def _also_held_of_some(plan: pl.DataFrame, sends: pl.Expr, reasons: tuple[pl.Exp
     return column
 
 
-EMPTY_COUNTS = pl.Schema({"invoice_id": pl.String, "cycle": pl.Int32, "reminders_sent_before": pl.Int32})
 EMPTY_LAST = pl.Schema({"customer_id": pl.String(), "last_reminder_at": UTC_TYPE})
 
 
@@ -246,10 +246,14 @@ def scheduled(
             .drop("invoice_policy")
         )
     if counts is not None and counts.height:
-        plan = plan.join(counts.cast(EMPTY_COUNTS), on=["invoice_id", "cycle"], how="left", maintain_order="left")
+        plan = plan.join(
+            counts.cast(REMINDERS_SENT_SCHEMA), on=["invoice_id", "cycle"], how="left", maintain_order="left"
+        )
         plan = plan.with_columns(pl.col("reminders_sent_before").fill_null(0))
     else:  # nothing sent before (a new deployment): a join of every plan row (0.1 s at 1.2M) for zeros
-        plan = plan.with_columns(pl.lit(0, dtype=EMPTY_COUNTS["reminders_sent_before"]).alias("reminders_sent_before"))
+        plan = plan.with_columns(
+            pl.lit(0, dtype=REMINDERS_SENT_SCHEMA["reminders_sent_before"]).alias("reminders_sent_before")
+        )
     plan = window_holds(plan, config, as_of)
     last = last if last is not None else pl.DataFrame(schema=EMPTY_LAST)
     if spacing is None:
