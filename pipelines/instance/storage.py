@@ -150,25 +150,20 @@ class KeptEventLogStorage(SqliteEventLogStorage):
 
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
         self._engines: OrderedDict[str, sqlalchemy.engine.Engine] = OrderedDict()
-        self._tables_present: set[str] = set()
         self._index_for_tables: sqlalchemy.engine.Engine | None = None
         self._tables_lock = threading.Lock()
         super().__init__(base_dir, inst_data)
 
+    @_kept_once_true
     def has_table(self, table_name: str) -> bool:
         """Dagster asks before every materialization and check (a new engine each time); a table, once there,
         stays. Its own engine, not `_connect`'s: it is asked while an index connection is open."""
-        if table_name in self._tables_present:
-            return True
         with self._tables_lock:  # not `_db_lock`: that one is held by the index connection open around this
             if self._index_for_tables is None:
                 self._index_for_tables = _engine(self.conn_string_for_shard(INDEX_SHARD_NAME))
             engine = self._index_for_tables
         with engine.connect() as connection:
-            present = bool(engine.dialect.has_table(connection, table_name))
-        if present:
-            self._tables_present.add(table_name)
-        return present
+            return bool(engine.dialect.has_table(connection, table_name))
 
     @contextlib.contextmanager
     def _connect(self, shard: str) -> Iterator[sqlalchemy.Connection]:
