@@ -209,7 +209,8 @@ def _fees() -> Any:
 
 
 def _fee_line(fee: dict[str, Any], locale: str) -> dict[str, Any]:
-    labels = _fees().LABELS.get(language_of(locale), _fees().LABELS["en"])
+    all_labels = _fees().LABELS
+    labels = all_labels.get(language_of(locale), all_labels["en"])
     return {
         "kind": fee["kind"], "label": labels.get(fee["kind"], fee["kind"]), "amount_minor": fee["amount_minor"],
         "currency": fee["currency"], "amount": format_amount(int(fee["amount_minor"]), fee["currency"], locale),
@@ -260,11 +261,11 @@ def reminder_context(rows: Sequence[dict[str, Any]], as_of: dt.datetime, locale:
 def invoice_context(rows: Sequence[dict[str, Any]], as_of: dt.datetime, locale: str) -> Context:
     """One invoice email: `rows` are the invoices newly issued to one customer, sorted by invoice id. Each shows its
     lines when the snapshot has them (`invoice_lines`), its total, what is already paid, its due date and pay link."""
+    from dunning.plan.invoice_emails import invoice_lines  # polars and the config: only for invoice emails
+
     invoices = []
     for r in rows:
         line = _invoice_line(r, locale)
-        from dunning.plan.invoice_emails import invoice_lines  # polars and the config: only for invoice emails
-
         lines = invoice_lines(r.get("invoice_lines"))
         line["total"] = format_amount(r["amount_due"], r["currency"], locale)
         line["lines"] = [
