@@ -32,30 +32,26 @@ def test_version_and_help_import_nothing_heavy(argv):
     assert sorted(set(HEAVY) & set(probe["modules"])) == []
 
 
+def _packages_loaded_by(modules: str, packages: set[str]) -> list[str]:
+    """Which of `packages` a fresh interpreter has loaded after `import {modules}` (this one has them all)."""
+    probe = f"import json, sys, {modules}; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return sorted(set(json.loads(done.stdout)) & packages)
+
+
 def test_the_pipelines_definitions_leave_pandera_and_requests_to_the_steps_that_use_them():
     """A run's process imports the Definitions before anything else, an hour with nothing new and every shard
     included: pandera (a fifth of a second) is imported by the snapshot's validation and the breaker only, requests
     (0.1 s) by the code that posts (a webhook, the Resend provider, a Recurly pull)."""
-    probe = (
-        "import sys, pipelines.definitions, pipelines.cli.cycle; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pandera', 'requests', 'urllib3')))"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]"
+    assert _packages_loaded_by("pipelines.definitions, pipelines.cli.cycle", {"pandera", "requests", "urllib3"}) == []
 
 
 def test_a_render_worker_imports_neither_polars_nor_the_pydantic_config():
     """A render worker (`dunning.send.render_pool`, spawned per run for a large batch) imports its module only: no
     polars and no pydantic config (0.2 s of each worker's start, paid twice per shard run), until an email states
     a fee or lists invoice lines."""
-    probe = (
-        "import sys, dunning.send.render_pool; "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'polars', 'pydantic', 'duckdb', 'dagster'}))"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]"
+    assert _packages_loaded_by("dunning.send.render_pool", {"polars", "pydantic", "duckdb", "dagster"}) == []
 
 
 IDLE_PROBE = """
