@@ -18,6 +18,7 @@ from assets.sending import send_batch
 from assets.snapshot import billing_events, invoice_snapshot
 from checks.asset_checks import circuit_breaker
 from pipelines.feedback_job import feedback_import
+from pipelines.instance import pool_wait  # noqa: F401 - a run waiting for its pool slot sleeps, not spins
 from pipelines.io_manager import RunScopedFramesIOManager
 from pipelines.jobs import dunning_cycle_job, dunning_ingest_job
 from pipelines.recovery_job import flood_recovery

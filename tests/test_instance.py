@@ -6,12 +6,18 @@ from __future__ import annotations
 import datetime as dt
 import os
 import sqlite3
+import subprocess
+import time
+from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
 
+from assets.common import LEDGER_POOL
 from pipelines import instance as instance_module
 from tests.conftest import invoice
+from tests.helpers import DUNNING
 
 
 def _count_sqlite_connects(monkeypatch) -> list[str]:
@@ -218,3 +224,49 @@ def test_a_run_with_its_step_logs_asked_for_mirrors_its_output_as_dagsters_manag
         assert started.count("tail") == 2, "one tail per stream, and none once the block ended"
     finally:
         instance.dispose()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU of a live process, from /proc."""
+    fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.slow
+def test_a_run_waiting_for_the_ledger_pool_slot_sleeps_instead_of_spinning(deployment):
+    """Dagster's in-process executor never slept while a step waited for a pool slot (`pipelines.instance.pool_wait`):
+    a shard waiting behind another burned a core for as long as it waited."""
+    code, _, err = deployment.run([invoice()], "2026-11-05T09:00:00Z")  # the home, its instance and its pool
+    assert code == 0, err
+    storage = instance_module.get_instance(deployment.home).event_log_storage
+    assert storage.claim_concurrency_slot(LEDGER_POOL, "another-run", "its_step").is_claimed
+    process = subprocess.Popen(
+        [DUNNING, "--home", str(deployment.home), "run", "--snapshot", str(deployment.snapshot([invoice()])),
+         "--as-of", "2026-11-06T09:00:00Z"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not storage.get_concurrency_info(LEDGER_POOL).pending_step_count:
+            assert time.monotonic() < deadline and process.poll() is None, "the run never waited for the slot"
+            time.sleep(0.05)
+        before = _cpu_seconds(process.pid)
+        time.sleep(1.5)  # the window observed: the run waits the whole of it (the slot is still held)
+        spent = _cpu_seconds(process.pid) - before
+    finally:
+        storage.free_concurrency_slots_for_run("another-run")
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert "dunning cycle" in out
+    assert spent < 0.4, f"a run waiting 1.5 s for its pool slot used {spent:.2f} CPU-s (spinning uses about 1.5)"
+
+
+def test_the_wait_for_a_pool_slot_is_the_time_to_the_next_claim_check():
+    context = InstanceConcurrencyContext.__new__(InstanceConcurrencyContext)
+    context._pending_claims, context._pending_timeouts = set(), {}
+    assert context.interval_to_next_pending_claim_check() == 0.0
+    context._pending_claims = {"send_batch", "dunning_audit"}
+    context._pending_timeouts = {"send_batch": time.time() + 5.0, "dunning_audit": time.time() + 9.0}
+    assert 4.5 < context.interval_to_next_pending_claim_check() <= 5.0
+    context._pending_timeouts = {"send_batch": time.time() - 1.0}
+    assert context.interval_to_next_pending_claim_check() == 0.0, "a check already due is made at once"

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from pipelines.instance import pool_wait  # noqa: F401 - a run waiting for its pool slot sleeps, not spins
 from pipelines.instance.compute_logs import FileComputeLogManager
 from pipelines.instance.storage import DunningInstance, KeptEventLogStorage, KeptScriptDirectory
 
