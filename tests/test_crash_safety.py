@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.conftest import write_snapshot
+from tests.conftest import Deployment, write_snapshot
 from tests.helpers import DUNNING, customers
 from tests.smtp_server import ScriptedHandler, SmtpServer, smtp_config
 
@@ -44,29 +44,21 @@ def ledger(home):
         con.close()
 
 
+def in_process_run(home, snapshot, as_of, config) -> tuple[int, str, str]:
+    """A run after the kill, in this process: only the killed run needs a process of its own (a separate one cost
+    1.2 CPU-s more of imports, each restart)."""
+    deployment = Deployment(home.parent)
+    assert deployment.home == home
+    return deployment.cli("run", "--snapshot", str(snapshot), "--as-of", as_of, "--config", str(config))
+
+
 def restart_and_check(home, snapshot, tmp_path, expected_keys, delivered_before):
     """Restart against a healthy server: nothing delivered twice, nothing claimed lost, no claim left open."""
     handler = ScriptedHandler()
     with SmtpServer(handler) as server:
         config = smtp_config(tmp_path / "healthy.yaml", server.port)
-        result = subprocess.run(
-            [
-                DUNNING,
-                "--home",
-                str(home),
-                "run",
-                "--snapshot",
-                str(snapshot),
-                "--as-of",
-                "2026-11-05T10:00:00Z",
-                "--config",
-                config,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    assert result.returncode == 0, result.stderr
+        code, _, err = in_process_run(home, snapshot, "2026-11-05T10:00:00Z", config)
+    assert code == 0, err
     statuses = ledger(home)
     assert set(statuses) == set(expected_keys), "every claimed key is still on record"
     assert "claimed" not in statuses.values(), "a crash's claims became unknown, not unsent"
@@ -83,13 +75,8 @@ def rerun_later(home, snapshot, tmp_path, as_of="2026-11-05T12:00:00Z"):
     handler = ScriptedHandler()
     with SmtpServer(handler) as server:
         config = smtp_config(tmp_path / "later.yaml", server.port)
-        result = subprocess.run(
-            [DUNNING, "--home", str(home), "run", "--snapshot", str(snapshot), "--as-of", as_of, "--config", config],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    assert result.returncode == 0, result.stderr
+        code, _, err = in_process_run(home, snapshot, as_of, config)
+    assert code == 0, err
     return handler
 
 
@@ -229,12 +216,8 @@ def test_killed_mid_batch_its_render_workers_die_with_it_and_write_nothing_after
             process.kill()
     assert 200 <= len(written) < 3000
     for as_of in ("2026-11-05T10:00:00Z", "2026-11-05T12:00:00Z"):  # the rerun, then a run after the backoff
-        rerun = subprocess.run(
-            [DUNNING, "--home", str(home), "run", "--snapshot", str(snapshot), "--as-of", as_of, "--config",
-             str(config)],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert rerun.returncode == 0, rerun.stderr
+        code, _, err = in_process_run(home, snapshot, as_of, config)
+        assert code == 0, err
         statuses = ledger(home)
         assert not {"claimed", "unknown"} & set(statuses.values()), "the outbox answered for each unknown"
         now = files_in(outbox)
