@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import dunning.email as templates_package
 from dunning.config import parse_config
 from dunning.email.locales import email_locale, known_locale
 from dunning.email.render import WIRE_POLICY, Sender, apology_email, payment_failed_email, reminder_email
@@ -399,3 +400,36 @@ def test_templates_see_jinjas_globals_and_a_dict_methods_name_keeps_the_sandboxs
         env.from_string("{{ d.update }}").render({"d": {"update": "data"}})
     with pytest.raises(UndefinedError):
         env.from_string("{{ lipsum() }}").render()
+
+
+OLD_UPCOMING = '{SET} upcoming = invoices|selectattr("days_until_due", "ge", 0)|list|length == invoices|length -%}\n'
+
+
+def _as_copied_from_the_previous_release(text: str) -> str:
+    """A packaged template as the release before this one shipped it: `upcoming` and the pay-link test computed in
+    the template with `selectattr` (about a fifth of an email's rendering), not read from the context."""
+    for one in ("{%- set one = invoices|length == 1 -%}\n", "{% set one = invoices|length == 1 -%}\n"):
+        text = text.replace(one, one + OLD_UPCOMING.replace("{SET}", one.split(" set ")[0] + " set"), 1)
+    return text.replace("any_payment_url", 'invoices|selectattr("payment_url")|list|length > 0')
+
+
+def test_an_operators_copy_of_the_earlier_templates_renders_what_the_packaged_ones_now_render(tmp_path):
+    """The context's `upcoming` and `any_payment_url` are what the earlier templates computed, on every sample."""
+    from dunning.email.context import sample_contexts
+    from dunning.email.templating import render
+    from dunning.vocabulary import EmailKind
+
+    packaged = Path(templates_package.__file__).parent / "templates"
+    copied = 0
+    for source in [*packaged.glob("*.j2"), *packaged.glob("de/*.j2")]:
+        old = _as_copied_from_the_previous_release(source.read_text())
+        if old != source.read_text():
+            target = tmp_path / source.relative_to(packaged)
+            target.parent.mkdir(exist_ok=True)
+            target.write_text(old)
+            copied += 1
+    assert copied == 8, "the reminder's three templates and the apology's HTML, in English and German"
+    for locale in ("en_US", "de_DE"):
+        for kind in (EmailKind.REMINDER, EmailKind.APOLOGY):
+            for context in sample_contexts(kind, locale):
+                assert render(str(tmp_path), locale, kind, context) == render(None, locale, kind, context)

@@ -251,6 +251,9 @@ def reminder_context(rows: Sequence[dict[str, Any]], as_of: dt.datetime, locale:
         "first_contact": first_contact(rows),
         "policy": rows[0].get("policy") or "default",
         "invoices": invoices,
+        # every invoice of the email is not yet overdue (due today or later): the "ahead of the due date" wording
+        "upcoming": all(i["days_until_due"] >= 0 for i in invoices),
+        "any_payment_url": any(i["payment_url"] for i in invoices),
         "totals": currency_totals(rows, locale),
         # the link for the button of a one-invoice email
         "payment_url": invoices[0]["payment_url"] if len(invoices) == 1 else None,
@@ -308,6 +311,7 @@ def apology_context(
         "first_at": format_moment(flood["first_at"], locale),
         "last_at": format_moment(flood["last_at"], locale),
         "invoices": invoices,
+        "any_payment_url": any(i["payment_url"] for i in invoices),
         "totals": currency_totals(statement, locale, amount_field="remaining_minor"),
         **_common(locale, as_of),
     }
