@@ -1,6 +1,7 @@
 """Ledger before send and single owner, with real processes: SIGKILL at each point of a send, then restart; two
 runs at once."""
 
+import signal
 import socket
 import subprocess
 import time
@@ -14,6 +15,7 @@ from tests.helpers import DUNNING, customers
 from tests.smtp_server import ScriptedHandler, SmtpServer, smtp_config
 
 AS_OF = "2026-11-05T09:00:00Z"
+RESTART_TIMEOUT_S = 240  # what the subprocess restarts allowed (120 s), and the 3,000-email one (300 s)
 
 
 def start_run(home, snapshot, config, as_of=AS_OF):
@@ -49,7 +51,17 @@ def in_process_run(home, snapshot, as_of, config) -> tuple[int, str, str]:
     1.2 CPU-s more of imports, each restart)."""
     deployment = Deployment(home.parent)
     assert deployment.home == home
-    return deployment.cli("run", "--snapshot", str(snapshot), "--as-of", as_of, "--config", str(config))
+
+    def hung(signum, frame):  # a slot the killed run kept forever would make the restart wait forever
+        raise TimeoutError(f"the run after the kill did not end in {RESTART_TIMEOUT_S} s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(RESTART_TIMEOUT_S)
+    try:
+        return deployment.cli("run", "--snapshot", str(snapshot), "--as-of", as_of, "--config", str(config))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def restart_and_check(home, snapshot, tmp_path, expected_keys, delivered_before):

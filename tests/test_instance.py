@@ -238,7 +238,8 @@ def test_a_run_waiting_for_the_ledger_pool_slot_sleeps_instead_of_spinning(deplo
     a shard waiting behind another burned a core for as long as it waited."""
     code, _, err = deployment.run([invoice()], "2026-11-05T09:00:00Z")  # the home, its instance and its pool
     assert code == 0, err
-    storage = instance_module.get_instance(deployment.home).event_log_storage
+    instance = instance_module.get_instance(deployment.home)
+    storage = instance.event_log_storage
     assert storage.claim_concurrency_slot(LEDGER_POOL, "another-run", "its_step").is_claimed
     process = subprocess.Popen(
         [DUNNING, "--home", str(deployment.home), "run", "--snapshot", str(deployment.snapshot([invoice()])),
@@ -253,20 +254,27 @@ def test_a_run_waiting_for_the_ledger_pool_slot_sleeps_instead_of_spinning(deplo
         before = _cpu_seconds(process.pid)
         time.sleep(1.5)  # the window observed: the run waits the whole of it (the slot is still held)
         spent = _cpu_seconds(process.pid) - before
-    finally:
         storage.free_concurrency_slots_for_run("another-run")
-    out, err = process.communicate(timeout=120)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        instance.dispose()
     assert process.returncode == 0, err
     assert "dunning cycle" in out
     assert spent < 0.4, f"a run waiting 1.5 s for its pool slot used {spent:.2f} CPU-s (spinning uses about 1.5)"
 
 
-def test_the_wait_for_a_pool_slot_is_the_time_to_the_next_claim_check():
-    context = InstanceConcurrencyContext.__new__(InstanceConcurrencyContext)
-    context._pending_claims, context._pending_timeouts = set(), {}
-    assert context.interval_to_next_pending_claim_check() == 0.0
-    context._pending_claims = {"send_batch", "dunning_audit"}
-    context._pending_timeouts = {"send_batch": time.time() + 5.0, "dunning_audit": time.time() + 9.0}
-    assert 4.5 < context.interval_to_next_pending_claim_check() <= 5.0
-    context._pending_timeouts = {"send_batch": time.time() - 1.0}
-    assert context.interval_to_next_pending_claim_check() == 0.0, "a check already due is made at once"
+def test_the_wait_for_a_pool_slot_is_the_time_to_the_next_claim_check(tmp_path):
+    """A real claim refused by a real SQLite instance: the step's next check is a second away, and the executor
+    may sleep until then (Dagster's own answer was 0, always)."""
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
+        instance.event_log_storage.set_concurrency_slots("a_pool", 1)
+        assert instance.event_log_storage.claim_concurrency_slot("a_pool", "another-run", "its_step").is_claimed
+        run = instance.create_run_for_job(dg.GraphDefinition(name="nothing").to_job())
+        with InstanceConcurrencyContext(instance, run) as context:
+            assert context.interval_to_next_pending_claim_check() == 0.0, "nothing pending: nothing to wait for"
+            assert not context.claim("a_pool", "the_step")
+            assert context.has_pending_claims()
+            assert 0.5 < context.interval_to_next_pending_claim_check() <= 1.0

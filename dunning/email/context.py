@@ -375,7 +375,11 @@ def sample_contexts(kind: EmailKind, locale: str) -> list[Context]:
         ahead = [_sample_row("in_1", "gentle", paid=0, url=_SAMPLE_URL, name="Ada", days=-3)]
         today = [_sample_row("in_1", "gentle", paid=0, url=None, name=None, days=-3),
                  _sample_row("in_2", "gentle", paid=0, url=None, name=None, days=0)]  # fmt: skip
-        samples += [reminder_context(ahead, _SAMPLE_AS_OF, locale), reminder_context(today, _SAMPLE_AS_OF, locale)]
+        # one invoice overdue and one not due yet, in one email: not "upcoming"
+        mixed = [_sample_row("in_1", "gentle", paid=0, url=None, name="Ada", days=7),
+                 _sample_row("in_2", "gentle", paid=0, url=_SAMPLE_URL, name="Ada", days=-3)]  # fmt: skip
+        samples += [reminder_context(ahead, _SAMPLE_AS_OF, locale), reminder_context(today, _SAMPLE_AS_OF, locale),
+                    reminder_context(mixed, _SAMPLE_AS_OF, locale)]  # fmt: skip
         # after a broken promise to pay, with and without a promised amount
         promised = dict(one[0], broken_promise_until=dt.date(2026, 11, 6), broken_promise_amount_minor=50000)
         vague = dict(one[0], broken_promise_until=dt.date(2026, 11, 6), broken_promise_amount_minor=None)
