@@ -268,19 +268,14 @@ def scheduled(
     is_email = pl.col("kind") != EmailKind.ESCALATION
     is_reminder = pl.col("kind") == EmailKind.REMINDER
     sends = pl.col("role").is_in(SEND_ROLES)
-    hold = pl.coalesce(
-        "hold",
-        pl.when(is_reminder).then(pl.col("escalated_hold")),
-        pl.when(is_email).then(pl.col("window_hold")),
-        pl.when(is_reminder).then(pl.col("spacing_hold")),
-    )
-    reasons = (
+    holds = (
         pl.col("hold"),
         pl.when(is_reminder).then(pl.col("escalated_hold")),
         pl.when(is_email).then(pl.col("window_hold")),
         pl.when(is_reminder).then(pl.col("spacing_hold")),
-        pl.when(is_email & ~pl.col("sendable").fill_null(False)).then(_address_problem(plan.columns)),
     )
+    hold = pl.coalesce(*holds)  # the first reason holds the key; the others, and an address problem, are named after
+    reasons = (*holds, pl.when(is_email & ~pl.col("sendable").fill_null(False)).then(_address_problem(plan.columns)))
     plan = plan.with_columns(
         pl.when(sends).then(hold).otherwise(pl.col("hold")).alias("hold"), _also_held_of_some(plan, sends, reasons)
     )
