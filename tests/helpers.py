@@ -27,6 +27,12 @@ DUNNING = shutil.which("dunning", path=str(Path(sys.executable).parent))
 TEST_SECRET = b"the tests' Message-ID secret, 32+ bytes"
 
 
+def proc_stat(pid: int | str) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (state, ppid, ..., utime, stime at 11 and 12); OSError
+    when the process is gone."""
+    return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+
+
 def minted_ids(config: DunningConfig | None = None) -> MessageIds:
     """Message-IDs minted as a deployment with the secret TEST_SECRET would mint them."""
     return MessageIds((config or DunningConfig()).provider.message_domain, (TEST_SECRET,))

@@ -11,7 +11,7 @@ import duckdb
 import pytest
 
 from tests.conftest import Deployment, write_snapshot
-from tests.helpers import DUNNING, customers
+from tests.helpers import DUNNING, customers, proc_stat
 from tests.smtp_server import ScriptedHandler, SmtpServer, smtp_config
 
 AS_OF = "2026-11-05T09:00:00Z"
@@ -185,7 +185,7 @@ def children_of(pid: int) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                fields = proc_stat(entry.name)
             except OSError:
                 continue
             if int(fields[1]) == pid:
@@ -195,7 +195,7 @@ def children_of(pid: int) -> list[int]:
 
 def alive(pid: int) -> bool:
     try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        state = proc_stat(pid)[0]
     except OSError:
         return False
     return state != "Z"

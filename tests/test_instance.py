@@ -8,7 +8,6 @@ import os
 import sqlite3
 import subprocess
 import time
-from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -17,7 +16,7 @@ from dagster._core.execution.plan.instance_concurrency_context import InstanceCo
 from assets.common import LEDGER_POOL
 from pipelines import instance as instance_module
 from tests.conftest import invoice
-from tests.helpers import DUNNING
+from tests.helpers import DUNNING, proc_stat
 
 
 def _count_sqlite_connects(monkeypatch) -> list[str]:
@@ -228,7 +227,7 @@ def test_a_run_with_its_step_logs_asked_for_mirrors_its_output_as_dagsters_manag
 
 def _cpu_seconds(pid: int) -> float:
     """User plus system CPU of a live process, from /proc."""
-    fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    fields = proc_stat(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
