@@ -1,12 +1,16 @@
 import datetime as dt
 import json
+import random
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import pandera.polars as pa
+import polars as pl
 import pytest
 
 from dunning.config import DunningConfig
 from dunning.errors import SnapshotError
+from dunning.ingest import snapshot_model
 from dunning.ingest.snapshot import read_snapshot
 from dunning.ingest.snapshot_model import validate_snapshot
 from dunning.ingest.snapshot_rules import DUPLICATED, REPEATED
@@ -190,3 +194,86 @@ def test_a_live_run_alerts_once_naming_the_conflicting_ids(deployment):
     [(kind, message)] = deployment.query("SELECT kind, message FROM alerts")
     assert kind == "duplicate_invoice_ids" and message.endswith(": dup")
     assert {r["invoice_id"] for r in deployment.ledger()} >= {"in_1"}
+
+
+# each column's values, the first good, the others breaking a rule of the model or its type (a null where required)
+_VALUES = {
+    "invoice_id": ["in", "", None, "in\n", "i" * 201],
+    "customer_id": ["c1", "c2", "", None, "c\x07"],
+    "customer_email": ["a@example.com", None, "", "x" * 255, "a\r@example.com"],
+    "currency": ["USD", "EUR", "XXZ", None, "usd"],
+    "amount_due": [100, 0, 5000, -1, None],
+    "amount_paid": [0, 100, 6000, -5, None],
+    "due_date": [dt.date(2026, 11, 1), None],
+    "status": ["open", "paid", "void", "closed", None],
+    "customer_name": ["Ada", None, "n" * 257, "A\u2028B"],
+    "billing_period": [None, "2026-11", "p" * 65],
+}
+_TYPES = {"amount_due": pl.Int64, "amount_paid": pl.Int64, "due_date": pl.Date}
+
+
+def _frame(rows: list[dict]) -> pl.DataFrame:
+    schema = {c: _TYPES.get(c, pl.String) for c in _VALUES}
+    return pl.DataFrame(rows, schema=schema).with_row_index("source_row", offset=1).cast({"source_row": pl.Int64})
+
+
+def _distinct_id(row: dict, n: int) -> dict:
+    """`row` with an invoice id no other row has (the empty id stays as it is: it is listed once)."""
+    invoice_id = row["invoice_id"]
+    return {**row, "invoice_id": invoice_id if invoice_id in ("", None) else f"{invoice_id}{n}"}
+
+
+def test_the_one_pass_check_says_all_hold_exactly_when_pandera_finds_nothing():
+    good = {c: v[0] for c, v in _VALUES.items()}
+    rows = [good] + [{**good, c: value} for c, values in _VALUES.items() for value in values[1:]]  # each alone
+    rng = random.Random(36)
+    rows += [{c: rng.choice(v if c != "invoice_id" else [v[0], None, v[3]]) for c, v in _VALUES.items()}
+             for _ in range(300)]  # fmt: skip
+    frame = _frame([_distinct_id(row, n) for n, row in enumerate(rows)])
+    try:
+        snapshot_model.SnapshotRows.validate(frame, lazy=True)
+        broken: set[int] = set()
+    except pa.errors.SchemaErrors as errors:
+        broken = set(errors.failure_cases.get_column("index").drop_nulls().cast(pl.Int64).to_list())
+    assert 0 < len(broken) < frame.height
+    for n in range(frame.height):
+        assert snapshot_model._all_hold(frame.slice(n, 1)) == (n not in broken), frame.row(n, named=True)
+    # and the invoice listed twice with different values, which only the frame shows
+    twice = frame.slice(0, 1).vstack(frame.slice(0, 1).with_columns(pl.lit(9, dtype=pl.Int64).alias("amount_paid")))
+    assert not snapshot_model._all_hold(twice)
+    assert validate_snapshot(twice)[1].get_column("rule").to_list() == [DUPLICATED, DUPLICATED]
+    # and a column of another type, or missing, which pandera refuses for the whole frame
+    for wrong in (frame.slice(0, 1).cast({"amount_due": pl.Int32}), frame.slice(0, 1).drop("status")):
+        assert not snapshot_model._all_hold(wrong)
+        with pytest.raises(pa.errors.SchemaErrors):
+            snapshot_model.SnapshotRows.validate(wrong, lazy=True)
+
+
+def test_a_clean_snapshot_is_judged_in_one_pass_without_pandera(monkeypatch):
+    good = {c: v[0] for c, v in _VALUES.items()}
+    frame = _frame([good, {**good, "invoice_id": "in_2"}])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("pandera asked about a clean snapshot")
+
+    monkeypatch.setattr(snapshot_model.SnapshotRows, "validate", refuse)
+    valid, rejected = validate_snapshot(frame)
+    assert valid.equals(frame) and rejected.is_empty()
+
+
+def test_a_check_the_one_pass_does_not_know_leaves_every_snapshot_to_pandera(monkeypatch):
+    class WithANewCheck(snapshot_model.SnapshotRows):
+        @pa.check("customer_id", name="starts_with_c")
+        def _starts_with_c(cls, data: pa.PolarsData) -> pl.LazyFrame:
+            return data.lazyframe.select(pl.col(data.key).str.starts_with("c"))
+
+    monkeypatch.setattr(snapshot_model, "SnapshotRows", WithANewCheck)
+    snapshot_model._fast_rules.cache_clear()
+    try:
+        assert snapshot_model._fast_rules() is None
+        row = {c: v[0] for c, v in _VALUES.items()}
+        valid, rejected = validate_snapshot(_frame([row, {**row, "invoice_id": "in_2", "customer_id": "x2"}]))
+        assert valid.get_column("invoice_id").to_list() == ["in"]
+        assert rejected.get_column("rule").to_list() == ["customer_id: starts_with_c"]
+    finally:
+        snapshot_model._fast_rules.cache_clear()

@@ -4,10 +4,15 @@ snapshot into valid and rejected rows.
 Validation runs eagerly with `lazy=True` so one pass collects every broken
 rule on every row (a LazyFrame would only check the schema). The failure cases
 are turned into one quarantine record per rejected input row, naming each rule
-in words an operator can act on.
+in words an operator can act on. A snapshot with nothing wrong is first asked
+in one polars pass built from the same model (`_all_hold`); only one that
+fails it goes through pandera, which names what is wrong.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import pandera.polars as pa
 import polars as pl
@@ -24,6 +29,17 @@ from dunning.ingest.snapshot_rules import (
     split_repeats,
 )
 from dunning.safe_text import CONTROL_CLASS
+
+# the model's own checks, one expression each per column: pandera runs them (below), and so does `_all_hold`
+COLUMN_RULES: dict[str, Callable[[str], pl.Expr]] = {
+    "non_empty": lambda column: pl.col(column).str.len_chars() > 0,
+    "no_control_characters": lambda column: ~pl.col(column).str.contains(f"[{CONTROL_CLASS}]").fill_null(False),
+    "within_length_limit": lambda column: (pl.col(column).str.len_chars() <= MAX_LENGTH[column]).fill_null(True),
+    "known_currency": lambda column: pl.col(column).is_in(CURRENCIES),
+}
+PAID_NOT_ABOVE_DUE = ((pl.col("amount_paid") <= pl.col("amount_due")) | (pl.col("amount_due") < 0)).fill_null(True)
+# the model's frame checks as expressions for `_all_hold`; None: asked apart (`all_distinct`, as the check does)
+FRAME_RULES: dict[str, pl.Expr | None] = {"paid_not_above_due": PAID_NOT_ABOVE_DUE, "unique_invoice_id": None}
 
 
 class SnapshotRows(pa.DataFrameModel):
@@ -46,25 +62,23 @@ class SnapshotRows(pa.DataFrameModel):
 
     @pa.check("invoice_id", "customer_id", name="non_empty")
     def _non_empty(cls, data: pa.PolarsData) -> pl.LazyFrame:
-        return data.lazyframe.select(pl.col(data.key).str.len_chars() > 0)
+        return data.lazyframe.select(COLUMN_RULES["non_empty"](data.key))
 
     @pa.check(*TEXT_COLUMNS, name="no_control_characters")
     def _no_control_characters(cls, data: pa.PolarsData) -> pl.LazyFrame:
-        return data.lazyframe.select(~pl.col(data.key).str.contains(f"[{CONTROL_CLASS}]").fill_null(False))
+        return data.lazyframe.select(COLUMN_RULES["no_control_characters"](data.key))
 
     @pa.check(*MAX_LENGTH, name="within_length_limit")
     def _within_length_limit(cls, data: pa.PolarsData) -> pl.LazyFrame:
-        return data.lazyframe.select((pl.col(data.key).str.len_chars() <= MAX_LENGTH[data.key]).fill_null(True))
+        return data.lazyframe.select(COLUMN_RULES["within_length_limit"](data.key))
 
     @pa.check("currency", name="known_currency")
     def _known_currency(cls, data: pa.PolarsData) -> pl.LazyFrame:
-        return data.lazyframe.select(pl.col(data.key).is_in(CURRENCIES))
+        return data.lazyframe.select(COLUMN_RULES["known_currency"](data.key))
 
     @pa.dataframe_check(name="paid_not_above_due")
     def _paid_not_above_due(cls, data: pa.PolarsData) -> pl.LazyFrame:
-        return data.lazyframe.select(
-            ((pl.col("amount_paid") <= pl.col("amount_due")) | (pl.col("amount_due") < 0)).fill_null(True)
-        )
+        return data.lazyframe.select(PAID_NOT_ABOVE_DUE)
 
     @pa.dataframe_check(name="unique_invoice_id")
     def _unique_invoice_id(cls, data: pa.PolarsData) -> pl.LazyFrame:
@@ -95,7 +109,55 @@ def validate_snapshot(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     return valid, rejected
 
 
+@functools.cache
+def _fast_rules() -> tuple[dict[str, tuple[pl.DataType, bool]], tuple[pl.Expr, ...]] | None:
+    """The model as one polars selection: each column's type and whether it may be null, and every check as an
+    expression true where a row passes. None when the model holds something this does not know how to say (a new
+    kind of check, a coerced or unique column): then pandera alone judges every snapshot, as before."""
+    schema = SnapshotRows.to_schema()
+    if schema.strict or schema.coerce or schema.unique or {c.name for c in schema.checks} != set(FRAME_RULES):
+        return None
+    types: dict[str, tuple[pl.DataType, bool]] = {}
+    rules: list[pl.Expr] = [rule for rule in FRAME_RULES.values() if rule is not None]
+    for name, column in schema.columns.items():
+        if column.coerce or column.unique or column.regex or not column.required:
+            return None
+        types[name] = (column.dtype.type, column.nullable)
+        for check in column.checks:
+            if check.name in COLUMN_RULES:
+                rules.append(COLUMN_RULES[check.name](name))
+            elif check.name == "greater_than_or_equal_to":
+                rules.append(pl.col(name) >= check.statistics["min_value"])
+            elif check.name == "isin":
+                rules.append(pl.col(name).is_in(check.statistics["allowed_values"]))
+            else:
+                return None
+    return types, tuple(rules)
+
+
+def _all_hold(frame: pl.DataFrame) -> bool:
+    """True only when pandera would find nothing wrong with `frame`, asked in one pass over it: pandera's lazy
+    validation runs each check as a query of its own (76 of them on any snapshot: at 1M invoices about 0.3 s, on a
+    handful of rows 28 ms of a 0.2 s cycle). False says only "ask pandera", which then names each broken rule; a
+    null where a check expected a value counts as broken, so this is never more lenient than pandera."""
+    model = _fast_rules()
+    if model is None:
+        return False
+    types, rules = model
+    if any(frame.schema.get(name) != dtype for name, (dtype, _) in types.items()):
+        return False
+    if not all_distinct(frame.get_column("invoice_id")):
+        return False
+    required = [pl.col(name).is_not_null() for name, (_, nullable) in types.items() if not nullable]
+    passed = frame.select(
+        *(rule.fill_null(False).all().alias(f"_{i}") for i, rule in enumerate((*required, *rules)))
+    ).row(0)
+    return all(passed)
+
+
 def _validated(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    if _all_hold(frame):
+        return frame, frame.head(0).with_columns(pl.lit(None, dtype=pl.String).alias("rule"))
     try:
         SnapshotRows.validate(frame, lazy=True)
     except pa.errors.SchemaErrors as errors:
