@@ -73,3 +73,18 @@ def test_an_hour_with_nothing_new_imports_neither_pandera_pyarrow_nor_requests(d
     idle = subprocess.run([sys.executable, "-c", IDLE_PROBE, *argv], capture_output=True, text=True, timeout=300)
     assert "nothing changed since run" in idle.stdout, idle.stdout + idle.stderr[-2000:]
     assert json.loads(idle.stderr.strip().splitlines()[-1]) == {"code": 0, "heavy": []}
+
+
+def test_commands_parsed_one_after_another_in_one_process_keep_nothing_of_each_other():
+    """`main` builds the parser once per process (`pipelines.cli._parser`): no option of one command may leak into
+    the next."""
+    from pipelines import cli
+
+    first = cli._parser().parse_args(["run", "--dry-run", "--snapshot", "a.csv", "--home", "h"])
+    second = cli._parser().parse_args(["run", "--snapshot", "b.csv"])
+    assert (first.dry_run, first.home_sub, first.snapshot) == (True, "h", "a.csv")
+    assert (second.dry_run, second.home_sub, second.snapshot) == (False, None, "b.csv")
+    asked = (("--sent", ["k1", "k2"]), ("--not-sent", ["k3"]))
+    resolved = [cli._parser().parse_args(["resolve", flag, *keys]) for flag, keys in asked]
+    assert [(r.keys, r.sent) for r in resolved] == [(["k1", "k2"], True), (["k3"], False)]
+    assert cli._parser() is cli._parser()
