@@ -69,9 +69,11 @@ run: $(BIN)/dunning
 # the whole suite on every core (each test has its own home); `make test-fast` is the dev loop. Work stealing:
 # a worker that runs out of tests takes queued ones from a busy worker, so the slowest tests don't form a tail
 # (measured: 233 s with the default load scheduling, 202 s with worksteal).
-# Two workers per core: many tests wait on fsyncs, sockets and child processes (measured: 2 workers 236 s,
-# 4 workers on 2 cores about 205 s).
-WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
+# Three workers per two cores: many tests wait on fsyncs, sockets and child processes, which a worker more than
+# the cores fills, while each worker beyond that pays its imports again and makes every test slower by sharing the
+# cores' caches (measured on 2 cores, 2026-12-07, one run each: 2 workers 297 s with 76 s of the cores idle and
+# 479 CPU-s, 3 workers 268 s and 485 CPU-s, 4 workers 282 s and 515 CPU-s).
+WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 3 / 2 )))
 
 # Test homes go on a RAM disk when the machine has one: the suite writes thousands of small DuckDB and SQLite
 # files, each commit an fsync (measured on 2 cores: 132 s on /dev/shm, 154-168 s on the disk). One directory per
