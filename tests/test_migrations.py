@@ -111,3 +111,24 @@ def test_the_ledger_rebuilt_for_invoice_emails_keeps_its_rows_and_takes_the_new_
         assert ledger.record_skipped(skipped, "run-2", at) == 1
         with pytest.raises(backend.duplicate_error):  # the primary key survived the rebuild
             ledger.con.execute("INSERT INTO reminder_ledger SELECT * FROM reminder_ledger LIMIT 1")
+
+
+def test_a_new_ledger_has_the_tables_columns_and_indexes_a_migrated_one_has(tmp_path):
+    """A new file gets its schema as one script (`migrate`); a release-0.1 file gets it migration by migration. The
+    same schema either way: a statement lost or merged in the script shows here."""
+
+    def schema(path):
+        with open_ledger(path) as ledger:
+            return (
+                set(ledger.con.execute("SELECT table_name, column_name, data_type FROM duckdb_columns() "
+                                       "WHERE database_name = current_database()").fetchall()),
+                set(ledger.con.execute("SELECT table_name, index_name, is_unique FROM duckdb_indexes() "
+                                       "WHERE database_name = current_database()").fetchall()),
+                set(ledger.con.execute("SELECT table_name, constraint_type, constraint_text FROM duckdb_constraints() "
+                                       "WHERE database_name = current_database()").fetchall()),
+            )  # fmt: skip
+
+    new = schema(tmp_path / "new.duckdb")
+    migrated = schema(unpack(tmp_path / "dunning.duckdb"))
+    assert new == migrated
+    assert len(new[0]) > 100 and len(new[2]) > 30  # the ledger's keys are constraints; no index is made apart

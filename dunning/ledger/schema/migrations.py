@@ -253,11 +253,16 @@ CREATE TABLE IF NOT EXISTS schema_version (
 """
 
 
-def _table_names(con: Executes) -> set[str]:
+def _table_names(con: Executes, duckdb_catalog: bool = False) -> set[str]:
     """Every table's name, in one catalog query: asking for each table, or for a list of them with `IN`, took
-    DuckDB 2-16 ms a question (its catalog views are built per query), the list of names 1.5 ms. Only this
-    database's: other files attached to the process's DuckDB (`duckdb_host`) are not its tables."""
-    query = "SELECT table_name FROM information_schema.tables WHERE table_catalog = current_database()"
+    DuckDB 2-16 ms a question (its catalog views are built per query), the list of names 1.5 ms, and 0.9 ms from
+    DuckDB's own `duckdb_tables()` (`duckdb_catalog`, for a connection known to be DuckDB's: the ledger's every
+    open asks). Only this database's: other files attached to the process's DuckDB (`duckdb_host`) are not its
+    tables."""
+    if duckdb_catalog:
+        query = "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+    else:
+        query = "SELECT table_name FROM information_schema.tables WHERE table_catalog = current_database()"
     return {str(row[0]) for row in con.execute(query).fetchall()}
 
 
@@ -301,7 +306,7 @@ def _schema_is_current(version: int, ddl: Sequence[str], tables: set[str]) -> bo
 def migrate(con: Executes, path: str, ddl: Sequence[str] = DDL, postgres: bool = False) -> list[int]:
     """Apply every pending migration in order; returns the versions applied now. `ddl`: the current schema in this
     database's dialect (`schema.DDL` for DuckDB, `pg_schema.PG_DDL` for PostgreSQL, with `postgres` set)."""
-    tables = _table_names(con)
+    tables = _table_names(con, duckdb_catalog=not postgres)
     version = check_not_newer(con, path, tables)
     applied: list[int] = []
     if _schema_is_current(version, ddl, tables):
@@ -309,13 +314,16 @@ def migrate(con: Executes, path: str, ddl: Sequence[str] = DDL, postgres: bool =
     con.execute(_VERSION_TABLE)
     if version == 0:  # a new file: the current schema at once, every migration recorded as applied
         con.execute("BEGIN TRANSACTION")
-        for statement in ddl:
-            con.execute(statement)
-        for migration in MIGRATIONS:
-            con.execute(
-                "INSERT INTO schema_version VALUES (?, ?, ?)",
-                [migration.version, migration.description, dt.datetime.now(dt.UTC)],
-            )
+        if postgres:
+            for statement in ddl:
+                con.execute(statement)
+        else:  # one script and one insert: 14 ms where a statement at a time took 25 (DuckDB's round trips)
+            con.execute(";\n".join(ddl))
+        now = dt.datetime.now(dt.UTC)
+        con.execute(
+            "INSERT INTO schema_version VALUES " + ", ".join("(?, ?, ?)" for _ in MIGRATIONS),
+            [value for m in MIGRATIONS for value in (m.version, m.description, now)],
+        )
         con.execute("COMMIT")
         return [m.version for m in MIGRATIONS]
     if version == 1 and not _rows(con, "schema_version"):
