@@ -224,3 +224,20 @@ def test_also_held_lists_every_reason_after_the_first_once_in_order_for_any_comb
     frame = pl.DataFrame(rows, schema=["r0", "r1", "r2", "r3"], orient="row")
     got = frame.select(_also_held(*(pl.col(c) for c in frame.columns)).alias("x")).get_column("x").to_list()
     assert got == [reference(list(r)) for r in rows]
+
+
+@pytest.mark.parametrize("every", [1, 2, 3, 50])  # dense gathers rechunk first, sparse ones gather across chunks
+def test_the_plans_gather_gives_the_rows_asked_in_their_order_on_a_frame_of_many_chunks(every):
+    from dunning.plan.policy import gather_rows
+
+    parts = [
+        pl.DataFrame({"n": list(range(start, start + 100)), "text": [f"t{i}" for i in range(start, start + 100)],
+                      "maybe": [None if i % 7 else f"m{i}" for i in range(start, start + 100)]})
+        for start in range(0, 1000, 100)
+    ]  # fmt: skip
+    frame = pl.concat(parts, rechunk=False)
+    assert frame.get_column("text").n_chunks() == 10
+    rows = pl.Series([*range(0, 1000, every), *range(1, 1000, every * 7)], dtype=pl.UInt32)  # two ascending runs
+    gathered = gather_rows(frame, rows)
+    assert gathered.get_column("n").to_list() == rows.to_list()
+    assert gathered.equals(frame.rechunk().gather(rows))

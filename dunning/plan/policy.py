@@ -131,6 +131,21 @@ def _state(state: pl.DataFrame) -> pl.DataFrame:
     return state.select(*STATE_SCHEMA, CHANGED_AT).cast(pl.Schema({**STATE_SCHEMA, CHANGED_AT: CHANGED_AT_TYPE}))
 
 
+DENSE_GATHER = 4  # a gather of at least 1/DENSE_GATHER of a frame's rows rechunks it first
+
+
+def gather_rows(frame: pl.DataFrame, rows: pl.Series) -> pl.DataFrame:
+    """`frame.gather(rows)` for `rows` in nearly ascending order (the plan's keys: two runs of the snapshot's
+    order). A dense gather (a new deployment: most invoices have a key) is faster on one chunk, and its copy of the
+    frame is about the size of its result; a sparse one (an hour's newly due keys, a tenth of the invoices) is as
+    fast across the chunks the snapshot was read in, and rechunking first held a second copy of every text
+    column until the gather ended: 0.6 GB more at 10M invoices, over the 4 GB target (`bench/RESULTS.md`,
+    2026-12-07, notes on the 11:27 run)."""
+    if rows.len() * DENSE_GATHER >= frame.height:
+        frame = frame.rechunk()
+    return frame.gather(rows)
+
+
 def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
     """One row per reminder key this cycle must record: `role` is `due` (send) or `skipped`; the due rows first,
     then the skipped ones (`due_and_skipped` splits them), each part in the snapshot's order.
@@ -216,8 +231,7 @@ def plan_reminders(cycled: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
         .drop("source_row")
     )
     return (
-        cycled.rechunk()
-        .gather(keys.get_column("row"))  # one chunk first: a gather across chunks is 4-7x dearer
+        gather_rows(cycled, keys.get_column("row"))
         .with_columns(keys.drop("row"))
         .with_columns(
             reminder_key_expr().alias("idempotency_key"),
