@@ -11,6 +11,7 @@ import pytest
 
 from dunning.ledger.backends.duckdb_ledger import open_ledger
 from dunning.ledger.schema.migrations import LATEST, MIGRATIONS, LedgerTooNew
+from dunning.ledger.schema.tables import DDL
 from tests.conftest import invoice
 from tests.helpers import due_frame
 from tests.ledger_backends import backend_fixture  # noqa: F401 - the fixture: both databases
@@ -132,3 +133,13 @@ def test_a_new_ledger_has_the_tables_columns_and_indexes_a_migrated_one_has(tmp_
     migrated = schema(unpack(tmp_path / "dunning.duckdb"))
     assert new == migrated
     assert len(new[0]) > 100 and len(new[2]) > 30  # the ledger's keys are constraints; no index is made apart
+
+
+def test_a_schema_statement_ending_in_a_comment_does_not_swallow_the_next():
+    from dunning.ledger.schema.migrations import migrate
+
+    con = duckdb.connect(":memory:")
+    ddl = ["CREATE TABLE IF NOT EXISTS first_one (x INTEGER) -- a comment at the end", *DDL]
+    assert migrate(con, ":memory:", ddl=ddl) == [m.version for m in MIGRATIONS]
+    tables = {row[0] for row in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    assert {"first_one", "reminder_ledger", "schema_version"} <= tables

@@ -318,7 +318,7 @@ def migrate(con: Executes, path: str, ddl: Sequence[str] = DDL, postgres: bool =
             for statement in ddl:
                 con.execute(statement)
         else:  # one script and one insert: 14 ms where a statement at a time took 25 (DuckDB's round trips)
-            con.execute(";\n".join(ddl))
+            con.execute("\n;\n".join(ddl))  # a newline first: a statement ending in a -- comment stays whole
         now = dt.datetime.now(dt.UTC)
         con.execute(
             "INSERT INTO schema_version VALUES " + ", ".join("(?, ?, ?)" for _ in MIGRATIONS),
