@@ -100,7 +100,7 @@ def validate_snapshot(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         broken = frame.filter(pl.col(LINE_PROBLEM).is_not_null()).rename({LINE_PROBLEM: "rule"})
         frame = frame.filter(pl.col(LINE_PROBLEM).is_null()).drop(LINE_PROBLEM)
     distinct = all_distinct(frame.get_column("invoice_id"))  # asked once (0.2 s at 10M invoices)
-    kept, copies = (frame, frame.head(0)) if distinct else split_repeats(frame)
+    kept, copies = split_repeats(frame, distinct)
     valid, rejected = _validated(kept, ids_distinct=distinct)
     extra = [
         broken.select(rejected.columns),

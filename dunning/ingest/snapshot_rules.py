@@ -53,11 +53,13 @@ DUPLICATED = "invoice_id is duplicated with different values"
 REPEATED = "invoice_id is repeated: an identical earlier row was kept, this copy is not"
 
 
-def split_repeats(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def split_repeats(frame: pl.DataFrame, ids_distinct: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(`frame` with rows repeated exactly kept once, at the first; the later copies). Every column but
     `source_row` alike is an export that listed an invoice twice: its invoice is dunned once, and the copy is
-    quarantined to say so. Rows of one invoice id that differ all stay, for the duplicate rule to reject."""
-    if all_distinct(frame.get_column("invoice_id")):
+    quarantined to say so. Rows of one invoice id that differ all stay, for the duplicate rule to reject.
+    `ids_distinct`: what `all_distinct` said of the frame's invoice ids (the caller asks once, for the row rules
+    too)."""
+    if ids_distinct:
         return frame, frame.head(0)
     alike = [c for c in frame.columns if c != "source_row"]
     first = frame.select(pl.struct(alike).is_first_distinct()).to_series()
