@@ -14,4 +14,53 @@ def test_the_timing_plugin_writes_one_line_per_test_only_when_asked(pytester, mo
     pytester.runpytest_inprocess("-p", "tests.timing", "-p", "no:cacheprovider").assert_outcomes(passed=2)
     lines = [line.split("\t") for line in times.read_text().splitlines()]
     assert [line[0] for line in lines] == ["test_two.py::test_a", "test_two.py::test_b"]
-    assert all(len(line) == 4 and float(line[1]) >= 0 and float(line[2]) >= 0 for line in lines)
+    assert all(len(line) == 9 and float(line[1]) >= 0 and float(line[2]) >= 0 for line in lines)
+
+
+INNER_TESTS = """
+import pytest
+
+from pipelines import cli
+from pipelines.cli import cycle
+
+
+def test_two_commands(tmp_path):
+    home = str(tmp_path / "home")
+    assert cli.main(["--home", home, "status"]) == 0
+    assert cli.main(["--home", home, "status"]) == 0
+
+
+def test_a_run(tmp_path):
+    with pytest.raises(Exception):  # no instance: it fails at once, and is counted all the same
+        cycle._execute_cycle(None, {}, {})
+
+
+def test_nothing():
+    pass
+"""
+
+
+def test_the_timing_plugin_counts_each_tests_commands_and_dagster_runs_and_puts_them_back(
+    pytester, monkeypatch, tmp_path
+):
+    from bench.suite_costs import read, summary
+    from pipelines import cli
+    from pipelines.cli import cycle
+
+    before = (cli.run_command, cycle._execute_cycle)
+    pytester.makepyfile(test_inner=INNER_TESTS)
+    times = tmp_path / "times.tsv"
+    monkeypatch.setenv("DUNNING_TEST_TIMES", str(times))
+    pytester.runpytest_inprocess("-p", "tests.timing", "-p", "no:cacheprovider").assert_outcomes(passed=3)
+    assert (cli.run_command, cycle._execute_cycle) == before  # the session's wrappers are gone with it
+    lines = {line.split("\t")[0]: line.split("\t") for line in times.read_text().splitlines()}
+    commands = lines["test_inner.py::test_two_commands"]
+    assert len(commands) == 9 and commands[5] == "status:2" and commands[7] == "0"
+    assert 0 < float(commands[6]) <= float(commands[2])
+    assert lines["test_inner.py::test_a_run"][5:8:2] == ["", "1"]
+    assert lines["test_inner.py::test_nothing"][5:] == ["", "0.000", "0", "0.000"]
+    costs = read(times)
+    assert [c.commands for c in costs if c.commands] == [{"status": 2}]
+    text = summary(costs)
+    assert "`dunning` commands in the tests' processes: 2," in text and "Dagster runs of the cycle: 1," in text
+    assert "| status | 2 |" in text

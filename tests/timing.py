@@ -1,34 +1,129 @@
 """What each test costs, for finding the suite's time: `DUNNING_TEST_TIMES=FILE make test` appends one line per test
-to FILE (tab-separated: node id, wall seconds, CPU seconds of this process plus its finished children, the xdist
-worker). CPU time is the figure to rank by on a shared machine, where wall time mostly says how busy it was.
-Without the variable this plugin does nothing."""
+to FILE, tab-separated:
+
+1. the node id;
+2. wall seconds;
+3. CPU seconds of this process plus its finished children (`dunning` processes, servers the test started);
+4. the xdist worker;
+5. of column 3, the CPU seconds of finished children alone;
+6. `dunning` commands the test ran in this process (`pipelines.cli.main`), as `name:count` pairs joined by commas;
+7. of column 3, their CPU seconds;
+8. Dagster runs of the cycle those commands executed (`dunning run`, `dunning backfill`);
+9. of column 7, their CPU seconds.
+
+CPU time is the figure to rank by on a shared machine, where wall time mostly says how busy it was.
+`python -m bench.suite_costs FILE` sums the file up. Without the variable this plugin does nothing and imports
+nothing of the product."""
 
 from __future__ import annotations
 
+import collections
+import functools
 import os
 import resource
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+_ENV = "DUNNING_TEST_TIMES"
 
-def _cpu_seconds() -> float:
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+def _cpu_seconds(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _own_and_children() -> tuple[float, float]:
+    return _cpu_seconds(resource.RUSAGE_SELF), _cpu_seconds(resource.RUSAGE_CHILDREN)
+
+
+class _Spent:
+    """What the running test spent in `dunning` commands and Dagster runs of this process."""
+
+    def __init__(self) -> None:
+        self.commands: collections.Counter[str] = collections.Counter()
+        self.commands_cpu = 0.0
+        self.runs = 0
+        self.runs_cpu = 0.0
+
+
+_spent = _Spent()
+_WRAPPED = pytest.StashKey[list[tuple[Any, str, Any]]]()  # (module, name, original): put back when a session ends
+
+
+def _counted(function: Callable[..., Any], add: Callable[[Any, float], None]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def measured(*args: Any, **kwargs: Any) -> Any:
+        started = _cpu_seconds(resource.RUSAGE_SELF)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            add(args, _cpu_seconds(resource.RUSAGE_SELF) - started)
+
+    measured.counted_by_timing = True  # type: ignore[attr-defined]
+    return measured
+
+
+def _add_command(args: tuple, cpu: float) -> None:
+    _spent.commands[str(getattr(args[1], "command", None) or "?")] += 1
+    _spent.commands_cpu += cpu
+
+
+def _add_run(_args: tuple, cpu: float) -> None:
+    _spent.runs += 1
+    _spent.runs_cpu += cpu
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With the variable set, count what every in-process `dunning` command and every Dagster run of the cycle
+    costs: the two functions every such command and run passes through, wrapped for the session."""
+    if not os.environ.get(_ENV):
+        return
+    from pipelines import cli
+    from pipelines.cli import cycle
+
+    wrapped = config.stash[_WRAPPED] = []
+    for module, name, add in ((cli, "run_command", _add_command), (cycle, "_execute_cycle", _add_run)):
+        original = getattr(module, name)
+        if getattr(original, "counted_by_timing", False):  # a session inside a counted one (pytester): counted once
+            continue
+        wrapped.append((module, name, original))
+        setattr(module, name, _counted(original, add))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    wrapped: list[tuple[Any, str, Any]] = config.stash.get(_WRAPPED, [])
+    for module, name, original in reversed(wrapped):
+        setattr(module, name, original)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    times = os.environ.get("DUNNING_TEST_TIMES")
+    times = os.environ.get(_ENV)
     if not times:
         yield
         return
-    wall, cpu = time.perf_counter(), _cpu_seconds()
+    global _spent
+    _spent = _Spent()
+    wall, (own, children) = time.perf_counter(), _own_and_children()
     yield
-    line = f"{item.nodeid}\t{time.perf_counter() - wall:.3f}\t{_cpu_seconds() - cpu:.3f}\t"
-    line += os.environ.get("PYTEST_XDIST_WORKER", "main") + "\n"
+    own_after, children_after = _own_and_children()
+    commands = ",".join(f"{name}:{count}" for name, count in sorted(_spent.commands.items()))
+    fields = [
+        item.nodeid,
+        f"{time.perf_counter() - wall:.3f}",
+        f"{own_after - own + children_after - children:.3f}",
+        os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        f"{children_after - children:.3f}",
+        commands,
+        f"{_spent.commands_cpu:.3f}",
+        str(_spent.runs),
+        f"{_spent.runs_cpu:.3f}",
+    ]
     fd = os.open(times, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line.encode())
+        os.write(fd, ("\t".join(fields) + "\n").encode())
     finally:
         os.close(fd)
