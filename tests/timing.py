@@ -67,7 +67,7 @@ def _counted(function: Callable[..., Any], add: Callable[[Any, float], None]) ->
 
 
 def _add_command(args: tuple, cpu: float) -> None:
-    _spent.commands[str(getattr(args[1], "command", None) or "?")] += 1
+    _spent.commands[str(getattr(args[-1] if args else None, "command", None) or "?")] += 1  # run_command(handler, args)
     _spent.commands_cpu += cpu
 
 
