@@ -155,6 +155,7 @@ def test_signals_in_flight_paid_and_disputed_and_a_missing_disputes_api_is_count
     assert source.unknown == 1
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_429_a_wrong_key_and_an_unreachable_api_are_one_line_naming_chargebee(fake, tmp_path):
     fake.put(chargebee_invoice(0, AS_OF))
     settings = Source(kind="chargebee", api_base=fake.api_base)

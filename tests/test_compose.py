@@ -236,6 +236,7 @@ def test_the_send_step_hands_a_provider_of_bytes_the_message_paths_bytes(tmp_pat
     )
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 @settings(max_examples=400, deadline=None)
 @given(
     name=st.sampled_from(["X-Dunning-Keys", "Subject", "To", "X", "X-A-Header-Name-Long-Enough-To-Matter-Here"]),

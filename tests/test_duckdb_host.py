@@ -96,6 +96,7 @@ def _child_opens(path, answers) -> None:
         answers.put(ledger.con.execute("SELECT count(*) FROM schema_version").fetchone()[0] > 0)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_a_forked_child_starts_an_instance_of_its_own_and_exits_cleanly(tmp_path):
     path = tmp_path / "d.duckdb"
     with open_ledger(path):
@@ -234,6 +235,7 @@ def test_the_same_file_through_a_symlinked_home_is_one_file(tmp_path):
         assert two.con.execute("SELECT count(*) FROM seen_by_both").fetchone() == (0,)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_instances_with_no_block_are_trimmed_to_the_kept_number(tmp_path):
     for i in range(duckdb_host.IDLE_KEPT + 4):
         with open_ledger(tmp_path / f"f{i}.duckdb"):

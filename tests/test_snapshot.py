@@ -224,6 +224,7 @@ def _distinct_id(row: dict, n: int) -> dict:
     return {**row, "invoice_id": invoice_id if invoice_id in ("", None) else f"{invoice_id}{n}"}
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_the_one_pass_check_says_all_hold_exactly_when_pandera_finds_nothing():
     good = {c: v[0] for c, v in _VALUES.items()}
     rows = [good] + [{**good, c: value} for c, values in _VALUES.items() for value in values[1:]]  # each alone

@@ -40,6 +40,7 @@ def _packages_loaded_by(modules: str, packages: set[str]) -> list[str]:
     return sorted(set(json.loads(done.stdout)) & packages)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_the_pipelines_definitions_leave_pandera_and_requests_to_the_steps_that_use_them():
     """A run's process imports the Definitions before anything else, an hour with nothing new and every shard
     included: pandera (a fifth of a second) is imported by the snapshot's validation and the breaker only, requests

@@ -3,6 +3,8 @@ process by the product itself, `pipelines/instance/storage.py`: `tests/test_inst
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_the_timing_plugin_writes_one_line_per_test_only_when_asked(pytester, monkeypatch, tmp_path):
     pytester.makepyfile(test_two="def test_a():\n    pass\n\ndef test_b():\n    sum(range(10**6))\n")
@@ -40,6 +42,7 @@ def test_nothing():
 """
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_the_timing_plugin_counts_each_tests_commands_and_dagster_runs_and_puts_them_back(
     pytester, monkeypatch, tmp_path
 ):
