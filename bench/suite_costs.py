@@ -6,8 +6,9 @@
 prints the CPU of all tests, split into the `dunning` commands run in the tests' own processes (by command, and
 the Dagster runs of the cycle among them), the child processes they started (`dunning` processes, the webserver,
 the daemon, PostgreSQL's and dovecot's tools), and the rest (the tests' own work: in-process cycles, fixtures,
-servers in threads); how many Dagster runs each test makes; the files and tests that cost most. Lines of the
-older four-column form count only as the rest.
+servers in threads); how many Dagster runs each test makes; the files and tests that cost most; and the tests
+at 0.4 CPU-s or more that are not marked `slow`, against the suite's rule. Lines of the older four-column form
+count only as the rest.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import collections
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+SLOW_CPU_SECONDS = 0.4  # the suite's rule: a test that costs this much is marked `slow` (docs/development.md)
 
 
 @dataclass
@@ -29,6 +32,7 @@ class TestCost:
     commands_cpu: float = 0.0
     runs: int = 0
     runs_cpu: float = 0.0
+    slow: bool | None = None  # None: a line that does not say
 
     @property
     def file(self) -> str:
@@ -48,6 +52,8 @@ def parse(line: str) -> TestCost:
             name: int(count) for name, count in (pair.rsplit(":", 1) for pair in fields[5].split(",") if pair)
         }
         cost.commands_cpu, cost.runs, cost.runs_cpu = float(fields[6]), int(fields[7]), float(fields[8])
+    if len(fields) >= 10:
+        cost.slow = fields[9] == "slow"
     return cost
 
 
@@ -103,6 +109,10 @@ def summary(costs: list[TestCost], top: int = 15) -> str:
     lines += ["", f"The {top} tests whose own work costs most (CPU-s outside commands and children):", ""]
     for c in sorted(costs, key=lambda c: -c.rest)[:top]:
         lines.append(f"- {c.rest:.2f} of {c.cpu:.2f}: {c.node}")
+    unmarked = [c for c in costs if c.slow is False and c.cpu >= SLOW_CPU_SECONDS]
+    if unmarked:
+        lines += ["", f"Not marked slow, at {SLOW_CPU_SECONDS} CPU-s or more (`make test-fast` runs them):", ""]
+        lines += [f"- {c.cpu:.2f}: {c.node}" for c in sorted(unmarked, key=lambda c: -c.cpu)]
     return "\n".join(lines)
 
 

@@ -9,7 +9,8 @@ to FILE, tab-separated:
 6. `dunning` commands the test ran in this process (`pipelines.cli.main`), as `name:count` pairs joined by commas;
 7. of column 3, their CPU seconds;
 8. Dagster runs of the cycle those commands executed (`dunning run`, `dunning backfill`);
-9. of column 7, their CPU seconds.
+9. of column 7, their CPU seconds;
+10. `slow` when the test is marked slow (`make test-fast` leaves it out), else empty.
 
 CPU time is the figure to rank by on a shared machine, where wall time mostly says how busy it was.
 `python -m bench.suite_costs FILE` sums the file up. Without the variable this plugin does nothing and imports
@@ -121,6 +122,7 @@ def pytest_runtest_protocol(item, nextitem):
         f"{_spent.commands_cpu:.3f}",
         str(_spent.runs),
         f"{_spent.runs_cpu:.3f}",
+        "slow" if item.get_closest_marker("slow") is not None else "",
     ]
     fd = os.open(times, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
