@@ -71,6 +71,7 @@ def summary(costs: list[TestCost], top: int = 15) -> str:
     commands_cpu = sum(c.commands_cpu for c in costs)
     runs = sum(c.runs for c in costs)
     runs_cpu = sum(c.runs_cpu for c in costs)
+    rest = sum(c.rest for c in costs)
     count: collections.Counter[str] = collections.Counter()
     for c in costs:
         count.update(c.commands)
@@ -81,8 +82,7 @@ def summary(costs: list[TestCost], top: int = 15) -> str:
         f"  - of which Dagster runs of the cycle: {runs}, {runs_cpu:.1f} CPU-s"
         + (f", {runs_cpu / runs:.3f} CPU-s a run" if runs else ""),
         f"- child processes: {children:.1f} CPU-s ({_share(children, cpu)})",
-        f"- the rest (the tests' own work): {cpu - children - commands_cpu:.1f} CPU-s "
-        f"({_share(cpu - children - commands_cpu, cpu)})",
+        f"- the rest (the tests' own work): {rest:.1f} CPU-s ({_share(rest, cpu)})",
         "",
         "Dagster runs per test: "
         + ", ".join(f"{n}: {tests} tests" for n, tests in sorted(collections.Counter(c.runs for c in costs).items())),
