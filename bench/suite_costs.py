@@ -2,6 +2,7 @@
 
     rm -f /tmp/times.tsv; DUNNING_TEST_TIMES=/tmp/times.tsv make test
     python -m bench.suite_costs /tmp/times.tsv [--top 15]
+    python -m bench.suite_costs /tmp/times.tsv --brief --budget bench/suite_budget.toml [--calibrate]
 
 prints the CPU of all tests, split into the `dunning` commands run in the tests' own processes (by command, and
 the Dagster runs of the cycle among them), the child processes they started (`dunning` processes, the webserver,
@@ -9,13 +10,22 @@ the daemon, PostgreSQL's and dovecot's tools), and the rest (the tests' own work
 servers in threads); how many Dagster runs each test makes; the files and tests that cost most; and the tests
 at 0.4 CPU-s or more that are not marked `slow`, against the suite's rule. Lines of the older four-column form
 count only as the rest.
+
+With `--budget`, it also holds the suite's work to the budget file: the Dagster runs of the cycle, the in-process
+`dunning` commands and the child processes the tests started. Those are counts, which no machine changes, so a
+change that adds thirty Dagster runs to the suite fails `make test` in its own commit, whatever the machine's
+hour (exit 1, naming the count). The CPU is printed beside them, and with `--calibrate` also divided by one
+core's time for a fixed pure-Python loop here (`bench.run.calibration`), so suites run on different machines or
+hours can be compared; it is never a failure: on a shared machine it moves by a fifth from one hour to the next.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +43,7 @@ class TestCost:
     runs: int = 0
     runs_cpu: float = 0.0
     slow: bool | None = None  # None: a line that does not say
+    children_started: int = 0
 
     @property
     def file(self) -> str:
@@ -54,6 +65,8 @@ def parse(line: str) -> TestCost:
         cost.commands_cpu, cost.runs, cost.runs_cpu = float(fields[6]), int(fields[7]), float(fields[8])
     if len(fields) >= 10:
         cost.slow = fields[9] == "slow"
+    if len(fields) >= 11:
+        cost.children_started = int(fields[10])
     return cost
 
 
@@ -116,16 +129,111 @@ def summary(costs: list[TestCost], top: int = 15) -> str:
     return "\n".join(lines)
 
 
+# the counts a budget may hold, in the order printed: the budget file's key, what it counts, and how
+COUNTS = {
+    "dagster_runs": ("Dagster runs of the cycle in the tests' processes", lambda c: c.runs),
+    "in_process_commands": ("`dunning` commands in the tests' processes", lambda c: sum(c.commands.values())),
+    "child_processes": ("child processes the tests started", lambda c: c.children_started),
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    key: str
+    what: str
+    now: int
+    budget: int | None
+
+    @property
+    def over(self) -> bool:
+        return self.budget is not None and self.now > self.budget
+
+
+def read_budget(path: Path) -> dict[str, int]:
+    """The `[counts]` table of a budget file; a key this module does not count is an error, not ignored."""
+    try:
+        table = tomllib.loads(path.read_text()).get("counts", {})
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"{path} is not TOML: {error}") from None
+    unknown = sorted(set(table) - set(COUNTS))
+    if unknown:
+        raise ValueError(f"{path}: unknown count(s) {', '.join(unknown)} (known: {', '.join(COUNTS)})")
+    bad = sorted(key for key, value in table.items() if not isinstance(value, int) or isinstance(value, bool))
+    if bad:
+        raise ValueError(f"{path}: {', '.join(bad)} must be whole numbers")
+    return table
+
+
+def verdicts(costs: list[TestCost], budget: dict[str, int]) -> list[Verdict]:
+    return [Verdict(key, what, sum(count(c) for c in costs), budget.get(key)) for key, (what, count) in COUNTS.items()]
+
+
+def budget_table(found: list[Verdict], source: str) -> str:
+    lines = [f"The suite's work against {source}:", "", "| count | now | budget | verdict |", "|---|---|---|---|"]
+    for v in found:
+        verdict = "no budget" if v.budget is None else ("**over budget**" if v.over else "met")
+        lines.append(f"| {v.what} | {v.now:,} | {'-' if v.budget is None else f'{v.budget:,}'} | {verdict} |")
+    return "\n".join(lines)
+
+
+def brief(costs: list[TestCost], calibration_s: float | None = None) -> str:
+    """The suite's CPU in three lines: the tests', the Dagster runs' among it, and (given one core's time for the
+    calibration loop) the same in units of this machine's core."""
+    cpu = sum(c.cpu for c in costs)
+    runs_cpu = sum(c.runs_cpu for c in costs)
+    lines = [
+        f"{len(costs)} tests: {cpu:.1f} CPU-s, of which the Dagster runs {runs_cpu:.1f}, child processes "
+        f"{sum(c.children for c in costs):.1f} (the workers' start and pytest's own work are not in it)"
+    ]
+    if calibration_s:
+        lines.append(
+            f"one core's time for the calibration loop here: {calibration_s:.2f} s, so the tests took "
+            f"{cpu / calibration_s:.0f} of those loops (docs/development.md: the figures to compare it with)"
+        )
+    return "\n".join(lines)
+
+
+def calibrate() -> float:
+    """`bench.run.calibration`'s loop, once, in a fresh interpreter (about 1.2-1.4 s of one core)."""
+    from bench.run import CALIBRATION
+
+    done = subprocess.run([sys.executable, "-c", CALIBRATION], capture_output=True, text=True, check=True)
+    return float(done.stdout)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.suite_costs", description=__doc__.split("\n\n")[0])
     parser.add_argument("times", type=Path, help="the file DUNNING_TEST_TIMES named")
     parser.add_argument("--top", type=int, default=15, help="files and tests listed (default 15)")
+    parser.add_argument("--brief", action="store_true", help="the totals only, not the tables")
+    parser.add_argument("--budget", type=Path, help="hold the counts to this file (bench/suite_budget.toml)")
+    parser.add_argument("--calibrate", action="store_true", help="also time one pure-Python loop on this machine")
     args = parser.parse_args(argv)
     if not args.times.is_file():
         print(f"suite_costs: no file at {args.times}: run `DUNNING_TEST_TIMES={args.times} make test` first",
               file=sys.stderr)  # fmt: skip
         return 2
-    print(summary(read(args.times), args.top))
+    costs = read(args.times)
+    print(brief(costs, calibrate() if args.calibrate else None) if args.brief else summary(costs, args.top))
+    if args.budget is None:
+        return 0
+    try:
+        found = verdicts(costs, read_budget(args.budget))
+    except (OSError, ValueError) as error:
+        print(f"suite_costs: {error}", file=sys.stderr)
+        return 2
+    print()
+    print(budget_table(found, str(args.budget)))
+    over = [v for v in found if v.over]
+    if over:
+        print(
+            "\nsuite_costs: over budget: "
+            + "; ".join(f"{v.what}: {v.now:,} against {v.budget:,}" for v in over)
+            + f'. Make the new tests cheaper (docs/development.md, "The suite\'s budget"), or raise the count in '
+            f"{args.budget} in the same change, saying why.",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

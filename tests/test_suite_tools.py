@@ -3,11 +3,16 @@ process by the product itself, `pipelines/instance/storage.py`: `tests/test_inst
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 
 def test_the_timing_plugin_writes_one_line_per_test_only_when_asked(pytester, monkeypatch, tmp_path):
-    pytester.makepyfile(test_two="def test_a():\n    pass\n\ndef test_b():\n    sum(range(10**6))\n")
+    pytester.makepyfile(
+        test_two="import subprocess, sys\n\ndef test_a():\n    pass\n\n"
+        "def test_b():\n    subprocess.run([sys.executable, '-c', 'sum(range(10**6))'], check=True)\n"
+    )
     monkeypatch.delenv("DUNNING_TEST_TIMES", raising=False)
     pytester.runpytest_inprocess("-p", "tests.timing", "-p", "no:cacheprovider").assert_outcomes(passed=2)
     times = tmp_path / "times.tsv"
@@ -16,7 +21,9 @@ def test_the_timing_plugin_writes_one_line_per_test_only_when_asked(pytester, mo
     pytester.runpytest_inprocess("-p", "tests.timing", "-p", "no:cacheprovider").assert_outcomes(passed=2)
     lines = [line.split("\t") for line in times.read_text().splitlines()]
     assert [line[0] for line in lines] == ["test_two.py::test_a", "test_two.py::test_b"]
-    assert all(len(line) == 10 and float(line[1]) >= 0 and float(line[2]) >= 0 for line in lines)
+    assert all(len(line) == 11 and float(line[1]) >= 0 and float(line[2]) >= 0 for line in lines)
+    assert [line[10] for line in lines] == ["0", "1"], "test_b started one child process, test_a none"
+    assert float(lines[1][4]) > 0, "and its CPU is counted as the children's"
 
 
 INNER_TESTS = """
@@ -55,18 +62,19 @@ def test_the_timing_plugin_counts_each_tests_commands_and_dagster_runs_and_puts_
     from pipelines import cli
     from pipelines.cli import cycle
 
-    before = (cli.run_command, cycle._execute_cycle)
+    before = (cli.run_command, cycle._execute_cycle, subprocess.Popen._execute_child)
     pytester.makepyfile(test_inner=INNER_TESTS)
     times = tmp_path / "times.tsv"
     monkeypatch.setenv("DUNNING_TEST_TIMES", str(times))
     pytester.runpytest_inprocess("-p", "tests.timing", "-p", "no:cacheprovider").assert_outcomes(passed=4)
-    assert (cli.run_command, cycle._execute_cycle) == before  # the session's wrappers are gone with it
+    after = (cli.run_command, cycle._execute_cycle, subprocess.Popen._execute_child)
+    assert after == before  # the session's wrappers are gone with it
     lines = {line.split("\t")[0]: line.split("\t") for line in times.read_text().splitlines()}
     commands = lines["test_inner.py::test_two_commands"]
-    assert len(commands) == 10 and commands[5] == "status:2" and commands[7] == "0"
+    assert len(commands) == 11 and commands[5] == "status:2" and commands[7] == "0"
     assert 0 < float(commands[6]) <= float(commands[2])
     assert lines["test_inner.py::test_a_run"][5:8:2] == ["", "1"]
-    assert lines["test_inner.py::test_nothing"][5:] == ["", "0.000", "0", "0.000", ""]
+    assert lines["test_inner.py::test_nothing"][5:] == ["", "0.000", "0", "0.000", "", "0"]
     assert lines["test_inner.py::test_marked_slow"][9] == "slow"
     costs = read(times)
     assert [c.commands for c in costs if c.commands] == [{"status": 2}]
@@ -88,3 +96,67 @@ def test_the_summary_names_the_tests_over_the_slow_rule_that_are_not_marked_slow
     assert "t.py::unmarked_and_costly" in listed
     assert not any(name in listed for name in ("unmarked_and_cheap", "t.py::marked", "from_an_older_file"))
     assert "Not marked slow" not in summary(costs[1:])
+
+
+def _times_file(path, *lines: tuple[str, str, int, int]) -> str:
+    """A file as `tests/timing.py` writes it: per test its node id, its commands, Dagster runs and children."""
+    rows = [
+        "\t".join([node, "1.000", "0.500", "gw0", "0.100", commands, "0.300", str(runs), "0.200", "", str(children)])
+        for node, commands, runs, children in lines
+    ]
+    path.write_text("\n".join(rows) + "\n")
+    return str(path)
+
+
+def test_the_budget_fails_only_on_a_count_over_it_and_says_which(tmp_path, capsys):
+    from bench.suite_costs import main
+
+    times = _times_file(
+        tmp_path / "times.tsv",
+        ("t.py::a", "run:2,status:1", 2, 0),
+        ("t.py::b", "run:1", 1, 3),
+        ("t.py::c", "", 0, 0),
+    )
+    budget = tmp_path / "budget.toml"
+    budget.write_text("[counts]\ndagster_runs = 3\nin_process_commands = 4\nchild_processes = 3\n")
+    assert main([times, "--brief", "--budget", str(budget)]) == 0  # every count at its budget: met
+    out = capsys.readouterr().out
+    assert "| Dagster runs of the cycle in the tests' processes | 3 | 3 | met |" in out
+    assert "| child processes the tests started | 3 | 3 | met |" in out
+    assert "3 tests: 1.5 CPU-s" in out
+
+    budget.write_text("[counts]\ndagster_runs = 2\nchild_processes = 3\n")  # one run too many; commands unheld
+    assert main([times, "--brief", "--budget", str(budget)]) == 1
+    captured = capsys.readouterr()
+    assert "| Dagster runs of the cycle in the tests' processes | 3 | 2 | **over budget** |" in captured.out
+    assert "| `dunning` commands in the tests' processes | 4 | - | no budget |" in captured.out
+    assert "over budget: Dagster runs of the cycle in the tests' processes: 3 against 2." in captured.err
+    assert "child processes" not in captured.err
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("[counts]\ndagster_run = 3\n", "unknown count(s) dagster_run"),
+        ("[counts]\ndagster_runs = 2.5\n", "dagster_runs must be whole numbers"),
+        ("[counts]\ndagster_runs = \n", "budget.toml"),
+    ],
+)
+def test_a_budget_file_that_is_wrong_is_exit_2_naming_what(tmp_path, capsys, text, named):
+    from bench.suite_costs import main
+
+    times = _times_file(tmp_path / "times.tsv", ("t.py::a", "run:1", 1, 0))
+    budget = tmp_path / "budget.toml"
+    budget.write_text(text)
+    assert main([times, "--budget", str(budget)]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
+
+
+def test_the_suites_own_budget_file_holds_every_count():
+    from pathlib import Path
+
+    from bench.suite_costs import COUNTS, read_budget
+
+    budget = read_budget(Path(__file__).parent.parent / "bench" / "suite_budget.toml")
+    assert set(budget) == set(COUNTS) and all(value > 0 for value in budget.values())

@@ -10,11 +10,13 @@ to FILE, tab-separated:
 7. of column 3, their CPU seconds;
 8. Dagster runs of the cycle those commands executed (`dunning run`, `dunning backfill`);
 9. of column 7, their CPU seconds;
-10. `slow` when the test is marked slow (`make test-fast` leaves it out), else empty.
+10. `slow` when the test is marked slow (`make test-fast` leaves it out), else empty;
+11. child processes the test started through `subprocess` (a `dunning` process, a server, `initdb`, `pg_ctl`).
 
-CPU time is the figure to rank by on a shared machine, where wall time mostly says how busy it was.
-`python -m bench.suite_costs FILE` sums the file up. Without the variable this plugin does nothing and imports
-nothing of the product."""
+CPU time is the figure to rank by on a shared machine, where wall time mostly says how busy it was; columns 6, 8 and
+11 are counts, which no machine changes. `python -m bench.suite_costs FILE` sums the file up, and with `--budget`
+holds the counts to `bench/suite_budget.toml` (`make test` does both). Without the variable this plugin does
+nothing and imports nothing of the product."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import collections
 import functools
 import os
 import resource
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +51,7 @@ class _Spent:
         self.commands_cpu = 0.0
         self.runs = 0
         self.runs_cpu = 0.0
+        self.children_started = 0
 
 
 _spent = _Spent()
@@ -77,16 +81,27 @@ def _add_run(_args: tuple, cpu: float) -> None:
     _spent.runs_cpu += cpu
 
 
+def _add_child(_args: tuple, _cpu: float) -> None:
+    _spent.children_started += 1
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """With the variable set, count what every in-process `dunning` command and every Dagster run of the cycle
-    costs: the two functions every such command and run passes through, wrapped for the session."""
+    costs, and every child process started: the functions every such command, run and child passes through
+    (`subprocess.Popen._execute_child` starts each child of `subprocess.run`, `Popen` and asyncio's
+    subprocesses), wrapped for the session."""
     if not os.environ.get(_ENV):
         return
     from pipelines import cli
     from pipelines.cli import cycle
 
     wrapped = config.stash[_WRAPPED] = []
-    for module, name, add in ((cli, "run_command", _add_command), (cycle, "_execute_cycle", _add_run)):
+    counted = (
+        (cli, "run_command", _add_command),
+        (cycle, "_execute_cycle", _add_run),
+        (subprocess.Popen, "_execute_child", _add_child),
+    )
+    for module, name, add in counted:
         original = getattr(module, name)
         if getattr(original, "counted_by_timing", False):  # a session inside a counted one (pytester): counted once
             continue
@@ -123,6 +138,7 @@ def pytest_runtest_protocol(item, nextitem):
         str(_spent.runs),
         f"{_spent.runs_cpu:.3f}",
         "slow" if item.get_closest_marker("slow") is not None else "",
+        str(_spent.children_started),
     ]
     fd = os.open(times, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
