@@ -26,6 +26,7 @@ from bench.history import prepare_home
 from bench.noop import floor, noop_runs
 from bench.steps import floor_query, naive_poller, publication_with_daily_history, smtp_rate, step_timings
 from bench.trash import discard, empty
+from bench.yardstick import CALIBRATION
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "bench" / "data"
@@ -157,9 +158,6 @@ def bench_tier(name: str, repeat: int) -> dict:
     if n <= 1_000_000:  # compared with the full cycle, which the 10M tier does not run
         result["naive"] = naive_poller(template, AS_OF, cap_seconds=30)
     return result
-
-
-CALIBRATION = "import time; t = time.process_time(); sum(range(10**8)); print(time.process_time() - t)"
 
 
 def calibration(repeat: int = 3) -> dict:

@@ -1,8 +1,10 @@
 """Where the suite's CPU goes, from the lines `tests/timing.py` writes.
 
-    rm -f /tmp/times.tsv; DUNNING_TEST_TIMES=/tmp/times.tsv make test
-    python -m bench.suite_costs /tmp/times.tsv [--top 15]
-    python -m bench.suite_costs /tmp/times.tsv --brief --budget bench/suite_budget.toml [--calibrate]
+    make test                                   # writes .suite-times.tsv, then checks its budget
+    python -m bench.suite_costs .suite-times.tsv [--top 15]
+    python -m bench.suite_costs .suite-times.tsv --brief --budget bench/suite_budget.toml [--calibrate]
+
+(`DUNNING_TEST_TIMES=FILE make test`, or `make test-fast`, or a plain `pytest`, writes FILE instead.)
 
 prints the CPU of all tests, split into the `dunning` commands run in the tests' own processes (by command, and
 the Dagster runs of the cycle among them), the child processes they started (`dunning` processes, the webserver,
@@ -12,11 +14,13 @@ at 0.4 CPU-s or more that are not marked `slow`, against the suite's rule. Lines
 count only as the rest.
 
 With `--budget`, it also holds the suite's work to the budget file: the Dagster runs of the cycle, the in-process
-`dunning` commands and the child processes the tests started. Those are counts, which no machine changes, so a
+`dunning` commands and the processes the tests started through `subprocess`. Those are counts, which neither the
+machine nor the number of xdist workers changes (`tests/timing.py` leaves out what wider fixtures do), so a
 change that adds thirty Dagster runs to the suite fails `make test` in its own commit, whatever the machine's
 hour (exit 1, naming the count). The CPU is printed beside them, and with `--calibrate` also divided by one
 core's time for a fixed pure-Python loop here (`bench.run.calibration`), so suites run on different machines or
 hours can be compared; it is never a failure: on a shared machine it moves by a fifth from one hour to the next.
+A file or budget it cannot read is exit 2, naming the line or the key.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class TestCost:
     runs_cpu: float = 0.0
     slow: bool | None = None  # None: a line that does not say
     children_started: int = 0
+    columns: int = 11  # how many the line had: fewer than 11 is an older form, without every count
 
     @property
     def file(self) -> str:
@@ -54,9 +59,14 @@ class TestCost:
         return self.cpu - self.children - self.commands_cpu
 
 
+FORMS = (3, 4, 9, 10, 11)  # the columns of each form the plugin has written, oldest first
+
+
 def parse(line: str) -> TestCost:
     fields = line.rstrip("\n").split("\t")
-    cost = TestCost(fields[0], float(fields[1]), float(fields[2]))
+    if len(fields) not in FORMS:
+        raise ValueError(f"{len(fields)} columns")
+    cost = TestCost(fields[0], float(fields[1]), float(fields[2]), columns=len(fields))
     if len(fields) >= 9:
         cost.children = float(fields[4])
         cost.commands = {
@@ -71,7 +81,16 @@ def parse(line: str) -> TestCost:
 
 
 def read(path: Path) -> list[TestCost]:
-    return [parse(line) for line in path.read_text().splitlines() if line.strip()]
+    """Every line of the file; a line that is not one `tests/timing.py` writes is a ValueError naming it."""
+    costs = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            costs.append(parse(line))
+        except (IndexError, ValueError):
+            raise ValueError(f"{path}, line {number}: not a line of tests/timing.py: {line[:80]!r}") from None
+    return costs
 
 
 def _share(part: float, whole: float) -> str:
@@ -94,7 +113,8 @@ def summary(costs: list[TestCost], top: int = 15) -> str:
         f"({_share(commands_cpu, cpu)})",
         f"  - of which Dagster runs of the cycle: {runs}, {runs_cpu:.1f} CPU-s"
         + (f", {runs_cpu / runs:.3f} CPU-s a run" if runs else ""),
-        f"- child processes: {children:.1f} CPU-s ({_share(children, cpu)})",
+        f"- child processes: {children:.1f} CPU-s ({_share(children, cpu)}); "
+        f"{sum(c.children_started for c in costs)} started through `subprocess`",
         f"- the rest (the tests' own work): {rest:.1f} CPU-s ({_share(rest, cpu)})",
         "",
         "Dagster runs per test: "
@@ -119,6 +139,9 @@ def summary(costs: list[TestCost], top: int = 15) -> str:
             f"| {name} | {len(group)} | {sum(c.cpu for c in group):.1f} | {sum(c.commands_cpu for c in group):.1f} "
             f"| {sum(c.children for c in group):.1f} | {sum(c.rest for c in group):.1f} |"
         )
+    starters = sorted((c for c in costs if c.children_started), key=lambda c: (-c.children_started, -c.children))
+    lines += ["", f"The {top} tests that start most processes through `subprocess` (their CPU):", ""]
+    lines += [f"- {c.children_started}, {c.children:.2f} CPU-s: {c.node}" for c in starters[:top]]
     lines += ["", f"The {top} tests whose own work costs most (CPU-s outside commands and children):", ""]
     for c in sorted(costs, key=lambda c: -c.rest)[:top]:
         lines.append(f"- {c.rest:.2f} of {c.cpu:.2f}: {c.node}")
@@ -133,7 +156,7 @@ def summary(costs: list[TestCost], top: int = 15) -> str:
 COUNTS = {
     "dagster_runs": ("Dagster runs of the cycle in the tests' processes", lambda c: c.runs),
     "in_process_commands": ("`dunning` commands in the tests' processes", lambda c: sum(c.commands.values())),
-    "child_processes": ("child processes the tests started", lambda c: c.children_started),
+    "child_processes": ("processes the tests started through `subprocess`", lambda c: c.children_started),
 }
 
 
@@ -150,17 +173,26 @@ class Verdict:
 
 
 def read_budget(path: Path) -> dict[str, int]:
-    """The `[counts]` table of a budget file; a key this module does not count is an error, not ignored."""
+    """The `[counts]` table of a budget file, with every count this module keeps and nothing else; anything else in
+    the file is an error, not ignored."""
     try:
-        table = tomllib.loads(path.read_text()).get("counts", {})
+        document = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{path} is not TOML: {error}") from None
-    unknown = sorted(set(table) - set(COUNTS))
-    if unknown:
-        raise ValueError(f"{path}: unknown count(s) {', '.join(unknown)} (known: {', '.join(COUNTS)})")
-    bad = sorted(key for key, value in table.items() if not isinstance(value, int) or isinstance(value, bool))
+    if set(document) != {"counts"} or not isinstance(document["counts"], dict):
+        has = ", ".join(document) or "nothing"
+        raise ValueError(f"{path}: the file holds one table, [counts], and nothing else (it has: {has})")
+    table = document["counts"]
+    unknown, missing = sorted(set(table) - set(COUNTS)), [key for key in COUNTS if key not in table]
+    if unknown or missing:
+        raise ValueError(
+            f"{path}: [counts] holds exactly {', '.join(COUNTS)}"
+            + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+            + (f"; missing: {', '.join(missing)}" if missing else "")
+        )
+    bad = [key for key, value in table.items() if isinstance(value, bool) or not isinstance(value, int) or value < 0]
     if bad:
-        raise ValueError(f"{path}: {', '.join(bad)} must be whole numbers")
+        raise ValueError(f"{path}: {', '.join(bad)} must be whole numbers, 0 or more")
     return table
 
 
@@ -171,7 +203,12 @@ def verdicts(costs: list[TestCost], budget: dict[str, int]) -> list[Verdict]:
 def budget_table(found: list[Verdict], source: str) -> str:
     lines = [f"The suite's work against {source}:", "", "| count | now | budget | verdict |", "|---|---|---|---|"]
     for v in found:
-        verdict = "no budget" if v.budget is None else ("**over budget**" if v.over else "met")
+        if v.budget is None:
+            verdict = "no budget"
+        elif v.over:
+            verdict = "**over budget**"
+        else:
+            verdict = "met" if v.now == v.budget else f"met, {v.budget - v.now:,} under: lower the budget"
         lines.append(f"| {v.what} | {v.now:,} | {'-' if v.budget is None else f'{v.budget:,}'} | {verdict} |")
     return "\n".join(lines)
 
@@ -193,12 +230,17 @@ def brief(costs: list[TestCost], calibration_s: float | None = None) -> str:
     return "\n".join(lines)
 
 
-def calibrate() -> float:
-    """`bench.run.calibration`'s loop, once, in a fresh interpreter (about 1.2-1.4 s of one core)."""
-    from bench.run import CALIBRATION
+def calibrate() -> float | None:
+    """`bench.run.calibration`'s loop, once (that one takes the median of three), in a fresh interpreter: about
+    1.2-1.4 s of one core. None when it cannot be run: the figure is information, never a reason to fail."""
+    from bench.yardstick import CALIBRATION
 
-    done = subprocess.run([sys.executable, "-c", CALIBRATION], capture_output=True, text=True, check=True)
-    return float(done.stdout)
+    try:
+        done = subprocess.run([sys.executable, "-c", CALIBRATION], capture_output=True, text=True, check=True)
+        return float(done.stdout)
+    except (OSError, subprocess.CalledProcessError, ValueError) as error:
+        print(f"suite_costs: the calibration loop did not run ({error}); the CPU is printed alone", file=sys.stderr)
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,18 +252,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibrate", action="store_true", help="also time one pure-Python loop on this machine")
     args = parser.parse_args(argv)
     if not args.times.is_file():
-        print(f"suite_costs: no file at {args.times}: run `DUNNING_TEST_TIMES={args.times} make test` first",
+        print(f"suite_costs: no file at {args.times}: `make test` writes .suite-times.tsv, and "
+              f"`DUNNING_TEST_TIMES={args.times} make test` (or make test-fast, or pytest) writes this one",
               file=sys.stderr)  # fmt: skip
         return 2
-    costs = read(args.times)
-    print(brief(costs, calibrate() if args.calibrate else None) if args.brief else summary(costs, args.top))
-    if args.budget is None:
-        return 0
     try:
-        found = verdicts(costs, read_budget(args.budget))
+        costs = read(args.times)
+        budget = read_budget(args.budget) if args.budget is not None else None
     except (OSError, ValueError) as error:
         print(f"suite_costs: {error}", file=sys.stderr)
         return 2
+    print(brief(costs, calibrate() if args.calibrate else None) if args.brief else summary(costs, args.top))
+    if budget is None:
+        return 0
+    older = sum(1 for c in costs if c.columns < FORMS[-1])
+    if older or not costs:
+        print(f"suite_costs: {args.times} does not count what a budget holds ({older} of {len(costs)} lines "
+              "in an older form, without every count): run the suite again", file=sys.stderr)  # fmt: skip
+        return 2
+    found = verdicts(costs, budget)
     print()
     print(budget_table(found, str(args.budget)))
     over = [v for v in found if v.over]

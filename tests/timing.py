@@ -11,12 +11,19 @@ to FILE, tab-separated:
 8. Dagster runs of the cycle those commands executed (`dunning run`, `dunning backfill`);
 9. of column 7, their CPU seconds;
 10. `slow` when the test is marked slow (`make test-fast` leaves it out), else empty;
-11. child processes the test started through `subprocess` (a `dunning` process, a server, `initdb`, `pg_ctl`).
+11. processes the test started through `subprocess` (a `dunning` process, a server, `initdb`, `pg_ctl`); not those
+    `multiprocessing` forks or spawns (a render pool's workers).
 
-CPU time is the figure to rank by on a shared machine, where wall time mostly says how busy it was; columns 6, 8 and
-11 are counts, which no machine changes. `python -m bench.suite_costs FILE` sums the file up, and with `--budget`
-holds the counts to `bench/suite_budget.toml` (`make test` does both). Without the variable this plugin does
-nothing and imports nothing of the product."""
+Columns 6, 8 and 11 count what the test itself did, its function-scoped fixtures included. A fixture of a wider
+scope (the session's PostgreSQL cluster, a module's shared home) is set up once per xdist worker that needs it, so
+its commands, runs and processes would make the counts depend on how many workers there are and how the tests
+were shared out among them: they are left out of the counts (not out of the CPU columns).
+
+CPU time is the figure to rank by on a shared machine, where wall time mostly says how busy it was; columns 6, 8
+and 11 are counts, which neither the machine nor the number of workers changes. `python -m bench.suite_costs FILE`
+sums the file up, and with `--budget` holds the counts to `bench/suite_budget.toml`. `make test` does both, into
+`.suite-times.tsv` unless the variable names another file. Without the variable this plugin does nothing and
+imports nothing of the product."""
 
 from __future__ import annotations
 
@@ -55,17 +62,26 @@ class _Spent:
 
 
 _spent = _Spent()
+_paused = 0  # > 0 while a fixture wider than a function sets up or tears down: its work is not counted
 _WRAPPED = pytest.StashKey[list[tuple[Any, str, Any]]]()  # (module, name, original): put back when a session ends
 
 
-def _counted(function: Callable[..., Any], add: Callable[[Any, float], None]) -> Callable[..., Any]:
+def _counted(
+    function: Callable[..., Any], add: Callable[[Any, float], None], failures_too: bool = True
+) -> Callable[..., Any]:
+    """`function`, calling `add` after each call (not while a wider fixture is paused); with `failures_too` false,
+    only after the calls that return."""
+
     @functools.wraps(function)
     def measured(*args: Any, **kwargs: Any) -> Any:
-        started = _cpu_seconds(resource.RUSAGE_SELF)
+        started, returned = _cpu_seconds(resource.RUSAGE_SELF), False
         try:
-            return function(*args, **kwargs)
+            result = function(*args, **kwargs)
+            returned = True
+            return result
         finally:
-            add(args, _cpu_seconds(resource.RUSAGE_SELF) - started)
+            if _paused <= 0 and (returned or failures_too):  # below 0 is a bug: count rather than miss
+                add(args, _cpu_seconds(resource.RUSAGE_SELF) - started)
 
     measured.counted_by_timing = True  # type: ignore[attr-defined]
     return measured
@@ -87,7 +103,8 @@ def _add_child(_args: tuple, _cpu: float) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """With the variable set, count what every in-process `dunning` command and every Dagster run of the cycle
-    costs, and every child process started: the functions every such command, run and child passes through
+    costs (a command or run that fails counts too: it ran), and every child process started (one that could not
+    start does not): the functions every such command, run and child passes through
     (`subprocess.Popen._execute_child` starts each child of `subprocess.run`, `Popen` and asyncio's
     subprocesses), wrapped for the session."""
     if not os.environ.get(_ENV):
@@ -97,22 +114,48 @@ def pytest_configure(config: pytest.Config) -> None:
 
     wrapped = config.stash[_WRAPPED] = []
     counted = (
-        (cli, "run_command", _add_command),
-        (cycle, "_execute_cycle", _add_run),
-        (subprocess.Popen, "_execute_child", _add_child),
+        (cli, "run_command", _add_command, True),
+        (cycle, "_execute_cycle", _add_run, True),
+        (subprocess.Popen, "_execute_child", _add_child, False),
     )
-    for module, name, add in counted:
+    for module, name, add, failures_too in counted:
         original = getattr(module, name)
         if getattr(original, "counted_by_timing", False):  # a session inside a counted one (pytester): counted once
             continue
         wrapped.append((module, name, original))
-        setattr(module, name, _counted(original, add))
+        setattr(module, name, _counted(original, add, failures_too))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     wrapped: list[tuple[Any, str, Any]] = config.stash.get(_WRAPPED, [])
     for module, name, original in reversed(wrapped):
         setattr(module, name, original)
+
+
+def _pause() -> None:
+    global _paused
+    _paused += 1
+
+
+def _resume() -> None:
+    global _paused
+    _paused -= 1
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """A fixture wider than a function is not counted, in its setup or its teardown: `_resume` is its first
+    finalizer and `_pause` its last, and a fixture's finalizers run last first."""
+    if not os.environ.get(_ENV) or fixturedef.scope == "function":
+        yield
+        return
+    fixturedef.addfinalizer(_resume)
+    _pause()
+    try:
+        yield
+    finally:
+        _resume()
+        fixturedef.addfinalizer(_pause)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -140,8 +183,10 @@ def pytest_runtest_protocol(item, nextitem):
         "slow" if item.get_closest_marker("slow") is not None else "",
         str(_spent.children_started),
     ]
+    line = ("\t".join(fields) + "\n").encode()
     fd = os.open(times, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, ("\t".join(fields) + "\n").encode())
+        if os.write(fd, line) != len(line):  # one write, so that the workers' lines never interleave
+            raise OSError(f"{times}: a line of the test times was written only in part (is the disk full?)")
     finally:
         os.close(fd)
