@@ -139,6 +139,9 @@ def summary(costs: list[TestCost], top: int = 15) -> str:
             f"| {name} | {len(group)} | {sum(c.cpu for c in group):.1f} | {sum(c.commands_cpu for c in group):.1f} "
             f"| {sum(c.children for c in group):.1f} | {sum(c.rest for c in group):.1f} |"
         )
+    runners = sorted((c for c in costs if c.runs), key=lambda c: (-c.runs, -c.runs_cpu))
+    lines += ["", f"The {top} tests that make most Dagster runs of the cycle (their CPU):", ""]
+    lines += [f"- {c.runs}, {c.runs_cpu:.2f} CPU-s: {c.node}" for c in runners[:top]]
     starters = sorted((c for c in costs if c.children_started), key=lambda c: (-c.children_started, -c.children))
     lines += ["", f"The {top} tests that start most processes through `subprocess` (their CPU):", ""]
     lines += [f"- {c.children_started}, {c.children:.2f} CPU-s: {c.node}" for c in starters[:top]]
@@ -279,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
             "\nsuite_costs: over budget: "
             + "; ".join(f"{v.what}: {v.now:,} against {v.budget:,}" for v in over)
             + f'. Make the new tests cheaper (docs/development.md, "The suite\'s budget"), or raise the count in '
-            f"{args.budget} in the same change, saying why.",
+            f"{args.budget} in the same change, saying why. `python -m bench.suite_costs {args.times}` lists what "
+            "each test does.",
             file=sys.stderr,
         )
         return 1
