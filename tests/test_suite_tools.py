@@ -126,6 +126,10 @@ def test_the_timing_plugin_counts_each_tests_commands_and_dagster_runs_and_puts_
     text = summary(costs)
     assert "`dunning` commands in the tests' processes: 2," in text and "Dagster runs of the cycle: 1," in text
     assert "| status | 2 |" in text
+    runs = text.split("make most Dagster runs", 1)[1].split("\n\n", 2)[1].splitlines()
+    assert len(runs) == 1 and runs[0].startswith("- 1, ") and runs[0].endswith(": test_inner.py::test_a_run")
+    starters = text.split("start most processes", 1)[1].split("\n\n", 2)[1].splitlines()
+    assert [line.rsplit(": ", 1)[1] for line in starters] == ["test_inner.py::test_wider_fixtures_are_not_counted"]
 
 
 def test_the_summary_names_the_tests_over_the_slow_rule_that_are_not_marked_slow():
