@@ -96,15 +96,10 @@ PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
 SUITE_TIMES ?= $(or $(DUNNING_TEST_TIMES),$(CURDIR)/.suite-times.tsv)
 
 test: setup
-ifneq ($(SUITE_TIMES),)
-	@rm -f "$(SUITE_TIMES)"
+	$(if $(SUITE_TIMES),@rm -f "$(SUITE_TIMES)")
 	DUNNING_TEST_TIMES="$(SUITE_TIMES)" $(PYTEST) $(PYTEST_ARGS)
 	$(if $(TEST_TMP),rm -rf $(TEST_TMP))
-	@$(BIN)/python -m bench.suite_costs "$(SUITE_TIMES)" --brief --calibrate --budget bench/suite_budget.toml
-else
-	DUNNING_TEST_TIMES= $(PYTEST) $(PYTEST_ARGS)
-	$(if $(TEST_TMP),rm -rf $(TEST_TMP))
-endif
+	$(if $(SUITE_TIMES),@$(BIN)/python -m bench.suite_costs "$(SUITE_TIMES)" --brief --calibrate --budget bench/suite_budget.toml)
 
 # the dev loop on one worker per core: its tests are short and CPU-bound, and each extra worker pays the suite's
 # imports again (measured on 2 cores: about 7 CPU-s a worker, half of what 756 fast tests cost)

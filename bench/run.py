@@ -26,7 +26,7 @@ from bench.history import prepare_home
 from bench.noop import floor, noop_runs
 from bench.steps import floor_query, naive_poller, publication_with_daily_history, smtp_rate, step_timings
 from bench.trash import discard, empty
-from bench.yardstick import CALIBRATION
+from bench.yardstick import loop_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "bench" / "data"
@@ -164,10 +164,7 @@ def calibration(repeat: int = 3) -> dict:
     """CPU seconds of one fixed pure-Python loop on one core (median): how fast this machine runs Python, so
     sections of RESULTS.md taken on different machines can be compared (`import pipelines.cli` in the floor
     rows is a second such yardstick)."""
-    runs = [
-        float(subprocess.run([sys.executable, "-c", CALIBRATION], capture_output=True, text=True, check=True).stdout)
-        for _ in range(repeat)
-    ]
+    runs = [loop_seconds() for _ in range(repeat)]
     return {"python_loop_s": round(statistics.median(runs), 2), "runs_s": [round(r, 2) for r in runs]}
 
 

@@ -168,11 +168,11 @@ class Verdict:
     key: str
     what: str
     now: int
-    budget: int | None
+    budget: int
 
     @property
     def over(self) -> bool:
-        return self.budget is not None and self.now > self.budget
+        return self.now > self.budget
 
 
 def read_budget(path: Path) -> dict[str, int]:
@@ -200,19 +200,18 @@ def read_budget(path: Path) -> dict[str, int]:
 
 
 def verdicts(costs: list[TestCost], budget: dict[str, int]) -> list[Verdict]:
-    return [Verdict(key, what, sum(count(c) for c in costs), budget.get(key)) for key, (what, count) in COUNTS.items()]
+    """Each count against its budget (`read_budget` holds every count)."""
+    return [Verdict(key, what, sum(count(c) for c in costs), budget[key]) for key, (what, count) in COUNTS.items()]
 
 
 def budget_table(found: list[Verdict], source: str) -> str:
     lines = [f"The suite's work against {source}:", "", "| count | now | budget | verdict |", "|---|---|---|---|"]
     for v in found:
-        if v.budget is None:
-            verdict = "no budget"
-        elif v.over:
+        if v.over:
             verdict = "**over budget**"
         else:
             verdict = "met" if v.now == v.budget else f"met, {v.budget - v.now:,} under: lower the budget"
-        lines.append(f"| {v.what} | {v.now:,} | {'-' if v.budget is None else f'{v.budget:,}'} | {verdict} |")
+        lines.append(f"| {v.what} | {v.now:,} | {v.budget:,} | {verdict} |")
     return "\n".join(lines)
 
 
@@ -234,13 +233,12 @@ def brief(costs: list[TestCost], calibration_s: float | None = None) -> str:
 
 
 def calibrate() -> float | None:
-    """`bench.run.calibration`'s loop, once (that one takes the median of three), in a fresh interpreter: about
-    1.2-1.4 s of one core. None when it cannot be run: the figure is information, never a reason to fail."""
-    from bench.yardstick import CALIBRATION
+    """`bench.run.calibration`'s loop, once (that one takes the median of three). None when it cannot be run: the
+    figure is information, never a reason to fail."""
+    from bench.yardstick import loop_seconds
 
     try:
-        done = subprocess.run([sys.executable, "-c", CALIBRATION], capture_output=True, text=True, check=True)
-        return float(done.stdout)
+        return loop_seconds()
     except (OSError, subprocess.CalledProcessError, ValueError) as error:
         print(f"suite_costs: the calibration loop did not run ({error}); the CPU is printed alone", file=sys.stderr)
         return None
