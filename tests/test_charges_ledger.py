@@ -57,3 +57,18 @@ def test_decisions_and_posts_move_only_the_status_they_expect(backend):
         assert waived == ["fee:in_1:1:interest"]  # a posted charge is not waived here
         statuses = dict(ledger.charges().select("charge_key", "status").iter_rows())
         assert statuses == {"fee:in_1:1:compensation": "posted", "fee:in_1:1:interest": "waived"}
+
+
+def test_a_failed_charge_whose_item_is_on_a_fee_invoice_is_not_waived_here(backend):
+    """Its item is on a Stripe invoice (a finalize refused after the items went on): Stripe bills it, so a waive
+    in the ledger alone would hide a charge the customer is asked to pay; the failed one without an item goes."""
+    with backend.open() as ledger:
+        ledger.claim(due_frame(["in_1"]), NO_SKIPS, "run-a", AS_OF, charges=charges_for(["in_1"]))
+        ledger.decide_charges(approve=True, invoice_id="in_1", by="op", at=AS_OF)
+        keys = ["fee:in_1:1:compensation", "fee:in_1:1:interest"]
+        assert ledger.claim_post(keys, "run-p", AS_OF) == set(keys)
+        ledger.note_external(keys, "in_fee1", {"fee:in_1:1:compensation": "ii_1"}, AS_OF)
+        assert ledger.record_post(keys, "failed", at=AS_OF, error="finalize refused") == 2
+        assert ledger.decide_charges(approve=False, invoice_id="in_1", by="op", at=AS_OF) == ["fee:in_1:1:interest"]
+        statuses = dict(ledger.charges().select("charge_key", "status").iter_rows())
+        assert statuses == {"fee:in_1:1:compensation": "failed", "fee:in_1:1:interest": "waived"}

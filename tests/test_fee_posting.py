@@ -179,3 +179,64 @@ def test_interest_that_waited_for_its_rate_goes_on_a_fee_invoice_of_its_own(depl
         "fee:in_late:1:interest"
     ]
     assert {c["status"] for c in charges_of(deployment)} == {"posted"}
+
+
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
+def test_an_unknown_post_stripe_finalized_is_settled_apart_from_interest_claimed_later(deployment, stripe_fake):
+    """The compensation's finalize was carried out but its answer lost (`unknown`); the interest that waited for
+    its rate is claimed the next run. Settled in one group, the finalized invoice refused the interest's item and
+    both charges went `failed`, the compensation with them while Stripe billed it (review of stop 51)."""
+    body = yaml.safe_load(config_for(deployment.root, stripe_fake).read_text())
+    body.pop("rates_valid_through")  # the shipped ECB rates end 2026-06-30: the interest waits
+    config = deployment.root / "config.yaml"
+    config.write_text(yaml.safe_dump(body), encoding="utf-8")
+    stripe_fake.drop_after_accept["/v1/invoices/in_fee00000/finalize"] = 1
+    deployment.run_in_process(ROWS, AS_OF, config)
+    [first] = stripe_fake.fee_invoices()
+    assert first["status"] == "open" and {c["status"] for c in charges_of(deployment)} == {"unknown"}
+    body["rates"] = [{"reference": "ecb_mro", "from": "2026-07-01", "percent": 2.15}]
+    config.write_text(yaml.safe_dump(body), encoding="utf-8")
+    deployment.run_in_process(ROWS, "2026-11-21T09:00:00Z", config)
+    first_again, second = stripe_fake.fee_invoices()
+    assert first_again["id"] == first["id"] and second["status"] == "open"
+    on_stripe = {
+        item["metadata"]["dunning_charge_key"]: fee["id"]
+        for fee in (first, second)
+        for item in stripe_fake.items_of(fee["id"])
+    }
+    assert on_stripe == {"fee:in_late:1:compensation": first["id"], "fee:in_late:1:interest": second["id"]}
+    assert {c["charge_key"]: (c["status"], c["external_id"]) for c in charges_of(deployment)} == {
+        key: ("posted", fee_id) for key, fee_id in on_stripe.items()
+    }
+
+
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
+def test_a_refused_lookup_of_an_unknown_post_never_lets_the_retry_create_a_second_fee_invoice(deployment, stripe_fake):
+    """Guarantee 17: the draft was made but its answer lost; the lookup that settles it is answered 429 (`failed`);
+    the retry, more than 24 hours later (Stripe has forgotten the idempotency key), looks again before creating."""
+    config = config_for(deployment.root, stripe_fake)
+    stripe_fake.drop_after_accept["/v1/invoices"] = 1
+    deployment.run_in_process(ROWS, AS_OF, config)
+    stripe_fake.forget_idempotency_keys()
+    stripe_fake.rate_limited = 1  # the settling lookup
+    deployment.run_in_process(ROWS, "2026-11-22T09:00:00Z", config)
+    assert {c["status"] for c in charges_of(deployment)} == {"failed"}
+    deployment.run_in_process(ROWS, "2026-11-24T09:00:00Z", config)
+    assert_one_fee_invoice(stripe_fake, deployment)
+
+
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
+def test_charges_refused_until_no_attempt_is_left_page_once_naming_them(deployment, stripe_fake):
+    body = yaml.safe_load(config_for(deployment.root, stripe_fake).read_text())
+    body["retry"] = {"max_attempts": 2, "backoff_minutes": 1}
+    config = deployment.root / "config.yaml"
+    config.write_text(yaml.safe_dump(body), encoding="utf-8")
+    stripe_fake.key = "sk_test_another"  # every post refused (401)
+    deployment.run_in_process(ROWS, AS_OF, config)
+    assert deployment.query("SELECT count(*) FROM alerts WHERE kind = 'fees_not_posted'") == [(0,)]
+    for as_of in ("2026-11-21T09:00:00Z", "2026-11-22T09:00:00Z"):  # the last attempt, then nothing left to try
+        deployment.run_in_process(ROWS, as_of, config)
+    [(message,)] = deployment.query("SELECT message FROM alerts WHERE kind = 'fees_not_posted'")
+    assert "refused by Stripe 2 times" in message and "fee:in_late:1:compensation" in message, message
+    assert "Invalid API Key" in message or "401" in message, message
+    assert {c["status"] for c in charges_of(deployment)} == {"failed"} and stripe_fake.fee_invoices() == []

@@ -179,4 +179,12 @@ def post_approved(
         if open_alert is not None and open_alert.get("message") == message:
             return PostReport(), None  # paged once while the same cause stands
         return PostReport(), (FEES_NOT_POSTED, message, {"source": "stripe"})
+    if report.gave_up:  # each charge gives up once: its last attempt is made once
+        message = (
+            f"{len(report.gave_up)} approved charge(s) were refused by Stripe {config.retry.max_attempts} times and "
+            f"are no longer tried: {', '.join(for_terminal(k) for k in report.gave_up[:20])}"
+            f"{' ...' if len(report.gave_up) > 20 else ''}; last refusal: {for_terminal(report.last_error or '')}; "
+            "look at the customer in Stripe, then `dunning fees waive --invoice ID` or post them by hand"
+        )[:1000]
+        return report, (FEES_NOT_POSTED, message, {"source": "stripe", "charges": report.gave_up[:100]})
     return report, None

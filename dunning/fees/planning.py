@@ -44,6 +44,8 @@ class PostReport:
     failed: int = 0
     unknown: int = 0
     fee_invoices: list[str] = field(default_factory=list)
+    gave_up: list[str] = field(default_factory=list)  # refused for the last time: never tried again by a run
+    last_error: str | None = None  # the refusal of the last of them
 
 
 def charge_key(invoice_id: str, cycle: int, kind: str) -> str:

@@ -10,6 +10,11 @@ is kept as soon as Stripe gives it. Every step is find-or-create: a charge left 
 is settled by looking in Stripe, by the id kept or else by the metadata on the customer's invoices, never by
 creating blindly; Stripe prunes idempotency keys after 24 hours, so the key alone cannot find an earlier attempt.
 A definite refusal (4xx, a rate limit) is `failed`, retried with backoff; a lost connection or a 5xx `unknown`.
+A charge tried before (its `attempts`) is looked up again before anything is created, whatever its last outcome: a
+refusal while settling an `unknown` one says nothing about what its first request did. The `unknown` charges of an
+invoice and cycle are settled on their own, before the ones claimed this run: a finalized fee invoice takes no new
+item, so those go on a fee invoice of their own. A charge refused for the last time (`retry.max_attempts`) is
+reported (`PostReport.gave_up`) for one alert.
 """
 
 from __future__ import annotations
@@ -80,9 +85,10 @@ def _find_fee_invoice(client: stripe.StripeClient, customer: str, key: str, know
 def _post_group(
     client: stripe.StripeClient, ledger: Ledger, rows: list[dict[str, Any]], *, settle: bool, days_until_due: int,
     now: Callable[[], dt.datetime], taken: set[str],
-) -> str:  # fmt: skip
+) -> tuple[str, list[str]]:  # fmt: skip
     """One fee invoice for the charges `rows` (one invoice and cycle, all `unknown` and this run's): found or made,
-    its items found or made, finalized. Returns its id; raises _Lost or _Refused."""
+    its items found or made, finalized. Returns its id and the keys it does not carry (found finalized without
+    their item: a human must look, never a second invoice for them here); raises _Lost or _Refused."""
     first = rows[0]
     key = fee_invoice_key(first["invoice_id"], first["cycle"])
     customer = str(first["customer_id"])
@@ -101,16 +107,16 @@ def _post_group(
             "creating the fee invoice",
             lambda: client.v1.invoices.create(params, {"idempotency_key": once}),  # type: ignore[arg-type]
         )
-    keys = [r["charge_key"] for r in rows]
-    ledger.note_external(keys, str(invoice.id), {}, now())
+    if invoice.status == "draft":  # every charge goes on it: kept as soon as known
+        ledger.note_external([r["charge_key"] for r in rows], str(invoice.id), {}, now())
     listed = _call("listing the fee invoice's items",
                    lambda: client.v1.invoice_items.list({"invoice": invoice.id, "limit": 100}))  # fmt: skip
     items = {_metadata(i).get(CHARGE_METADATA): i.id for i in listed.data}
+    missing = [] if invoice.status == "draft" else [r["charge_key"] for r in rows if r["charge_key"] not in items]
+    keys = [r["charge_key"] for r in rows if r["charge_key"] not in missing]
     for row in rows:
-        if row["charge_key"] in items:
+        if row["charge_key"] in items or row["charge_key"] in missing:
             continue
-        if invoice.status != "draft":  # finalized without this item: a human must look (never a second invoice)
-            raise _Refused(f"fee invoice {invoice.id} is {invoice.status} without the item {row['charge_key']}")
         item_params: dict[str, Any] = {
             "customer": customer, "invoice": invoice.id, "amount": int(row["amount_minor"]),
             "currency": str(row["currency"]).lower(), "description": f"{row['kind']}: {row['basis']}"[:500],
@@ -123,7 +129,7 @@ def _post_group(
     if invoice.status == "draft":
         _call("finalizing the fee invoice", lambda: client.v1.invoices.finalize_invoice(
             invoice.id, {"auto_advance": False}, {"idempotency_key": f"{invoice.id}:finalize"}))  # fmt: skip
-    return str(invoice.id)
+    return str(invoice.id), missing
 
 
 def post_charges(
@@ -144,35 +150,72 @@ def post_charges(
     api = client()  # the key is read before anything is claimed: a missing one leaves every charge approved
     by_policy = {p.name: p for p in config.resolved_policies()}
     posted = ledger.charges(("posted",))
-    for (_, _), group in todo.group_by("invoice_id", "cycle", maintain_order=True):
+    for (invoice_id, cycle), group in todo.group_by("invoice_id", "cycle", maintain_order=True):
         rows = group.to_dicts()
-        left = [r for r in rows if r["status"] == "unknown"]
-        stale = [r for r in left if r.get("updated_at") is None or r["updated_at"] <= wall - settle_after]
-        fresh = ledger.claim_post([r["charge_key"] for r in rows if r["status"] != "unknown"], run_id, wall)
-        mine = [r for r in rows if r["charge_key"] in fresh] + stale
-        if not mine:
-            continue
-        fees = by_policy[str(mine[0]["policy"])].fees
-        keys = [r["charge_key"] for r in mine]
+        stale = [r for r in rows if r["status"] == "unknown"
+                 and (r.get("updated_at") is None or r["updated_at"] <= wall - settle_after)]  # fmt: skip
+        fresh_keys = ledger.claim_post([r["charge_key"] for r in rows if r["status"] != "unknown"], run_id, wall)
+        fresh = [r for r in rows if r["charge_key"] in fresh_keys]
         taken = {str(r["external_id"]) for r in posted.filter(
-            (pl.col("invoice_id") == mine[0]["invoice_id"]) & (pl.col("cycle") == mine[0]["cycle"])
+            (pl.col("invoice_id") == invoice_id) & (pl.col("cycle") == cycle)
         ).iter_rows(named=True) if r["external_id"]}  # fmt: skip
-        try:
-            fee_invoice = _post_group(api, ledger, mine, settle=bool(stale), now=now, taken=taken,
-                                      days_until_due=fees.days_until_due if fees else 14)  # fmt: skip
-        except _Refused as error:
-            backoff = dt.timedelta(minutes=config.retry.backoff_minutes * 2 ** max(0, _attempts(mine) - 1))
-            ledger.record_post(keys, "failed", at=now(), error=str(error)[:500], retry_at=as_of + backoff)
-            report.failed += len(keys)
-            continue
-        except _Lost as error:
-            ledger.record_post(keys, "unknown", at=now(), error=str(error)[:500])
-            report.unknown += len(keys)
-            continue
-        ledger.record_post(keys, "posted", at=now())
-        report.posted += len(keys)
-        report.fee_invoices.append(fee_invoice)
+        # the unknown ones first, settled on the fee invoice they may already be on; then this run's, looked up
+        # first when tried before (an earlier request may have made something, whatever its recorded outcome)
+        for part, settle, claimed in ((stale, True, False), (fresh, _tried_before(fresh), True)):
+            if part:
+                _post_part(api, ledger, part, config, by_policy, report, settle=settle, claimed=claimed,
+                           as_of=as_of, now=now, taken=taken)  # fmt: skip
     return report
+
+
+def _post_part(
+    api: stripe.StripeClient, ledger: Ledger, part: list[dict[str, Any]], config: DunningConfig,
+    by_policy: dict[str, Any], report: PostReport, *, settle: bool, claimed: bool, as_of: dt.datetime,
+    now: Callable[[], dt.datetime], taken: set[str],
+) -> None:  # fmt: skip
+    """One post of `part` (charges of one invoice and cycle), its outcome recorded per charge and in `report`; the
+    fee invoice it posted to joins `taken`."""
+    fees = by_policy[str(part[0]["policy"])].fees
+    keys = [r["charge_key"] for r in part]
+    try:
+        fee_invoice, missing = _post_group(api, ledger, part, settle=settle, now=now, taken=taken,
+                                           days_until_due=fees.days_until_due if fees else 14)  # fmt: skip
+    except _Refused as error:
+        _refused(ledger, part, keys, str(error), config, report, claimed=claimed, as_of=as_of, now=now)
+        return
+    except _Lost as error:
+        ledger.record_post(keys, "unknown", at=now(), error=str(error)[:500])
+        report.unknown += len(keys)
+        return
+    done = [k for k in keys if k not in missing]
+    if done:
+        ledger.record_post(done, "posted", at=now())
+        report.posted += len(done)
+        report.fee_invoices.append(fee_invoice)
+        taken.add(fee_invoice)
+    if missing:
+        refused = f"fee invoice {fee_invoice} is finalized without the item of {', '.join(missing)}"
+        _refused(ledger, [r for r in part if r["charge_key"] in missing], missing, refused, config, report,
+                 claimed=claimed, as_of=as_of, now=now)  # fmt: skip
+
+
+def _refused(
+    ledger: Ledger, rows: list[dict[str, Any]], keys: list[str], error: str, config: DunningConfig,
+    report: PostReport, *, claimed: bool, as_of: dt.datetime, now: Callable[[], dt.datetime],
+) -> None:  # fmt: skip
+    """`failed`, retried after the backoff, or reported as given up when no attempt is left."""
+    backoff = dt.timedelta(minutes=config.retry.backoff_minutes * 2 ** max(0, _attempts(rows) - 1))
+    ledger.record_post(keys, "failed", at=now(), error=error[:500], retry_at=as_of + backoff)
+    report.failed += len(keys)
+    # the claim counted this attempt in the ledger; an `unknown` one settled now was counted when it was claimed
+    made = max((int(r.get("attempts") or 0) for r in rows), default=0) + (1 if claimed else 0)
+    if made >= config.retry.max_attempts:
+        report.gave_up.extend(keys)
+        report.last_error = error[:300]
+
+
+def _tried_before(rows: list[dict[str, Any]]) -> bool:
+    return any(int(r.get("attempts") or 0) > 0 for r in rows)
 
 
 def _attempts(rows: Iterable[dict[str, Any]]) -> int:

@@ -80,8 +80,8 @@ def cmd_waive(args: argparse.Namespace) -> int:
                                      note=reason)  # fmt: skip
     if not done:
         raise UserInputError(
-            f"no charge of invoice {invoice} that may be waived (proposed, approved or failed): a posted charge is "
-            "credited in the billing system, not here"
+            f"no charge of invoice {invoice} that may be waived (proposed, approved or failed): a posted charge, or "
+            "one whose item is on a fee invoice already, is credited in the billing system, not here"
         )
     say(f"{len(done)} charge(s) waived, never posted nor claimed again in this cycle: {', '.join(done)}")
     return 0

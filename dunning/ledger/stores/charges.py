@@ -107,10 +107,13 @@ class ChargeStore(SqlConnection):
         self, *, approve: bool, invoice_id: str | None, by: str, at: dt.datetime, note: str | None = None
     ) -> list[str]:
         """`dunning fees approve` (proposed -> approved) or `waive` (proposed, approved or failed -> waived), for one
-        invoice or (approve only) all. Returns the charge keys decided."""
+        invoice or (approve only) all. Returns the charge keys decided. A failed charge whose item is on a fee
+        invoice already (Stripe holds it: it is credited there) is not waived."""
         to, frm = ("approved", ("proposed",)) if approve else ("waived", ("proposed", "approved", "failed"))
         marks = ", ".join("?" for _ in frm)
         where = f"status IN ({marks})" + (" AND invoice_id = ?" if invoice_id is not None else "")
+        if not approve:
+            where += " AND NOT (status = 'failed' AND external_item_id IS NOT NULL)"
         params: list[object] = [to, at, by, note, at, *frm] + ([invoice_id] if invoice_id is not None else [])
         return [
             str(k)
