@@ -294,6 +294,39 @@ def test_a_fee_invoice_is_dunned_but_never_charged_a_fee_and_a_new_cycle_may_cla
     assert any(r["invoice_id"] == "in_fee1" for r in deployment.ledger("status = 'sent'"))  # dunned like any invoice
 
 
+
+def test_an_invoice_open_again_with_its_due_date_is_charged_interest_only_for_days_not_charged_before(deployment):
+    """Paid, then open again (a chargeback) with the same due date: cycle 2's interest runs from the day after the
+    last day cycle 1's covered, never over 2 to 20 November again (a review found both cycles charging them)."""
+    config = write_config(deployment.root, EU)
+    row = invoice(invoice_id="in_r", customer_id="cus_r", currency="EUR", customer_type="business",
+                  amount_due=100_000, due_date="2026-11-01")  # fmt: skip
+    deployment.run_in_process([row], "2026-11-20T09:00:00Z", config)  # cycle 1's interest: 2 to 20 November
+    deployment.run_in_process([dict(row, status="paid", amount_paid=100_000)], "2026-11-21T09:00:00Z", config)
+    deployment.run_in_process([row], "2026-11-25T09:00:00Z", config)  # open again: cycle 2
+    interest = {c["charge_key"]: c for c in charges_of(deployment) if c["kind"] == "interest"}
+    first, second = interest["fee:in_r:1:interest"], interest["fee:in_r:2:interest"]
+    assert "2026-11-02 to 2026-11-20: 19 day(s)" in first["basis"], first["basis"]
+    assert "2026-11-21 to 2026-11-25: 5 day(s)" in second["basis"], second["basis"]
+    assert first["amount_minor"] == round(100_000 * 0.1015 * 19 / 365)
+    assert second["amount_minor"] == round(100_000 * 0.1015 * 5 / 365)
+
+
+
+def test_interest_of_a_cycle_that_waited_for_its_rate_also_starts_after_the_days_charged_before(deployment):
+    config = write_config(deployment.root, {**EU, "rates_valid_through": {"ecb_mro": "2026-11-22"}})
+    row = invoice(invoice_id="in_r", customer_id="cus_r", currency="EUR", customer_type="business",
+                  amount_due=100_000, due_date="2026-11-01")  # fmt: skip
+    deployment.run_in_process([row], "2026-11-20T09:00:00Z", config)
+    deployment.run_in_process([dict(row, status="paid", amount_paid=100_000)], "2026-11-21T09:00:00Z", config)
+    deployment.run_in_process([row], "2026-11-25T09:00:00Z", config)  # cycle 2: the rate past the 22nd is unknown
+    assert deployment.query("SELECT charge_key FROM charge_waits") == [("fee:in_r:2:interest",)]
+    config = write_config(deployment.root, EU)  # the rate is known now: the waiting interest is claimed
+    deployment.run_in_process([row], "2026-11-26T09:00:00Z", config)
+    second = next(c for c in charges_of(deployment) if c["charge_key"] == "fee:in_r:2:interest")
+    assert "2026-11-21 to 2026-11-26: 6 day(s)" in second["basis"], second["basis"]
+
+
 def _body(message) -> str:
     return message.get_body(("plain",)).get_content()
 

@@ -31,7 +31,9 @@ def charges_for(
         return None, None
     invoices = due.get_column("invoice_id").unique().to_list()
     on_record = ledger.charge_keys_on_record(invoices)
-    return planning.plan_charges(due, config, as_of, on_record=on_record, fee_invoices=ledger.fee_invoice_ids())
+    charged = planning.interest_charged(ledger.interest_on_record(invoices), config)
+    return planning.plan_charges(due, config, as_of, on_record=on_record, fee_invoices=ledger.fee_invoice_ids(),
+                                 charged=charged)  # fmt: skip
 
 
 def retried_fee_lines(ledger: Ledger, due: pl.DataFrame, config: DunningConfig) -> dict[str, list[Any]]:
@@ -79,6 +81,8 @@ def settle_waits(
         return set()
     rows = {r["invoice_id"]: r for r in cycled.iter_rows(named=True)}
     policies = {p.name: p for p in config.resolved_policies()}
+    waiting = sorted(set(waits.get_column("invoice_id").to_list()))
+    charged = planning.interest_charged(ledger.interest_on_record(waiting), config)
     table, today = table_for(config), business_date(as_of, config)
     claim: list[dict[str, object]] = []
     dropped: list[str] = []
@@ -95,8 +99,9 @@ def settle_waits(
         if fees is None or rule is None:
             dropped.append(wait["charge_key"])
             continue
+        start = planning.interest_start(row["invoice_id"], row["cycle"], row["due_date"], charged)
         found = amounts.interest_for(rule, table, fees, remaining_minor=int(row["remaining_minor"]),
-                                     currency=str(row["currency"]), due_date=row["due_date"], today=today)  # fmt: skip
+                                     currency=str(row["currency"]), due_date=start, today=today)  # fmt: skip
         if isinstance(found, amounts.Waiting):
             continue
         if found is None:

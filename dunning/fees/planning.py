@@ -78,15 +78,35 @@ def customer_type_of(value: object, fees: Fees) -> str:
     return text if text in CUSTOMER_TYPES else fees.default_customer_type
 
 
+def interest_start(
+    invoice_id: str, cycle: int, due_date: dt.date, charged: dict[str, list[tuple[int, dt.date]]]
+) -> dt.date:
+    """The day after which interest runs for one invoice and cycle: its due date, or the last day an earlier
+    cycle's interest covered (an invoice paid, then open again with the same due date, is never charged the same
+    days twice). `charged`: per invoice, (cycle, business day of the claim) of its interest on record."""
+    through = [day for earlier, day in charged.get(invoice_id, ()) if earlier < cycle]
+    return max([due_date, *through])
+
+
+def interest_charged(
+    ledger_rows: list[tuple[str, int, dt.datetime]], config: DunningConfig
+) -> dict[str, list[tuple[int, dt.date]]]:
+    """`Ledger.interest_on_record`'s rows as `interest_start` reads them: each claim's business day."""
+    charged: dict[str, list[tuple[int, dt.date]]] = {}
+    for invoice_id, cycle, claimed_at in ledger_rows:
+        charged.setdefault(invoice_id, []).append((cycle, business_date(claimed_at, config)))
+    return charged
+
+
 def plan_charges(
     due: pl.DataFrame, config: DunningConfig, as_of: dt.datetime, *, on_record: set[str] | frozenset[str] = frozenset(),
-    fee_invoices: set[str] | frozenset[str] = frozenset(),
+    fee_invoices: set[str] | frozenset[str] = frozenset(), charged: dict[str, list[tuple[int, dt.date]]] | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:  # fmt: skip
     """The charges the due reminders claim (CHARGE_SCHEMA) and the ones that wait (WAITING_SCHEMA).
 
     `due`: plan rows; only reminders due now (not retries) at or above their policy's claim stage count.
     `on_record`: charge keys already in the ledger (never claimed again in the cycle); `fee_invoices`: invoice ids
-    that are fee invoices we posted."""
+    that are fee invoices we posted; `charged`: earlier cycles' interest (`interest_charged`)."""
     policies = {p.name: p for p in config.resolved_policies()}
     days = {name: claim_days(p) for name, p in policies.items()}
     if due.is_empty() or all(d is None for d in days.values()):
@@ -119,11 +139,12 @@ def plan_charges(
             found.append(compensation)
         rule = amounts.interest_of(fees, kind_of)
         if rule is not None:
-            memo = (rule, row["due_date"])
-            if memo not in schedules:  # one schedule per rule and due date serves every invoice due that day
-                schedules[memo] = amounts.interest_schedule(rule, table, due_date=row["due_date"], today=today)
+            start = interest_start(row["invoice_id"], row["cycle"], row["due_date"], charged or {})
+            memo = (rule, start)
+            if memo not in schedules:  # one schedule per rule and start serves every invoice due that day
+                schedules[memo] = amounts.interest_schedule(rule, table, due_date=start, today=today)
             interest = amounts.interest_for(
-                rule, table, fees, remaining_minor=remaining, currency=currency, due_date=row["due_date"],
+                rule, table, fees, remaining_minor=remaining, currency=currency, due_date=start,
                 today=today, schedule=schedules[memo],
             )  # fmt: skip
             if interest is not None:

@@ -74,6 +74,17 @@ class ChargeStore(SqlConnection):
             ).fetchall()
         return {str(k) for (k,) in rows}
 
+    def interest_on_record(self, invoice_ids: list[str]) -> list[tuple[str, int, dt.datetime]]:
+        """(invoice_id, cycle, claimed_at) of each interest charge of these invoices, whatever its status: the days
+        up to a claim's business day are charged (or waived) once, never again by a later cycle."""
+        frame = pl.DataFrame({"invoice_id": invoice_ids}, schema={"invoice_id": pl.String}).unique()
+        with self.registered("interest_asked", frame):
+            rows = self.con.execute(
+                "SELECT invoice_id, cycle, claimed_at FROM charges WHERE kind = 'interest' "
+                "AND invoice_id IN (SELECT invoice_id FROM interest_asked)"
+            ).fetchall()
+        return [(str(i), int(c), at) for i, c, at in rows]
+
     def fee_invoice_ids(self) -> set[str]:
         """The billing system's ids of the fee invoices we posted: dunned like any invoice, never charged a fee."""
         return {str(k) for (k,) in self.con.execute(
