@@ -294,7 +294,6 @@ def test_a_fee_invoice_is_dunned_but_never_charged_a_fee_and_a_new_cycle_may_cla
     assert any(r["invoice_id"] == "in_fee1" for r in deployment.ledger("status = 'sent'"))  # dunned like any invoice
 
 
-
 def test_an_invoice_open_again_with_its_due_date_is_charged_interest_only_for_days_not_charged_before(deployment):
     """Paid, then open again (a chargeback) with the same due date: cycle 2's interest runs from the day after the
     last day cycle 1's covered, never over 2 to 20 November again (a review found both cycles charging them)."""
@@ -310,7 +309,6 @@ def test_an_invoice_open_again_with_its_due_date_is_charged_interest_only_for_da
     assert "2026-11-21 to 2026-11-25: 5 day(s)" in second["basis"], second["basis"]
     assert first["amount_minor"] == round(100_000 * 0.1015 * 19 / 365)
     assert second["amount_minor"] == round(100_000 * 0.1015 * 5 / 365)
-
 
 
 def test_interest_of_a_cycle_that_waited_for_its_rate_also_starts_after_the_days_charged_before(deployment):
