@@ -179,3 +179,29 @@ def test_a_reply_never_suppresses_nor_changes_a_recipient_and_strangers_are_not_
     assert deployment.run_in_process(rows, "2026-11-08T09:00:00Z").sent_keys == []  # paused: the ack is later
     code, _, err = deployment.cli("ack", "--customer", "cus_404")
     assert code == 2 and "no reply on record" in err
+
+
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
+def test_a_reply_with_a_remittance_larger_than_any_bounce_still_holds_the_chasing(deployment, tmp_path):
+    """Over the reports' 5 MB limit (a scanned PDF of about 4 MB, base64), the message is unreadable as a report but
+    read from its header block as a reply: it pauses, pages, and says its text was not read (a review found it
+    dropped with no alert while the next stage went)."""
+    rows = [invoice()]
+    ours = first_reminder(deployment, rows)
+    headers = {"From": "Ada <ada@example.com>", "To": "billing@example.com", "Subject": "Re: your reminder",
+               "Date": "Thu, 05 Nov 2026 10:00:00 +0000", "Message-ID": "<big@mail.example.com>",
+               "In-Reply-To": ours, "References": ours}  # fmt: skip
+    message = EmailMessage()
+    for name, value in headers.items():
+        message[name] = value
+    message.set_content("We paid, the remittance is attached. Please stop.")
+    message.add_attachment(b"%PDF-1.7\n" + bytes(range(256)) * 16_000, maintype="application", subtype="pdf",
+                           filename="remittance.pdf")  # fmt: skip
+    raw = message.as_bytes()
+    assert len(raw) > 5 * 1024 * 1024
+    out = feedback(deployment, tmp_path, [raw])
+    assert "replies: 1 new" in out and "waiting for an answer: cus_1" in out, out
+    [paged] = alerts(deployment, "customer_replied")
+    assert "cus_1" in paged and "its text was not read: larger than 5 MB" in paged, paged
+    held = deployment.run_in_process(rows, "2026-11-08T09:00:00Z")
+    assert held.sent_keys == [] and audit_of(deployment, held.run_id) == {"dunning:in_1:1:day7": ("held", "replied")}

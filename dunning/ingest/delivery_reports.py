@@ -5,7 +5,9 @@ package (`compat32`: it keeps a malformed header as text instead of raising), bo
 (`MAX_MESSAGE_BYTES`), and its depth and parts on the raw bytes (`mime_bounds`: the parser's cost is lines times
 depth, so a limit checked on the finished tree came after 200 s), then fed to the parser in chunks under a time
 budget per message (`MESSAGE_SECONDS`), and bounded again while walking the tree; whatever fails is one
-`Unreadable` with the reason, never an exception out of here.
+`Unreadable` with the reason, never an exception out of here. Such a message is still read for what its header
+block (the first `HEADER_BYTES`) says: a customer's answer with a scanned remittance attached is larger than any
+bounce, and must still pause the chasing (`_headers_only`).
 Addresses pass the recipient rule (`safe_text.is_address`) or are dropped; free text (a diagnostic) loses its
 control characters and is cut. Nothing here decides what to suppress: `dunning.run.feedback` does, knowing which
 reports match our own emails.
@@ -34,7 +36,7 @@ import json
 import re
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.message import Message
 from typing import Any
 
@@ -45,6 +47,7 @@ from dunning.safe_text import CONTROL_CLASS, has_control, is_address
 MAX_MESSAGE_BYTES = 5 * 1024 * 1024  # a bounce is a few kilobytes; a larger message is not read
 MAX_PARTS = 64
 MAX_DEPTH = 8
+HEADER_BYTES = 64 * 1024  # where the header block of a message too large or deep to read whole must end
 MESSAGE_SECONDS = 2.0  # the time one message may take to read (a 5 MB bounce of long lines takes about 0.1 s)
 FEED_BYTES = 64 * 1024  # the parser is fed this much at a time, the budget checked between
 MAX_DETAIL = 500
@@ -274,13 +277,13 @@ def read_message(raw: bytes, source: str) -> Reading:
     if len(raw) > MAX_MESSAGE_BYTES:
         reading.unreadable.append(Unreadable(f"{source}:{raw_key}", source, f"larger than {MAX_MESSAGE_BYTES} bytes",
                                              raw[:4096]))  # fmt: skip
-        return reading
+        return _headers_only(reading, raw, raw_key, source, f"larger than {MAX_MESSAGE_BYTES // (1024 * 1024)} MB")
     deadline = time.monotonic() + MESSAGE_SECONDS
     try:  # the walk too: whatever a hostile message trips in it is that message's problem, never the import's
         problem = structure_problem(raw, max_depth=MAX_DEPTH, max_parts=MAX_PARTS, deadline=deadline)
         if problem is not None:  # never given to the parser
             reading.unreadable.append(Unreadable(f"{source}:{raw_key}", source, problem, raw))
-            return reading
+            return _headers_only(reading, raw, raw_key, source, problem)
         message = _parse(raw, deadline)
         if message.get_content_type() != "multipart/report":
             reading.not_reports += 1
@@ -300,6 +303,26 @@ def read_message(raw: bytes, source: str) -> Reading:
         reading = Reading()
         why = str(error) if isinstance(error, OverBudget) else f"{type(error).__name__}: {error}"
         reading.unreadable.append(Unreadable(f"{source}:{raw_key}", source, clean_text(why, 200) or "unreadable", raw))
+    return reading
+
+
+def _headers_only(reading: Reading, raw: bytes, raw_key: str, source: str, why: str) -> Reading:
+    """A message left unreadable as a whole: if its header block ends within `HEADER_BYTES` and it is not a report
+    (a report that large or deep is not acted on), it is read as a possible reply from its headers alone, with no
+    excerpt of its text (the note says why)."""
+    head = raw[:HEADER_BYTES]
+    ends = [at for at in (head.find(b"\r\n\r\n"), head.find(b"\n\n")) if at >= 0]
+    if not ends:
+        return reading
+    try:
+        message = email.parser.BytesHeaderParser(policy=email.policy.compat32).parsebytes(head[: min(ends)])
+        if message.get_content_type() == "multipart/report":
+            return reading
+        reply = reply_message(message, raw_key, source)
+    except Exception:  # noqa: BLE001 - hostile headers: the message stays unreadable, nothing more
+        return reading
+    reading.not_reports += 1
+    reading.replies.append(replace(reply, excerpt=clean_text(f"(its text was not read: {why})", 200)))
     return reading
 
 
