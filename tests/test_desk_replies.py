@@ -205,3 +205,16 @@ def test_a_reply_with_a_remittance_larger_than_any_bounce_still_holds_the_chasin
     assert "cus_1" in paged and "its text was not read: larger than 5 MB" in paged, paged
     held = deployment.run_in_process(rows, "2026-11-08T09:00:00Z")
     assert held.sent_keys == [] and audit_of(deployment, held.run_id) == {"dunning:in_1:1:day7": ("held", "replied")}
+
+
+def test_a_reply_quoted_in_an_alert_is_never_slack_markup_in_the_webhook_text():
+    import datetime as dt
+
+    from dunning.send.alerts import Alert, webhook_payload
+
+    quoted = "cus_1 replied: '<!channel> <https://evil.example/pay|Remittance portal> & <@U123>'"
+    alert = Alert("customer_replied", quoted, dt.datetime(2026, 11, 5, tzinfo=dt.UTC), details={"subject": quoted})
+    text = webhook_payload(alert)["text"]
+    assert "<" not in text and ">" not in text, text
+    assert "&lt;!channel&gt; &lt;https://evil.example/pay|Remittance portal&gt; &amp; &lt;@U123&gt;" in text
+    assert webhook_payload(alert)["details"] == {"subject": quoted}  # the data itself, as JSON

@@ -13,7 +13,8 @@ class Alerts(Strict):
     """Where alerts go besides the `alerts` table and the log: a JSON webhook and/or PagerDuty."""
 
     webhook_url: str | None = None
-    """A URL that receives every alert as JSON (a Slack incoming webhook works); https, or http to this machine only."""
+    """A URL that receives every alert as JSON (a Slack incoming webhook works: the `text` has `&`, `<` and `>`
+    escaped, so a customer's words quoted in it are never Slack markup); https, or http to this machine only."""
     pagerduty_routing_key_env: EnvName | None = None
     """The name of the environment variable holding a PagerDuty Events v2 routing key: alerts then page."""
     pagerduty_url: str = "https://events.pagerduty.com/v2/enqueue"

@@ -1,7 +1,8 @@
 """Paging a human: every alert is stored, logged, and delivered to the configured backends.
 
 Backends: the log (always), a generic JSON webhook (`{"text": ...}` plus the
-details, which Slack's incoming webhooks accept), and PagerDuty's Events API v2
+details, which Slack's incoming webhooks accept; the text with Slack's `&`, `<`
+and `>` escaped, so quoted data is never markup), and PagerDuty's Events API v2
 (the documented `enqueue` payload; the routing key is read from the environment
 variable the config names, never from the file). A delivery failure of any
 kind is recorded on the alert and logged, with URLs cut to their host and the
@@ -48,9 +49,15 @@ def _post_json(url: str, payload: dict[str, Any], timeout: float) -> None:
             raise urllib.error.HTTPError(url, response.status, "unexpected status", response.headers, None)
 
 
+def slack_text(text: str) -> str:
+    """`text` with the three characters Slack's message markup reads escaped (`&`, `<`, `>`): a message quoting a
+    customer's subject or reply can never become `<!channel>` or a disguised link in the channel."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def webhook_payload(alert: Alert) -> dict[str, Any]:
     return {
-        "text": f"[dunning] {alert.kind}: {alert.message}",
+        "text": slack_text(f"[dunning] {alert.kind}: {alert.message}"),
         "kind": alert.kind,
         "severity": alert.severity,
         "run_id": alert.run_id,
