@@ -57,6 +57,24 @@ def test_smtp_sends_one_message_with_one_envelope_recipient_per_address(deployme
     assert handler.envelopes == [["ada@example.com", "bob@example.com", "carol@example.com"]]
 
 
+def test_invoices_of_one_customer_copied_to_different_contacts_go_in_one_email_per_set_of_copies(deployment):
+    """Each email's Cc is every key's, as `recipients` records: bob never reads in_2, copied to carol alone (a review
+    found one email Cc bob with both invoices, while the ledger said carol had in_2)."""
+    rows = [invoice(customer_cc="bob@example.com"), invoice(invoice_id="in_2", customer_cc="carol@example.com"),
+            invoice(invoice_id="in_3", customer_cc="bob@example.com")]  # fmt: skip
+    result = deployment.run_in_process(rows, DAY4)
+    assert sorted(result.sent_keys) == ["dunning:in_1:1:day3", "dunning:in_2:1:day3", "dunning:in_3:1:day3"]
+    sent = {m["X-Dunning-Keys"]: (m["To"], m["Cc"]) for m in deployment.outbox()}
+    assert sent == {
+        "dunning:in_1:1:day3,dunning:in_3:1:day3": ("ada@example.com", "bob@example.com"),
+        "dunning:in_2:1:day3": ("ada@example.com", "carol@example.com"),
+    }
+    recorded = {r["idempotency_key"]: r["recipients"] for r in deployment.ledger()}
+    assert recorded == {"dunning:in_1:1:day3": "ada@example.com,bob@example.com",
+                        "dunning:in_2:1:day3": "ada@example.com,carol@example.com",
+                        "dunning:in_3:1:day3": "ada@example.com,bob@example.com"}  # fmt: skip
+
+
 def test_a_bad_copy_address_is_left_out_and_counted(deployment):
     result = deployment.run_in_process([invoice(customer_cc="not an address, bob@example.com, x@@y, ada@EXAMPLE.com")],
                                        DAY4)  # fmt: skip
