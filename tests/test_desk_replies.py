@@ -218,3 +218,25 @@ def test_a_reply_quoted_in_an_alert_is_never_slack_markup_in_the_webhook_text():
     assert "<" not in text and ">" not in text, text
     assert "&lt;!channel&gt; &lt;https://evil.example/pay|Remittance portal&gt; &amp; &lt;@U123&gt;" in text
     assert webhook_payload(alert)["details"] == {"subject": quoted}  # the data itself, as JSON
+
+
+def test_two_runs_that_both_find_a_reply_unanswered_page_once(deployment, tmp_path):
+    """Two shards' plan steps read the unanswered replies before either pages: the page is claimed on the reply,
+    so the second run raises nothing (a review found one page per shard)."""
+    import datetime as dt
+
+    from dunning.config import DunningConfig
+    from dunning.desk import replies
+    from dunning.ledger.factory import open_ledger_for
+
+    rows = [invoice()]
+    feedback(deployment, tmp_path, [reply(in_reply_to=first_reminder(deployment, rows))])
+    config, at = DunningConfig(), dt.datetime(2026, 11, 20, 9, tzinfo=dt.UTC)
+    with open_ledger_for(config.ledger, deployment.home) as ledger:
+        seen = [replies.waiting(ledger, at, config).ran_out for _ in ("shard 0/2", "shard 1/2")]
+        paged = [replies.alert_unanswered(ledger, ran_out, config, as_of=at, run_id=run)
+                 for ran_out, run in zip(seen, ("run-0", "run-1"), strict=True)]  # fmt: skip
+    assert paged == [1, 0]
+    assert deployment.query("SELECT run_id FROM alerts WHERE kind = 'reply_unanswered'") == [("run-0",)]
+    [(noted,)] = deployment.query("SELECT unanswered_alert_id FROM customer_replies")
+    assert noted == deployment.query("SELECT alert_id FROM alerts WHERE kind = 'reply_unanswered'")[0][0]

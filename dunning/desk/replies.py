@@ -167,18 +167,30 @@ def waiting(ledger: Ledger, as_of: dt.datetime, config: DunningConfig) -> Waitin
 def alert_unanswered(
     ledger: Ledger, ran_out: pl.DataFrame, config: DunningConfig, *, as_of: dt.datetime, run_id: str | None
 ) -> int:
-    """One `reply_unanswered` alert per reply whose pause ran out without an answer (a live run)."""
+    """One `reply_unanswered` alert per reply whose pause ran out without an answer (a live run): the page is
+    claimed on the reply in the same transaction that stores the alert, so two runs at once (shards) page once and
+    a crash leaves neither."""
     raised = 0
     for row in ran_out.filter(pl.col("unanswered_alert_id").is_null()).iter_rows(named=True):
-        customer = for_terminal(str(row["customer_id"]))[:100]
-        message = (
-            f"customer {customer}'s reply of {row['received_at']:%Y-%m-%d %H:%M} UTC "
-            f"({for_terminal(row['subject'] or '(no subject)')[:200]!r}) is unanswered after "
-            f"{config.replies.pause_days} business days: their reminders resume (`dunning customer {customer}`)"
-        )
-        details = {"customer_id": row["customer_id"], "reply_key": row["reply_key"]}
-        alert_id = raise_alert(ledger, config.alerts, Alert(REPLY_UNANSWERED, message, as_of, run_id, details,
-                                                            "warning"))  # fmt: skip
-        ledger.note_reply_alert(row["reply_key"], alert_id, unanswered=True)
-        raised += 1
+        with ledger.transaction():
+            if not ledger.claim_unanswered_alert(row["reply_key"], f"claimed by {run_id}"):
+                continue  # another run's page
+            raised += _page_unanswered(ledger, row, config, as_of=as_of, run_id=run_id)
     return raised
+
+
+def _page_unanswered(
+    ledger: Ledger, row: dict[str, Any], config: DunningConfig, *, as_of: dt.datetime, run_id: str | None
+) -> int:
+    """The `reply_unanswered` alert of one reply, stored and delivered; its id noted on the reply."""
+    customer = for_terminal(str(row["customer_id"]))[:100]
+    message = (
+        f"customer {customer}'s reply of {row['received_at']:%Y-%m-%d %H:%M} UTC "
+        f"({for_terminal(row['subject'] or '(no subject)')[:200]!r}) is unanswered after "
+        f"{config.replies.pause_days} business days: their reminders resume (`dunning customer {customer}`)"
+    )
+    details = {"customer_id": row["customer_id"], "reply_key": row["reply_key"]}
+    alert_id = raise_alert(ledger, config.alerts, Alert(REPLY_UNANSWERED, message, as_of, run_id, details,
+                                                        "warning"))  # fmt: skip
+    ledger.note_reply_alert(row["reply_key"], alert_id, unanswered=True)
+    return 1

@@ -50,6 +50,12 @@ class ReplyStore(SqlConnection):
                 new |= {str(r[0]) for r in inserted}
         return new
 
+    def claim_unanswered_alert(self, reply_key: str, claim: str) -> bool:
+        """Take the page for a reply whose pause ran out: False when another run (a shard) took it first."""
+        return bool(self.con.execute(
+            "UPDATE customer_replies SET unanswered_alert_id = ? WHERE reply_key = ? AND unanswered_alert_id IS NULL "
+            "RETURNING reply_key", [claim, reply_key]).fetchall())  # fmt: skip
+
     def note_reply_alert(self, reply_key: str, alert_id: str, *, unanswered: bool = False) -> None:
         column = "unanswered_alert_id" if unanswered else "alert_id"
         self.con.execute(f"UPDATE customer_replies SET {column} = ? WHERE reply_key = ?", [alert_id, reply_key])
