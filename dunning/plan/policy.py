@@ -293,10 +293,6 @@ def email_groups(due: pl.DataFrame, config: DunningConfig) -> pl.Expr:
     """The expression naming the email each due reminder belongs to."""
     if config.group_by == "invoice":
         return pl.col("idempotency_key")
-    # an email groups the invoices of one policy only: a customer with invoices under two policies gets two; and of
-    # one set of copy addresses (`customer_cc`, decided per row by `dunning.desk.contacts`): an email's Cc is every
-    # key's, as each key's `recipients` records, and no contact reads an invoice not copied to them
+    # an email groups the invoices of one policy only: a customer with invoices under two policies gets two
     policy = pl.col("policy").fill_null("") if "policy" in due.columns else pl.lit("")
-    cc = pl.col("customer_cc").fill_null("").str.to_lowercase() if "customer_cc" in due.columns else pl.lit("")
-    email = pl.col("customer_email").str.to_lowercase()
-    return pl.concat_str([pl.col("customer_id"), email, policy, cc], separator="|")
+    return pl.concat_str([pl.col("customer_id"), pl.col("customer_email").str.to_lowercase(), policy], separator="|")

@@ -102,8 +102,42 @@ def held_outcomes(due: pl.DataFrame, status: SendStatus) -> pl.DataFrame:
 
 
 def with_email_groups(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
-    """Attach `email_group`: the keys of one group go out in one email."""
-    return due.with_columns(email_groups(due, config).alias("email_group"))
+    """Attach `email_group`: the keys of one group go out in one email, copied to every copy address of its rows
+    (`with_group_copies`)."""
+    return with_group_copies(due.with_columns(email_groups(due, config).alias("email_group")))
+
+
+def with_group_copies(grouped: pl.DataFrame) -> pl.DataFrame:
+    """Every key of one email carries the email's copy addresses: the union of its rows' `customer_cc` (the
+    customer's contacts, in the order first seen, each once whatever its case), and `recipients` To first, as the
+    email goes and the ledger records it. Rows of one customer may disagree (a copy address on one invoice only);
+    the email takes them all, rather than the first row's while each key recorded its own."""
+    if "customer_cc" not in grouped.columns or grouped.is_empty():
+        return grouped
+    copies = (
+        grouped.filter(pl.col("customer_cc").is_not_null())  # most rows have none: nothing to split for them
+        .select("email_group", pl.col("customer_cc").str.split(",").alias("cc"))
+        .explode("cc")
+        .with_columns(pl.col("cc").str.strip_chars())
+        .filter(pl.col("cc").is_not_null() & (pl.col("cc") != ""))
+        .unique(subset=["email_group", "cc"], keep="first", maintain_order=True)
+        .with_columns(pl.col("cc").str.to_lowercase().alias("folded"))
+        .unique(subset=["email_group", "folded"], keep="first", maintain_order=True)
+        .group_by("email_group", maintain_order=True)
+        .agg(pl.col("cc").str.join(",").alias("group_cc"))
+    )
+    if copies.is_empty():
+        return grouped
+    joined = grouped.join(copies, on="email_group", how="left", maintain_order="left")
+    union = [pl.coalesce("group_cc", "customer_cc").alias("customer_cc")]
+    if "recipients" in grouped.columns:
+        union.append(
+            pl.when(pl.col("group_cc").is_not_null())
+            .then(pl.concat_str([pl.col("customer_email"), pl.col("group_cc")], separator=","))
+            .otherwise(pl.col("recipients"))
+            .alias("recipients")
+        )
+    return joined.with_columns(union).drop("group_cc")
 
 
 def with_email_ids(due: pl.DataFrame, config: DunningConfig, ids: MessageIds) -> pl.DataFrame:
