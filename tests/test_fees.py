@@ -325,6 +325,21 @@ def test_interest_of_a_cycle_that_waited_for_its_rate_also_starts_after_the_days
     assert "2026-11-21 to 2026-11-26: 6 day(s)" in second["basis"], second["basis"]
 
 
+def test_two_stale_reference_tables_page_once_each(deployment):
+    """The ECB's table for one policy and the Bundesbank's for another both ran out: one alert each, not one per
+    run for the second (only the oldest open alert was looked at)."""
+    config = write_config(deployment.root, {"fees": {"preset": "eu_b2b"}, "policies": [
+        {"name": "de", "match": {"segment": ["de"]}, "fees": {"preset": "de"}}]})  # fmt: skip
+    business = {"currency": "EUR", "customer_type": "business"}
+    rows = [invoice(invoice_id="in_eu", customer_id="cus_eu", **business),
+            invoice(invoice_id="in_de", customer_id="cus_de", segment="de", **business)]  # fmt: skip
+    for day in (20, 21, 22):
+        deployment.run_in_process(rows, f"2026-11-{day}T09:00:00Z", config)
+    messages = [m for (m,) in deployment.query("SELECT message FROM alerts WHERE kind = 'rate_table_stale'")]
+    assert len(messages) == 2, messages
+    assert sum(" ecb_mro " in m for m in messages) == sum(" de_basiszins " in m for m in messages) == 1, messages
+
+
 def _body(message) -> str:
     return message.get_body(("plain",)).get_content()
 

@@ -138,10 +138,10 @@ def stale_table_alerts(
         return []
     found: list[tuple[str, str, dict[str, Any]]] = []
     table = table_for(config)
-    open_alert = ledger.open_alert(RATE_TABLE_STALE)
+    open_messages = ledger.open_alert_messages(RATE_TABLE_STALE)  # every one: each reference pages once
     for (reference,), rows in waits.group_by("reference", maintain_order=True):
         name = str(reference)
-        if open_alert is not None and f" {name} " in str(open_alert.get("message")):
+        if any(f" {name} " in message for message in open_messages):
             continue
         through = table[name].valid_through if name in table else as_of.date()
         message = stale_table_message(for_terminal(name), through, rows.get_column("invoice_id").n_unique())

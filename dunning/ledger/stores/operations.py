@@ -281,6 +281,13 @@ class Operations(SqlConnection):
         ).to_dicts()
         return rows[0] if rows else None
 
+    def open_alert_messages(self, kind: str) -> list[str]:
+        """The messages of every unresolved alert of `kind`, oldest first."""
+        rows = self.con.execute(
+            "SELECT message FROM alerts WHERE kind = ? AND resolved_at IS NULL ORDER BY created_at", [kind]
+        ).fetchall()
+        return [str(m) for (m,) in rows]
+
     def resolve_alerts(self, kind: str, at: dt.datetime) -> int:
         """Mark every unresolved alert of `kind` resolved at `at`; returns how many."""
         return len(
