@@ -96,6 +96,23 @@ def test_rates_extend_the_table_and_rates_valid_through_moves_its_end():
     assert shipped()["de_basiszins"].rate_on(dt.date(2026, 9, 1)) is None  # past the shipped table: unknown
 
 
+def test_a_rates_entry_after_a_half_year_with_none_does_not_stretch_the_table_over_the_gap():
+    """The shipped ECB table ends 2026-06-30: an entry from 2027-01-01 (2026-07-01 mistyped) leaves the second half
+    of 2026 unknown (interest there waits), where it used to take the first half's rate; with 2026-07-01 too, the
+    table runs to 2027-06-30 (a review's finding)."""
+    shipped_end = shipped()["ecb_mro"].valid_through
+    assert shipped_end == dt.date(2026, 6, 30)
+    second_half, next_year = (
+        {"reference": "ecb_mro", "from": "2026-07-01", "percent": 2.15},
+        {"reference": "ecb_mro", "from": "2027-01-01", "percent": 9},
+    )
+    gap = table_for(parse_config({"rates": [next_year]}, "r.yaml"))
+    assert gap["ecb_mro"].valid_through == shipped_end and gap["ecb_mro"].rate_on(dt.date(2026, 11, 2)) is None
+    both = table_for(parse_config({"rates": [second_half, next_year]}, "r.yaml"))
+    assert both["ecb_mro"].valid_through == dt.date(2027, 6, 30)
+    assert [str(both["ecb_mro"].rate_on(dt.date(y, m, 2))) for y, m in ((2026, 11), (2027, 3))] == ["2.15", "9.0"]
+
+
 # --- the amounts --------------------------------------------------------------------------------------------------
 
 

@@ -68,13 +68,17 @@ def shipped_published() -> str:
 
 def table_for(config: DunningConfig) -> dict[str, Reference]:
     """The shipped table with `rates:` laid over it (an entry for a half-year already listed replaces it) and
-    `rates_valid_through:` moving each reference's end. A `rates:` entry past the shipped end moves the end to that
-    entry's half-year's last day, unless `rates_valid_through` says otherwise."""
+    `rates_valid_through:` moving each reference's end. `rates:` entries for the half-years that follow the shipped
+    end, one after another, move the end to the last one's half-year's end, unless `rates_valid_through` says
+    otherwise; past a half-year with no entry the table stops (an entry for 2027 does not tell the rate of the second
+    half of 2026: interest there waits rather than taking the rate before)."""
     table = dict(shipped())
     for name, reference in table.items():
         own = {e.from_: e.decimal for e in config.rates if e.reference == name}
         rates = {**reference.rates, **own}
-        through = max([reference.valid_through, *(half_year_end(d) for d in own)])
+        through, starts = reference.valid_through, {half_year_start(d) for d in own}
+        while (following := through + dt.timedelta(days=1)) in starts:
+            through = half_year_end(following)
         through = config.rates_valid_through.get(name, through)  # type: ignore[call-overload]
         table[name] = Reference(reference.name, through, rates)
     return table
