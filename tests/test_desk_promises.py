@@ -218,3 +218,31 @@ def test_without_after_broken_promises_a_broken_promise_does_not_escalate(deploy
         promise(deployment, "--invoice", "in_1", "--until", "2026-11-06", "--as-of", DAY4, "--config", config)
         later = deployment.run_in_process(rows, "2026-11-09T09:00:00Z", config)
     assert receiver.requests == [] and later.sent_keys == ["dunning:in_1:1:day7"]
+
+
+@pytest.mark.parametrize(
+    ("amount", "why"),
+    [("²", "superscript two"), ("１２", "full-width digits"), ("٣", "an Arabic-Indic digit")],
+)
+def test_an_amount_in_digits_other_than_ascii_is_refused_in_one_line(amount, why):
+    from dunning.desk.promises import parse_amount
+    from dunning.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="is not a positive whole number of minor units"):
+        parse_amount(amount)  # int() read the last two as 12 and 3, and '²' raised a ValueError (exit 1)
+
+
+def test_a_csv_the_import_cannot_read_is_one_line_with_exit_2(deployment, tmp_path):
+    crm = tmp_path / "huge-field.csv"
+    crm.write_text("invoice_id,until,note\nin_1,2026-11-20," + "x" * 200_000 + "\n")
+    code, out, err = deployment.cli("promise", "--import", str(crm), "--as-of", DAY4)
+    assert code == 2 and "not a CSV file the import can read" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_an_imap_folder_with_letters_beyond_ascii_is_named_in_modified_utf7():
+    from dunning.desk.imap import imap_folder_name
+
+    assert imap_folder_name("INBOX") == "INBOX" and imap_folder_name("A&B") == "A&-B"
+    assert imap_folder_name("Rückläufer") == "R&APw-ckl&AOQ-ufer"
+    assert imap_folder_name("~peter/mail/台北/日本語") == "~peter/mail/&U,BTFw-/&ZeVnLIqe-"  # RFC 3501's own example

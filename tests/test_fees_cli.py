@@ -51,3 +51,9 @@ def test_preview_shows_the_fees_a_run_would_claim_then_the_run_claims_them_once_
     page = report.read_text(encoding="utf-8")
     claimed = sum(a for (a,) in deployment.query("SELECT amount_minor FROM charges"))
     assert "Fees claimed" in page and f"<td>{format_amount(claimed, 'EUR')}</td>" in page
+
+
+@pytest.mark.parametrize("out", ["", "."])
+def test_export_to_a_directory_or_nothing_is_one_line_with_exit_2(deployment, tmp_path, out):
+    code, _, err = deployment.cli("fees", "export", "--out", out if out else "")
+    assert code == 2 and "name a file in a directory that exists" in err and "Traceback" not in err, err

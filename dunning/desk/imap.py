@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime as dt
 import imaplib
@@ -67,6 +68,28 @@ def parse_url(url: str) -> Mailbox:
     if any(c in folder for c in '\r\n"\\') or len(folder) > 200:
         raise UserInputError(f"--imap folder {for_terminal(folder)[:200]!r} is not a usable folder name")
     return Mailbox(unquote(parts.username), parts.hostname, port, folder)
+
+
+def imap_folder_name(folder: str) -> str:
+    """`folder` as IMAP names it on the wire (RFC 3501 5.1.3, modified UTF-7): printable ASCII as it is, `&` as
+    `&-`, every other run as `&` + its UTF-16 in base64 with `,` for `/` + `-` ("Rückläufer": "R&APw-ckl&AOQ-ufer")."""
+    out: list[str] = []
+    run: list[str] = []
+
+    def flush() -> None:
+        if run:
+            encoded = base64.b64encode("".join(run).encode("utf-16-be")).decode("ascii").rstrip("=")
+            out.append("&" + encoded.replace("/", ",") + "-")
+            run.clear()
+
+    for char in folder:
+        if 0x20 <= ord(char) <= 0x7E:
+            flush()
+            out.append("&-" if char == "&" else char)
+        else:
+            run.append(char)
+    flush()
+    return "".join(out)
 
 
 def _context(config: DunningConfig) -> ssl.SSLContext:
@@ -126,7 +149,7 @@ def read_mailbox(ledger: Ledger, mailbox: Mailbox, config: DunningConfig) -> Ima
         except imaplib.IMAP4.error:
             raise UserInputError(f"IMAP {mailbox.host}: login refused for {for_terminal(mailbox.user)} (wrong user "
                                  f"or the password in {settings.password_env})") from None  # fmt: skip
-        quoted = '"' + mailbox.folder + '"'
+        quoted = '"' + imap_folder_name(mailbox.folder) + '"'
         typ, data = client.select(quoted, readonly=True)
         _ok(typ, data, f"EXAMINE {mailbox.folder}")
         _, answered = client.response("UIDVALIDITY")

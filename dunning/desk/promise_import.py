@@ -48,6 +48,15 @@ def import_promises(ledger: Ledger, path: str, *, as_of: dt.datetime, by: str, c
         text = file.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError:
         raise UserInputError(f"{path}: not UTF-8 text") from None
+    try:
+        return _import_rows(ledger, path, text, as_of=as_of, by=by, config=config)
+    except csv.Error as error:  # a field over the csv module's limit, a NUL byte: the file's problem, one line
+        raise UserInputError(f"{path}: not a CSV file the import can read ({for_terminal(str(error))[:120]})") from None
+
+
+def _import_rows(
+    ledger: Ledger, path: str, text: str, *, as_of: dt.datetime, by: str, config: DunningConfig
+) -> Imported:
     reader = csv.DictReader(io.StringIO(text, newline=""))
     header = [h.strip() for h in reader.fieldnames or []]
     unknown = [h for h in header if h not in IMPORT_COLUMNS]

@@ -51,7 +51,7 @@ def parse_amount(text: str | None, flag: str = "--amount") -> int | None:
     if text is None or not str(text).strip():
         return None
     value = str(text).strip()
-    if not value.isdigit() or len(value) > 16 or int(value) <= 0:
+    if not (value.isascii() and value.isdigit()) or len(value) > 16 or int(value) <= 0:  # not '²', '１２', '٣'
         raise UserInputError(f"{flag} {for_terminal(value)[:40]!r} is not a positive whole number of minor units")
     return int(value)
 

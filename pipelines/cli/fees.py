@@ -93,14 +93,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     from dunning.errors import UserInputError
     from dunning.fees.export import export_csv
     from dunning.ledger.factory import open_ledger_for
+    from dunning.safe_text import for_terminal
 
     home = common.resolve_home(args, writes=False)
     out = Path(args.out)
-    if not out.parent.is_dir():
-        raise UserInputError(f"--out {args.out}: its directory does not exist")
+    if not args.out or out.is_dir() or not out.parent.is_dir():
+        raise UserInputError(f"--out {for_terminal(args.out)!r}: name a file in a directory that exists")
     with open_ledger_for(common.ledger_settings(args, home), home) as ledger:
         charges = ledger.charges(("approved", "posted"))
-    written = export_csv(charges, out)
+    try:
+        written = export_csv(charges, out)
+    except OSError as error:
+        raise UserInputError(f"--out {for_terminal(args.out)!r}: cannot be written ({error.strerror})") from None
     say(f"{written} charge(s) (approved and posted) written to {out}")
     return 0
 
