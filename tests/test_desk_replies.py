@@ -240,3 +240,20 @@ def test_two_runs_that_both_find_a_reply_unanswered_page_once(deployment, tmp_pa
     assert deployment.query("SELECT run_id FROM alerts WHERE kind = 'reply_unanswered'") == [("run-0",)]
     [(noted,)] = deployment.query("SELECT unanswered_alert_id FROM customer_replies")
     assert noted == deployment.query("SELECT alert_id FROM alerts WHERE kind = 'reply_unanswered'")[0][0]
+
+
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
+def test_a_reply_imported_after_an_ack_but_dated_before_it_still_holds_the_chasing(deployment, tmp_path):
+    """Mail delayed or read late: the ack answered the replies on record when it was made, not one that arrived
+    after it with an earlier Date (a review found such a reply paged "their reminders wait" and paused nothing)."""
+    rows = [invoice()]
+    ours = first_reminder(deployment, rows)
+    feedback(deployment, tmp_path, [reply(in_reply_to=ours)])  # Thursday 5 November, 10:00
+    code, _, err = deployment.cli("ack", "--customer", "cus_1", "--as-of", "2026-11-06T12:00:00Z")
+    assert code == 0, err
+    late = reply(in_reply_to=ours, message_id="<r2@mail.example.com>", subject="Re: we dispute in_1",
+                 text="We dispute in_1, please do not chase.", date="Fri, 06 Nov 2026 11:00:00 +0000")  # fmt: skip
+    out = feedback(deployment, tmp_path, [late], "late.mbox")
+    assert "waiting for an answer: cus_1" in out, out
+    held = deployment.run_in_process(rows, "2026-11-08T09:00:00Z")
+    assert held.sent_keys == [] and audit_of(deployment, held.run_id) == {"dunning:in_1:1:day7": ("held", "replied")}

@@ -64,7 +64,8 @@ DESK_DDL = (
         customer_id VARCHAR NOT NULL,
         acked_at TIMESTAMPTZ NOT NULL,
         acked_by VARCHAR NOT NULL,
-        note VARCHAR
+        note VARCHAR,
+        recorded_wall_at TIMESTAMPTZ
     )
     """,
     """

@@ -241,6 +241,12 @@ MIGRATIONS = (
             "ALTER TABLE reminder_ledger ADD COLUMN IF NOT EXISTS recipients VARCHAR",
         ),
     ),
+    Migration(
+        23,
+        "when each acknowledgement was made on the wall clock (`reply_acks.recorded_wall_at`): an ack answers only "
+        "the replies on record when it was made, so a late-imported reply dated before it still pauses",
+        ("ALTER TABLE reply_acks ADD COLUMN IF NOT EXISTS recorded_wall_at TIMESTAMPTZ",),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

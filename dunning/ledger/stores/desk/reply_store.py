@@ -22,13 +22,15 @@ REPLY_COLUMNS = (
     "in_reply_to", "excerpt", "source", "recorded_at",
 )  # fmt: skip
 _QUOTED = ", ".join(f'"{c}"' for c in REPLY_COLUMNS)
-# a pausing reply of the customer not answered by an ack at or before the clock `?`, received at or before it
+# a pausing reply of the customer not answered by an ack at or before the clock `?`, received at or before it; an
+# ack answers the replies on record when it was made (a reply imported later, dated before it, is not answered)
 _UNANSWERED = """
     SELECT r.reply_key, r.customer_id, r.received_at, r.subject, r.unanswered_alert_id
     FROM customer_replies r
     WHERE r.pauses AND NOT r.automatic AND r.customer_id IS NOT NULL AND r.received_at <= ?
       AND NOT EXISTS (SELECT 1 FROM reply_acks a WHERE a.customer_id = r.customer_id
-                      AND a.acked_at >= r.received_at AND a.acked_at <= ?)
+                      AND a.acked_at >= r.received_at AND a.acked_at <= ?
+                      AND (a.recorded_wall_at IS NULL OR r.recorded_at <= a.recorded_wall_at))
     ORDER BY r.received_at, r.reply_key
 """
 
@@ -65,12 +67,16 @@ class ReplyStore(SqlConnection):
         first (`reply_key`, `customer_id`, `received_at`, `subject`, `unanswered_alert_id`)."""
         return self.frame(_UNANSWERED, [at, at])
 
-    def acknowledge(self, customer_id: str, at: dt.datetime, by: str, note: str | None) -> int:
-        """`dunning ack`: answer the customer's replies received at or before `at`; returns how many were waiting."""
+    def acknowledge(
+        self, customer_id: str, at: dt.datetime, by: str, note: str | None, wall: dt.datetime | None = None
+    ) -> int:
+        """`dunning ack`: answer the customer's replies received at or before `at` and on record now (`wall`, the
+        wall clock); returns how many were waiting."""
         waiting = self.unanswered_replies(at).filter(pl.col("customer_id") == customer_id).height
         self.con.execute(
-            "INSERT INTO reply_acks (ack_id, customer_id, acked_at, acked_by, note) VALUES (?, ?, ?, ?, ?)",
-            [uuid.uuid4().hex, customer_id, at, by, note],
+            "INSERT INTO reply_acks (ack_id, customer_id, acked_at, acked_by, note, recorded_wall_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [uuid.uuid4().hex, customer_id, at, by, note, wall or dt.datetime.now(dt.UTC)],
         )
         return waiting
 
