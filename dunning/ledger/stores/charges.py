@@ -11,6 +11,7 @@ status it expects, so a late or repeated outcome never moves a `posted` charge.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import polars as pl
 
@@ -66,24 +67,28 @@ class ChargeStore(SqlConnection):
 
     def charge_keys_on_record(self, invoice_ids: list[str]) -> set[str]:
         """The charge keys (any status, any cycle) of these invoices, and those waiting for the rate table."""
-        frame = pl.DataFrame({"invoice_id": invoice_ids}, schema={"invoice_id": pl.String}).unique()
-        with self.registered("fee_invoices_asked", frame):
-            rows = self.con.execute(
-                "SELECT charge_key FROM charges WHERE invoice_id IN (SELECT invoice_id FROM fee_invoices_asked) UNION "
-                "SELECT charge_key FROM charge_waits WHERE invoice_id IN (SELECT invoice_id FROM fee_invoices_asked)"
-            ).fetchall()
+        rows = self._of_invoices(
+            invoice_ids,
+            "SELECT charge_key FROM charges WHERE invoice_id IN (SELECT invoice_id FROM invoices_asked) UNION "
+            "SELECT charge_key FROM charge_waits WHERE invoice_id IN (SELECT invoice_id FROM invoices_asked)",
+        )
         return {str(k) for (k,) in rows}
 
     def interest_on_record(self, invoice_ids: list[str]) -> list[tuple[str, int, dt.datetime]]:
         """(invoice_id, cycle, claimed_at) of each interest charge of these invoices, whatever its status: the days
         up to a claim's business day are charged (or waived) once, never again by a later cycle."""
-        frame = pl.DataFrame({"invoice_id": invoice_ids}, schema={"invoice_id": pl.String}).unique()
-        with self.registered("interest_asked", frame):
-            rows = self.con.execute(
-                "SELECT invoice_id, cycle, claimed_at FROM charges WHERE kind = 'interest' "
-                "AND invoice_id IN (SELECT invoice_id FROM interest_asked)"
-            ).fetchall()
+        rows = self._of_invoices(
+            invoice_ids,
+            "SELECT invoice_id, cycle, claimed_at FROM charges WHERE kind = 'interest' "
+            "AND invoice_id IN (SELECT invoice_id FROM invoices_asked)",
+        )
         return [(str(i), int(c), at) for i, c, at in rows]
+
+    def _of_invoices(self, invoice_ids: list[str], sql: str) -> list[tuple[Any, ...]]:
+        """`sql`'s rows, with the invoice ids asked registered as the table `invoices_asked`."""
+        frame = pl.DataFrame({"invoice_id": invoice_ids}, schema={"invoice_id": pl.String}).unique()
+        with self.registered("invoices_asked", frame):
+            return list(self.con.execute(sql).fetchall())
 
     def fee_invoice_ids(self) -> set[str]:
         """The billing system's ids of the fee invoices we posted: dunned like any invoice, never charged a fee."""
