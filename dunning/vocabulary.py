@@ -235,3 +235,6 @@ class SetAside(StrEnum):
     EXPIRED = "expired"
     # a payment signal (`dunning.plan.payment_signals`) whose customer is not the invoice's in the snapshot
     OTHER_CUSTOMER = "payment signal of another customer"
+
+
+MAX_CC = 10  # copy addresses of one email at most (`dunning.desk.contacts` per row, `dunning.send` per email)

@@ -151,3 +151,44 @@ def test_stripe_customer_metadata_dunning_cc_fills_customer_cc(tmp_path):
     path.write_text(json.dumps({"object": "list", "data": [stripe_invoice], "has_more": False}))
     [row] = load_stripe_invoices(path, ZoneInfo("UTC"))
     assert row["customer_cc"] == "bob@example.com"
+
+
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
+def test_a_retried_email_keeps_every_copy_address_of_its_invoices(deployment, tmp_path):
+    """The retry of a failed grouped email goes with the same Message-ID to the same copies: the union of its keys'
+    (a review of the union found the retry Cc'd to the first row's contact alone)."""
+    from tests.smtp_server import RawSmtpServer, RefusedPort
+
+    def smtp(port: int) -> str:
+        path = tmp_path / "smtp.yaml"
+        path.write_text(
+            f"provider: {{kind: smtp, host: 127.0.0.1, port: {port}, timeout_seconds: 0.5, connections: 1, "
+            "max_consecutive_errors: 50, from: billing@example.com}\nretry: {max_attempts: 3, backoff_minutes: 30}\n"
+        )
+        return str(path)
+
+    rows = [invoice(customer_cc="bob@example.com"), invoice(invoice_id="in_2", customer_cc="carol@example.com")]
+    with RawSmtpServer("drop_on_data") as server:
+        deployment.run_in_process(rows, "2026-11-05T09:00:00Z", smtp(server.port))
+    assert {r["status"] for r in deployment.ledger("status <> 'skipped'")} == {"failed"}
+    handler, refused = ScriptedHandler(), RefusedPort()
+    with SmtpServer(handler, port=refused.release()):
+        assert len(deployment.run_in_process(rows, "2026-11-05T09:31:00Z", smtp(refused.port)).sent_keys) == 2
+    [message] = handler.received
+    assert message["Cc"] == "bob@example.com, carol@example.com"
+    every = "ada@example.com,bob@example.com,carol@example.com"
+    assert {r["recipients"] for r in deployment.ledger("status <> 'skipped'")} == {every}
+
+
+def test_the_copies_of_one_email_are_ten_at_most_and_a_frame_without_any_is_left_as_it_is():
+    import polars as pl
+
+    from dunning.send.sending import with_group_copies
+
+    first, second = (",".join(f"{who}{i}@example.com" for i in range(10)) for who in ("a", "b"))
+    frame = pl.DataFrame({"email_group": ["g", "g"], "customer_email": ["ada@example.com"] * 2,
+                          "customer_cc": [first, second], "recipients": [None, None]})  # fmt: skip
+    copies = with_group_copies(frame).get_column("customer_cc").to_list()
+    assert copies == [first, first]  # the first ten seen
+    empty = pl.DataFrame({"email_group": ["g"], "customer_email": ["ada@example.com"], "customer_cc": [None]})
+    assert with_group_copies(empty).get_column("customer_cc").to_list() == [None]  # a Null column, no error

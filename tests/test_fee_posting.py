@@ -240,3 +240,20 @@ def test_charges_refused_until_no_attempt_is_left_page_once_naming_them(deployme
     assert "refused by Stripe 2 times" in message and "fee:in_late:1:compensation" in message, message
     assert "Invalid API Key" in message or "401" in message, message
     assert {c["status"] for c in charges_of(deployment)} == {"failed"} and stripe_fake.fee_invoices() == []
+
+
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
+def test_a_key_that_cannot_be_read_pages_once_also_beside_charges_that_gave_up(deployment, stripe_fake, monkeypatch):
+    """Two causes of `fees_not_posted` open at once: each pages once (only the oldest open one was compared)."""
+    body = yaml.safe_load(config_for(deployment.root, stripe_fake).read_text())
+    body["retry"] = {"max_attempts": 1, "backoff_minutes": 1}
+    config = deployment.root / "config.yaml"
+    config.write_text(yaml.safe_dump(body), encoding="utf-8")
+    stripe_fake.key = "sk_test_another"  # refused at the only attempt: given up, one page
+    deployment.run_in_process(ROWS, AS_OF, config)
+    monkeypatch.delenv("STRIPE_API_KEY")
+    rows = [*ROWS, dict(ROWS[0], invoice_id="in_late2")]
+    for as_of in ("2026-11-20T10:00:00Z", "2026-11-20T11:00:00Z"):
+        deployment.run_in_process(rows, as_of, config)
+    messages = [m for (m,) in deployment.query("SELECT message FROM alerts WHERE kind = 'fees_not_posted'")]
+    assert sum("refused by Stripe" in m for m in messages) == 1 and sum("STRIPE_API_KEY" in m for m in messages) == 1

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 import polars as pl
 
 from dunning.safe_text import is_address
+from dunning.vocabulary import MAX_CC
 
-MAX_CC = 10
 MAX_ADDRESS = 254
 MAX_CC_TEXT = 4096
 

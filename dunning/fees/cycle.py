@@ -180,9 +180,8 @@ def post_approved(
                               settle_after=settle_after)  # fmt: skip
     except ConfigError as error:
         message = f"approved fees were not posted to Stripe (they stay approved for the next run): {error}"[:500]
-        open_alert = ledger.open_alert(FEES_NOT_POSTED)
-        if open_alert is not None and open_alert.get("message") == message:
-            return PostReport(), None  # paged once while the same cause stands
+        if message in ledger.open_alert_messages(FEES_NOT_POSTED):
+            return PostReport(), None  # paged once while the same cause stands (whatever else is open of the kind)
         return PostReport(), (FEES_NOT_POSTED, message, {"source": "stripe"})
     if report.gave_up:  # each charge gives up once: its last attempt is made once
         message = (

@@ -31,7 +31,7 @@ from dunning.plan.policy import assign_cycles, due_and_skipped, plan_reminders, 
 from dunning.report.audit import build_audit, summarize
 from dunning.report.fee_audit import fee_audit_rows
 from dunning.send.alerts import Alert, raise_alert
-from dunning.send.sending import held_outcomes, with_email_groups
+from dunning.send.sending import held_outcomes, with_email_groups, with_group_copies
 from dunning.vocabulary import EmailKind, PlanRole, RunOutcome, SendStatus, plain
 
 
@@ -103,7 +103,7 @@ def plan_cycle(
     )
     parts = [due]
     if failed is not None and failed.height:
-        parts.append(plan_retries(cycled, failed, due, config))
+        parts.append(with_group_copies(plan_retries(cycled, failed, due, config)))  # one email, every key's copies
     if notices is not None and notices.height:
         parts.append(notices)
     if invoices is not None and invoices.height:  # invoice emails (`dunning.plan.invoice_emails`): due, retry, skipped

@@ -34,7 +34,7 @@ from dunning.send.handover import Deadline, HandOverGate, open_journal, read_jou
 from dunning.send.providers.base import EmailProvider, SendOutcome
 from dunning.send.render_pool import BUILD_ERRORS, MIN_POOL_EMAILS, Built, RenderPool, RenderSettings, not_built
 from dunning.storage_faults import storage_fault_of
-from dunning.vocabulary import SendStatus
+from dunning.vocabulary import MAX_CC, SendStatus
 
 OUTCOME_SCHEMA = pl.Schema(
     {"idempotency_key": pl.String, "status": pl.String, "message_id": pl.String, "error": pl.String}
@@ -109,11 +109,12 @@ def with_email_groups(due: pl.DataFrame, config: DunningConfig) -> pl.DataFrame:
 
 def with_group_copies(grouped: pl.DataFrame) -> pl.DataFrame:
     """Every key of one email carries the email's copy addresses: the union of its rows' `customer_cc` (the
-    customer's contacts, in the order first seen, each once whatever its case), and `recipients` To first, as the
-    email goes and the ledger records it. Rows of one customer may disagree (a copy address on one invoice only);
-    the email takes them all, rather than the first row's while each key recorded its own."""
+    customer's contacts, in the order first seen, each once whatever its case, at most `MAX_CC`), and `recipients`
+    To first, as the email goes and the ledger records it. Rows of one customer may disagree (a copy address on one
+    invoice only); the email takes them all, rather than the first row's while each key recorded its own."""
     if "customer_cc" not in grouped.columns or grouped.is_empty():
         return grouped
+    grouped = grouped.with_columns(pl.col("customer_cc").cast(pl.String))  # a frame of no copies at all: Null
     copies = (
         grouped.filter(pl.col("customer_cc").is_not_null())  # most rows have none: nothing to split for them
         .select("email_group", pl.col("customer_cc").str.split(",").alias("cc"))
@@ -124,7 +125,7 @@ def with_group_copies(grouped: pl.DataFrame) -> pl.DataFrame:
         .with_columns(pl.col("cc").str.to_lowercase().alias("folded"))
         .unique(subset=["email_group", "folded"], keep="first", maintain_order=True)
         .group_by("email_group", maintain_order=True)
-        .agg(pl.col("cc").str.join(",").alias("group_cc"))
+        .agg(pl.col("cc").head(MAX_CC).str.join(",").alias("group_cc"))  # at most MAX_CC copies, as for one row
     )
     if copies.is_empty():
         return grouped
