@@ -311,6 +311,7 @@ def test_a_fee_invoice_is_dunned_but_never_charged_a_fee_and_a_new_cycle_may_cla
     assert any(r["invoice_id"] == "in_fee1" for r in deployment.ledger("status = 'sent'"))  # dunned like any invoice
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_an_invoice_open_again_with_its_due_date_is_charged_interest_only_for_days_not_charged_before(deployment):
     """Paid, then open again (a chargeback) with the same due date: cycle 2's interest runs from the day after the
     last day cycle 1's covered, never over 2 to 20 November again (a review found both cycles charging them)."""
@@ -328,6 +329,7 @@ def test_an_invoice_open_again_with_its_due_date_is_charged_interest_only_for_da
     assert second["amount_minor"] == round(100_000 * 0.1015 * 5 / 365)
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_interest_of_a_cycle_that_waited_for_its_rate_also_starts_after_the_days_charged_before(deployment):
     config = write_config(deployment.root, {**EU, "rates_valid_through": {"ecb_mro": "2026-11-22"}})
     row = invoice(invoice_id="in_r", customer_id="cus_r", currency="EUR", customer_type="business",
@@ -342,6 +344,7 @@ def test_interest_of_a_cycle_that_waited_for_its_rate_also_starts_after_the_days
     assert "2026-11-21 to 2026-11-26: 6 day(s)" in second["basis"], second["basis"]
 
 
+@pytest.mark.slow  # 0.4 CPU-s or more (`DUNNING_TEST_TIMES`): in `make test`, not `make test-fast`
 def test_two_stale_reference_tables_page_once_each(deployment):
     """The ECB's table for one policy and the Bundesbank's for another both ran out: one alert each, not one per
     run for the second (only the oldest open alert was looked at)."""
