@@ -175,13 +175,14 @@ def alert_unanswered(
         with ledger.transaction():
             if not ledger.claim_unanswered_alert(row["reply_key"], f"claimed by {run_id}"):
                 continue  # another run's page
-            raised += _page_unanswered(ledger, row, config, as_of=as_of, run_id=run_id)
+            _page_unanswered(ledger, row, config, as_of=as_of, run_id=run_id)
+            raised += 1
     return raised
 
 
 def _page_unanswered(
     ledger: Ledger, row: dict[str, Any], config: DunningConfig, *, as_of: dt.datetime, run_id: str | None
-) -> int:
+) -> None:
     """The `reply_unanswered` alert of one reply, stored and delivered; its id noted on the reply."""
     customer = for_terminal(str(row["customer_id"]))[:100]
     message = (
@@ -193,4 +194,3 @@ def _page_unanswered(
     alert_id = raise_alert(ledger, config.alerts, Alert(REPLY_UNANSWERED, message, as_of, run_id, details,
                                                         "warning"))  # fmt: skip
     ledger.note_reply_alert(row["reply_key"], alert_id, unanswered=True)
-    return 1

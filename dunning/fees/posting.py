@@ -20,7 +20,7 @@ reported (`PostReport.gave_up`) for one alert.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import polars as pl
@@ -204,19 +204,15 @@ def _refused(
     report: PostReport, *, claimed: bool, as_of: dt.datetime, now: Callable[[], dt.datetime],
 ) -> None:  # fmt: skip
     """`failed`, retried after the backoff, or reported as given up when no attempt is left."""
-    backoff = dt.timedelta(minutes=config.retry.backoff_minutes * 2 ** max(0, _attempts(rows) - 1))
+    before = max((int(r.get("attempts") or 0) for r in rows), default=0)  # as read before this run's claim
+    backoff = dt.timedelta(minutes=config.retry.backoff_minutes * 2**before)
     ledger.record_post(keys, "failed", at=now(), error=error[:500], retry_at=as_of + backoff)
     report.failed += len(keys)
     # the claim counted this attempt in the ledger; an `unknown` one settled now was counted when it was claimed
-    made = max((int(r.get("attempts") or 0) for r in rows), default=0) + (1 if claimed else 0)
-    if made >= config.retry.max_attempts:
+    if before + (1 if claimed else 0) >= config.retry.max_attempts:
         report.gave_up.extend(keys)
         report.last_error = error[:300]
 
 
 def _tried_before(rows: list[dict[str, Any]]) -> bool:
     return any(int(r.get("attempts") or 0) > 0 for r in rows)
-
-
-def _attempts(rows: Iterable[dict[str, Any]]) -> int:
-    return max((int(r.get("attempts") or 0) for r in rows), default=1) + 1

@@ -121,7 +121,6 @@ def with_group_copies(grouped: pl.DataFrame) -> pl.DataFrame:
         .explode("cc")
         .with_columns(pl.col("cc").str.strip_chars())
         .filter(pl.col("cc").is_not_null() & (pl.col("cc") != ""))
-        .unique(subset=["email_group", "cc"], keep="first", maintain_order=True)
         .with_columns(pl.col("cc").str.to_lowercase().alias("folded"))
         .unique(subset=["email_group", "folded"], keep="first", maintain_order=True)
         .group_by("email_group", maintain_order=True)

@@ -97,7 +97,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     home = common.resolve_home(args, writes=False)
     out = Path(args.out)
-    if not args.out or out.is_dir() or not out.parent.is_dir():
+    if out.is_dir() or not out.parent.is_dir():  # `--out ''` is the current directory
         raise UserInputError(f"--out {for_terminal(args.out)!r}: name a file in a directory that exists")
     with open_ledger_for(common.ledger_settings(args, home), home) as ledger:
         charges = ledger.charges(("approved", "posted"))
