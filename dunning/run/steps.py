@@ -171,8 +171,7 @@ def alert_duplicates(
         f"{len(ids)} invoice id(s) listed more than once with different values: quarantined, none of them dunned "
         f"until the export lists each once: {shown}"
     )
-    open_alert = ledger.open_alert(DUPLICATE_IDS_ALERT)
-    if open_alert is not None and open_alert["message"] == message:
+    if message in ledger.open_alert_messages(DUPLICATE_IDS_ALERT):  # every open one, not the oldest alone
         return
     alert = Alert(DUPLICATE_IDS_ALERT, message, as_of, run_id, {"invoice_ids": ids[:500]}, "error",
                   dedup_key=f"dunning-duplicates-{ids[0][:100]}")  # fmt: skip
