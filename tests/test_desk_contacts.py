@@ -160,12 +160,7 @@ def test_a_retried_email_keeps_every_copy_address_of_its_invoices(deployment, tm
     from tests.smtp_server import RawSmtpServer, RefusedPort
 
     def smtp(port: int) -> str:
-        path = tmp_path / "smtp.yaml"
-        path.write_text(
-            f"provider: {{kind: smtp, host: 127.0.0.1, port: {port}, timeout_seconds: 0.5, connections: 1, "
-            "max_consecutive_errors: 50, from: billing@example.com}\nretry: {max_attempts: 3, backoff_minutes: 30}\n"
-        )
-        return str(path)
+        return smtp_config(tmp_path / "smtp.yaml", port, timeout=0.5)
 
     rows = [invoice(customer_cc="bob@example.com"), invoice(invoice_id="in_2", customer_cc="carol@example.com")]
     with RawSmtpServer("drop_on_data") as server:
